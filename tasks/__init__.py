@@ -1,0 +1,1 @@
+"""Federated tasks: TFF `BaselineTask`s with their data and models."""

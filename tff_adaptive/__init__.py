@@ -1,0 +1,1 @@
+"""tff_adaptive: adaptive federated optimisation as TFF building blocks."""
