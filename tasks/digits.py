@@ -87,14 +87,14 @@ def build_keras_model(model: str = 'mlp') -> tf.keras.Model:
   init = lambda i: tf.keras.initializers.GlorotUniform(seed=i)
   layers = tf.keras.layers
   if model == 'mlp':
-    body = [layers.Flatten(), layers.Dense(64, activation='relu', kernel_initializer=init(1))]
+    body = [layers.Reshape((-1,)), layers.Dense(64, activation='relu', kernel_initializer=init(1))]
   elif model == 'cnn':
     body = [layers.Conv2D(16, 3, activation='relu', kernel_initializer=init(1)),
-            layers.MaxPool2D(2), layers.Flatten(),
+            layers.MaxPool2D(2), layers.Reshape((-1,)),
             layers.Dense(64, activation='relu', kernel_initializer=init(2))]
   elif model == 'cnn_bn':
     body = [layers.Conv2D(16, 3, kernel_initializer=init(1)), layers.BatchNormalization(),
-            layers.ReLU(), layers.MaxPool2D(2), layers.Flatten(),
+            layers.ReLU(), layers.MaxPool2D(2), layers.Reshape((-1,)),
             layers.Dense(64, kernel_initializer=init(2)), layers.BatchNormalization(),
             layers.ReLU()]
   else:

@@ -1,0 +1,79 @@
+"""Federated training of any tff_adaptive algorithm on any task.
+
+Example:
+  bin/train.py --task=digits --algorithm=fedadam --total_rounds=100 \
+      --client_learning_rate=0.1 --server_learning_rate=0.01
+
+Writes to <root_output_dir>/<experiment_name>/: flags.json, metrics.csv,
+tensorboard/, checkpoints/. Rerunning the same command resumes.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+# pylint: disable=g-import-not-at-top,unused-import
+# TensorFlow must be imported before absl's app.run: imported inside main(),
+# Keras 2.14 builds Sequential models from plain tensors and fails.
+import tensorflow as tf
+from tff_adaptive import cli
+
+# ---- Task ----
+flags.DEFINE_string('task', 'digits', 'Task name: digits | synthetic.')
+flags.DEFINE_enum('partition', 'dirichlet', ['dirichlet', 'shards', 'iid'],
+                  'How a task that is split by us (digits) divides its data among clients.')
+flags.DEFINE_integer('num_clients', 0, 'Number of clients of a task split by us (0: task default).')
+flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet α over labels for --partition=dirichlet.')
+flags.DEFINE_enum('digits_model', 'mlp', ['mlp', 'cnn', 'cnn_bn'], 'Model for --task=digits.')
+flags.DEFINE_float('synthetic_alpha', 1.0, 'α of synthetic(α, β): model heterogeneity.')
+flags.DEFINE_float('synthetic_beta', 1.0, 'β of synthetic(α, β): input heterogeneity.')
+
+# ---- Client ----
+flags.DEFINE_integer('clients_per_round', 10, 'Clients sampled per round.')
+flags.DEFINE_integer('client_batch_size', 10, 'Client minibatch size B.')
+flags.DEFINE_integer('client_epochs_per_round', 1, 'Local epochs E (ignored with --local_steps).')
+flags.DEFINE_integer('local_steps', 0, 'Exactly K local minibatch steps (cycling the data); '
+                     '0 means use --client_epochs_per_round.')
+flags.DEFINE_string('client_optimizer', 'sgd', 'Client optimiser (which ones depends on --algorithm).')
+flags.DEFINE_float('client_learning_rate', 0.1, 'Client learning rate η.')
+
+# ---- Server ----
+flags.DEFINE_string('algorithm', 'fedavg', 'Algorithm, e.g. fedavg | fedavgm | fedadagrad | '
+                    'fedadam | fedyogi.')
+flags.DEFINE_string('server_optimizer', '', 'Server optimiser; empty: the algorithm\'s own.')
+flags.DEFINE_float('server_learning_rate', 1.0, 'Server learning rate η_s.')
+flags.DEFINE_enum('server_optimizer_semantics', 'tff', ['tff', 'paper'],
+                  'tff: TFF\'s optimisers as shipped; paper: FedOpt Algorithm 2 exactly.')
+flags.DEFINE_float('server_beta_1', 0.9, 'Server β1 (momentum).')
+flags.DEFINE_float('server_beta_2', 0.99, 'Server β2.')
+flags.DEFINE_float('server_epsilon', 1e-3, 'Server adaptivity τ.')
+
+# ---- Training loop ----
+flags.DEFINE_integer('total_rounds', 100, 'Total rounds (may be raised when resuming).')
+flags.DEFINE_integer('rounds_per_eval', 5, 'Evaluate every this many rounds.')
+flags.DEFINE_integer('rounds_per_checkpoint', 10, 'Checkpoint every this many rounds.')
+flags.DEFINE_string('root_output_dir', 'runs', 'Root directory for experiment outputs.')
+flags.DEFINE_string('experiment_name', '', 'Experiment directory name (default: <task>_<algorithm>).')
+flags.DEFINE_integer('seed', 0, 'Seed for data splits, client sampling and shuffling.')
+flags.DEFINE_integer('execution_concurrency', -1, 'Max concurrent client computations in '
+                     'TFF\'s C++ runtime (-1: unlimited).')
+flags.DEFINE_bool('show_progress', True, 'Show a progress bar.')
+
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  cfg = FLAGS.flag_values_dict()
+  cfg = {k: cfg[k] for k in cli.TRAIN_FLAG_NAMES if k in cfg}
+  cli.run_training(cfg)
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=cli.parse_flags_or_exit)

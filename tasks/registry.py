@@ -1,0 +1,39 @@
+"""Task names (`--task`) → `FederatedTask` builders from a flat config."""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tasks import base
+from tasks import digits
+from tasks import synthetic
+
+
+def _digits(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  return digits.create_task(
+      partition=cfg['partition'], num_clients=cfg['num_clients'] or 20,
+      alpha=cfg['dirichlet_alpha'], model=cfg['digits_model'],
+      batch_size=cfg['client_batch_size'], num_epochs=_epochs(cfg), seed=cfg['seed'])
+
+
+def _synthetic(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  return synthetic.create_task(
+      alpha=cfg['synthetic_alpha'], beta=cfg['synthetic_beta'],
+      num_clients=cfg['num_clients'] or 30, batch_size=cfg['client_batch_size'],
+      num_epochs=_epochs(cfg), seed=cfg['seed'])
+
+
+def _epochs(cfg):
+  # With exactly K local steps the loop cycles the data itself.
+  return 1 if cfg.get('local_steps') else cfg['client_epochs_per_round']
+
+
+TASKS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
+    'digits': _digits,
+    'synthetic': _synthetic,
+}
+
+
+def create_task(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask:
+  if name not in TASKS:
+    raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}; got {name!r}')
+  return TASKS[name](cfg)

@@ -1,0 +1,233 @@
+"""Adaptive optimisers with the FedOpt paper's exact (Algorithm 2) semantics.
+
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (seed 003),
+Algorithm 2. With Δ̄ the aggregated client update in TFF's sign convention
+(x_t − y, so it is consumed as a gradient):
+
+  m_t = β1 m_{t−1} + (1 − β1) Δ̄                          m_{−1} = 0
+  Adagrad: v_t = v_{t−1} + Δ̄²
+  Adam:    v_t = β2 v_{t−1} + (1 − β2) Δ̄²
+  Yogi:    v_t = v_{t−1} − (1 − β2) Δ̄² sign(v_{t−1} − Δ̄²)
+  x_{t+1} = x_t − η m_t / (√v_t + τ)                     v_{−1} = τ²
+
+and no bias correction. This differs from `tff.learning.optimizers.build_*`
+(bias-corrected Adam/Yogi, Adagrad without momentum and ε inside the √). Since
+τ is outside the √ and v_{−1} = τ², scaling Δ̄ by c, τ by c and v_{−1} by c²
+scales both m_t and √v_t + τ by c, which leaves the iterates unchanged
+(SPEC §1).
+
+The same update, with other options, is what the other seeds call:
+  * seed 000's AdaptiveFedOpt (SPEC §3): server Adam =
+    `build_paper_adam(..., initial_accumulator_value=1.0)`, server RMSProp =
+    the same with `beta_1=0.0`; its SGDm is TFF's `build_sgdm`.
+  * seed 002's server AdaGrad (SPEC §4, v = Σ Δ̄², optional momentum):
+    `build_paper_adagrad(..., beta_1=β1 or 0.0, initial_accumulator_value=0.0)`.
+  * seed 002's client Adam/AdaGrad (FedAda2 baselines, SPEC §4):
+    `build_paper_client_adam` / `build_paper_client_adagrad`: zero initial
+    state, ε outside the √, Adam optionally bias-corrected
+    (m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t)). For direct joint adaptivity the
+    algorithm writes the server's v into `state['preconditioner']` before local
+    training (bias correction assumes the zero start, so leave it off there).
+
+State keys follow TFF's Adam: `accumulator` is m, `preconditioner` is v, and
+τ/ε is stored under `epsilon` so that TFF-style hparam code works unchanged.
+"""
+
+import collections
+import math
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow_federated.python.learning.optimizers import nest_utils
+from tensorflow_federated.python.learning.optimizers import optimizer
+
+_LR = optimizer.LEARNING_RATE_KEY
+_BETA_1 = 'beta_1'
+_BETA_2 = 'beta_2'
+_EPSILON = 'epsilon'
+_STEP = 'step'
+_ACCUMULATOR = 'accumulator'
+_PRECONDITIONER = 'preconditioner'
+_KINDS = ('adagrad', 'adam', 'yogi')
+
+State = collections.OrderedDict[str, Any]
+
+
+def _cast(value: Any, dtype: tf.DType) -> tf.Tensor:
+  # tf.cast of a Python float goes through float32 first; keep float64 exact.
+  return tf.cast(value if tf.is_tensor(value) else np.asarray(value), dtype)
+
+
+def _check_range(name: str, value: Any, low: float, high: float = math.inf,
+                 low_open: bool = False) -> None:
+  """Raises ValueError unless value is in [low, high) (or (low, high))."""
+  if tf.is_symbolic_tensor(value):
+    return  # Traced hyperparameters can only be checked by the caller.
+  ok = (value > low if low_open else value >= low) and value < high
+  if not ok:
+    bracket = '(' if low_open else '['
+    raise ValueError(
+        f'`{name}` must be in {bracket}{low}, {high}), found {value}.')
+
+
+class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
+  """FedOpt Algorithm 2 Adagrad/Adam/Yogi; see the module docstring."""
+
+  def __init__(self,
+               kind: str,
+               learning_rate: optimizer.Float,
+               beta_1: optimizer.Float,
+               beta_2: optimizer.Float,
+               epsilon: optimizer.Float,
+               initial_accumulator_value: optimizer.Float,
+               bias_correction: bool = False):
+    if kind not in _KINDS:
+      raise ValueError(f'`kind` must be one of {_KINDS}, found {kind!r}.')
+    if bias_correction and kind != 'adam':
+      raise ValueError('`bias_correction` is only defined for kind="adam".')
+    _check_range('learning_rate', learning_rate, 0.0)
+    _check_range('beta_1', beta_1, 0.0, 1.0)
+    _check_range('beta_2', beta_2, 0.0, 1.0)
+    # ε = 0 with a zero accumulator would divide 0 by 0 on untouched weights.
+    _check_range('epsilon', epsilon, 0.0, low_open=True)
+    _check_range('initial_accumulator_value', initial_accumulator_value, 0.0)
+    self._kind = kind
+    self._hparams = collections.OrderedDict([(_LR, learning_rate),
+                                             (_BETA_1, beta_1)])
+    if kind != 'adagrad':
+      self._hparams[_BETA_2] = beta_2
+    self._hparams[_EPSILON] = epsilon
+    self._v0 = initial_accumulator_value
+    self._bias_correction = bias_correction
+
+  def initialize(self, specs: Any) -> State:
+    state = collections.OrderedDict(self._hparams)
+    state[_STEP] = 0
+    state[_ACCUMULATOR] = tf.nest.map_structure(
+        lambda s: tf.zeros(s.shape, s.dtype), specs)
+    state[_PRECONDITIONER] = tf.nest.map_structure(
+        lambda s: tf.fill(s.shape, _cast(self._v0, s.dtype)), specs)
+    return state
+
+  def next(self, state: State, weights: Any,
+           gradients: Any) -> tuple[State, Any]:
+    gradients = optimizer.handle_indexed_slices_gradients(gradients)
+    optimizer.check_weights_gradients_match(weights, gradients)
+    optimizer.check_weights_state_match(weights, state[_ACCUMULATOR],
+                                        'accumulator')
+    optimizer.check_weights_state_match(weights, state[_PRECONDITIONER],
+                                        'preconditioner')
+    step = state[_STEP] + 1
+
+    def update(w, m, v, g):
+      if g is None:
+        return w, m, v
+      hp = {k: _cast(state[k], g.dtype) for k in self._hparams}
+      b1 = hp[_BETA_1]
+      m = b1 * m + (1.0 - b1) * g
+      g2 = tf.square(g)
+      if self._kind == 'adagrad':
+        v = v + g2
+      elif self._kind == 'adam':
+        v = hp[_BETA_2] * v + (1.0 - hp[_BETA_2]) * g2
+      else:
+        v = v - (1.0 - hp[_BETA_2]) * g2 * tf.sign(v - g2)
+      m_hat, v_hat = m, v
+      if self._bias_correction:
+        t = tf.cast(step, g.dtype)
+        m_hat = m / (1.0 - tf.pow(b1, t))
+        v_hat = v / (1.0 - tf.pow(hp[_BETA_2], t))
+      w = w - hp[_LR] * m_hat / (tf.sqrt(v_hat) + hp[_EPSILON])
+      return w, m, v
+
+    weights, m, v = nest_utils.map_at_leaves(
+        update, weights, state[_ACCUMULATOR], state[_PRECONDITIONER],
+        gradients, num_outputs=3)
+    new_state = collections.OrderedDict(
+        (k, state[k]) for k in self._hparams)
+    new_state[_STEP] = step
+    new_state[_ACCUMULATOR] = m
+    new_state[_PRECONDITIONER] = v
+    return new_state, weights
+
+  def get_hparams(self, state: State) -> State:
+    return collections.OrderedDict((k, state[k]) for k in self._hparams)
+
+  def set_hparams(self, state: State, hparams: State) -> State:
+    unknown = set(hparams) - set(self._hparams)
+    if unknown:
+      raise KeyError(f'Unknown hyperparameters {sorted(unknown)}.')
+    new_state = collections.OrderedDict(state)
+    new_state.update(hparams)
+    return new_state
+
+
+def _server(kind: str, learning_rate: optimizer.Float, beta_1: optimizer.Float,
+            beta_2: optimizer.Float, tau: optimizer.Float,
+            initial_accumulator_value: Optional[optimizer.Float]
+           ) -> PaperAdaptive:
+  if initial_accumulator_value is None:
+    initial_accumulator_value = tau**2
+  return PaperAdaptive(kind, learning_rate, beta_1, beta_2, tau,
+                       initial_accumulator_value)
+
+
+def build_paper_adagrad(
+    learning_rate: optimizer.Float,
+    beta_1: optimizer.Float = 0.9,
+    tau: optimizer.Float = 1e-3,
+    initial_accumulator_value: Optional[optimizer.Float] = None,
+) -> optimizer.Optimizer:
+  """FedAdagrad server optimiser of FedOpt Algorithm 2 (v_{−1} = τ² if None)."""
+  return _server('adagrad', learning_rate, beta_1, 0.0, tau,
+                 initial_accumulator_value)
+
+
+def build_paper_adam(
+    learning_rate: optimizer.Float,
+    beta_1: optimizer.Float = 0.9,
+    beta_2: optimizer.Float = 0.99,
+    tau: optimizer.Float = 1e-3,
+    initial_accumulator_value: Optional[optimizer.Float] = None,
+) -> optimizer.Optimizer:
+  """FedAdam server optimiser of FedOpt Algorithm 2 (v_{−1} = τ² if None)."""
+  return _server('adam', learning_rate, beta_1, beta_2, tau,
+                 initial_accumulator_value)
+
+
+def build_paper_yogi(
+    learning_rate: optimizer.Float,
+    beta_1: optimizer.Float = 0.9,
+    beta_2: optimizer.Float = 0.99,
+    tau: optimizer.Float = 1e-3,
+    initial_accumulator_value: Optional[optimizer.Float] = None,
+) -> optimizer.Optimizer:
+  """FedYogi server optimiser of FedOpt Algorithm 2 (v_{−1} = τ² if None)."""
+  return _server('yogi', learning_rate, beta_1, beta_2, tau,
+                 initial_accumulator_value)
+
+
+def build_paper_client_adam(
+    learning_rate: optimizer.Float,
+    beta_1: optimizer.Float = 0.9,
+    beta_2: optimizer.Float = 0.999,
+    epsilon: optimizer.Float = 1e-8,
+    bias_correction: bool = False,
+) -> optimizer.Optimizer:
+  """FedAda2's client Adam: zero start, ε outside √, optional bias correction.
+
+  `bias_correction` defaults to False to match `sm3.build_sm3_adam`, so the
+  no-PC Adam baseline and FedAda2's SM3-Adam differ only in the preconditioner.
+  """
+  return PaperAdaptive('adam', learning_rate, beta_1, beta_2, epsilon, 0.0,
+                       bias_correction)
+
+
+def build_paper_client_adagrad(
+    learning_rate: optimizer.Float,
+    epsilon: optimizer.Float = 1e-8,
+    beta_1: optimizer.Float = 0.0,
+) -> optimizer.Optimizer:
+  """FedAda2's client AdaGrad: v = Σ g², x ← x − η m/(√v + ε), v_0 = 0."""
+  return PaperAdaptive('adagrad', learning_rate, beta_1, 0.0, epsilon, 0.0)

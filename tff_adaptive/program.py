@@ -1,0 +1,202 @@
+"""The simulation loop: sample, train a round, evaluate, release, checkpoint.
+
+Program state (the learning process state, the round number and the running
+totals) goes through `tff.program.FileProgramStateManager`; metrics go through
+`tff.program.CSVFileReleaseManager` and `TensorBoardReleaseManager`. A rerun
+into the same directory resumes from the latest saved state; the CSV manager
+drops any rows released after that state, so a crash or Ctrl-C loses no more
+than the rounds since the last checkpoint and never duplicates a round.
+"""
+
+import asyncio
+import collections
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+import tqdm
+
+from tasks import base as task_base
+
+
+class TrainingDiverged(RuntimeError):
+  pass
+
+
+@dataclasses.dataclass
+class LoopConfig:
+  total_rounds: int
+  clients_per_round: int
+  rounds_per_eval: int
+  rounds_per_checkpoint: int
+  output_dir: str
+  seed: int = 0
+  local_steps: Optional[int] = None  # None: the task's epochs
+  show_progress: bool = True
+
+
+def sample_clients(client_ids: list[str], num: int, seed: int, round_num: int) -> list[str]:
+  """Uniform without replacement within a round; a fresh draw per (seed, round)."""
+  rng = np.random.default_rng([seed, round_num])
+  chosen = rng.choice(len(client_ids), size=min(num, len(client_ids)), replace=False)
+  return [client_ids[i] for i in sorted(chosen)]
+
+
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = '') -> dict[str, float]:
+  flat = {}
+  for key, value in metrics.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, Mapping):
+      flat.update(flatten_metrics(value, name + '/'))
+    elif np.ndim(value) == 0:
+      flat[name] = float(value)
+  return flat
+
+
+def client_datasets(task: task_base.FederatedTask, client_ids: list[str],
+                    local_steps: Optional[int]) -> list[tf.data.Dataset]:
+  """Preprocessed datasets; with `local_steps`, exactly K batches, cycling."""
+  datasets = []
+  for cid in client_ids:
+    ds = task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))
+    if local_steps is not None:
+      ds = ds.repeat().take(local_steps)
+    datasets.append(ds)
+  return datasets
+
+
+class KerasEvaluator:
+  """Centralized test metrics of the global model, computed with Keras.
+
+  Cheaper than a federated evaluation computation, and exact for the global
+  model; per-client evaluation lives with the personalisation code.
+  """
+
+  def __init__(self, task: task_base.FederatedTask):
+    self._model = task.keras_model_fn()
+    self._model.compile(
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')])
+    self._data = task.centralized_test_data().map(lambda b: (b['x'], b['y'])).cache()
+
+  def __call__(self, model_weights) -> dict[str, float]:
+    model_weights.assign_weights_to(self._model)
+    loss, acc = self._model.evaluate(self._data, verbose=0)
+    return {'loss': float(loss), 'accuracy': float(acc)}
+
+
+def _all_finite(structure) -> bool:
+  return all(np.all(np.isfinite(np.asarray(v))) for v in tf.nest.flatten(structure)
+             if np.issubdtype(np.asarray(v).dtype, np.floating))
+
+
+class _Releases:
+  """CSV + TensorBoard metrics releases, keyed by round."""
+
+  def __init__(self, output_dir: str):
+    self._managers = [
+        tff.program.CSVFileReleaseManager(os.path.join(output_dir, 'metrics.csv'),
+                                          key_fieldname='round'),
+        tff.program.TensorBoardReleaseManager(os.path.join(output_dir, 'tensorboard')),
+    ]
+
+  async def release(self, metrics: Mapping[str, float], round_num: int):
+    await asyncio.gather(*[m.release(dict(metrics), key=round_num) for m in self._managers])
+
+
+def run(process: tff.learning.templates.LearningProcess, task: task_base.FederatedTask,
+        config: LoopConfig,
+        round_metrics_fn: Optional[Callable[[int, Any], Mapping[str, float]]] = None):
+  """Runs (or resumes) training; returns (final state, last metrics row).
+
+  Args:
+    process: any `tff.learning.templates.LearningProcess` taking a list of
+      client datasets.
+    task: the task supplying client data and evaluation.
+    config: loop configuration.
+    round_metrics_fn: optional `(round_num, output) -> metrics` adding rows
+      (for example analytic costs) to each round's released metrics.
+  """
+  return asyncio.run(_run(process, task, config, round_metrics_fn))
+
+
+async def _run(process, task, config, round_metrics_fn):
+  state_manager = tff.program.FileProgramStateManager(
+      os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
+  releases = _Releases(config.output_dir)
+  evaluate = KerasEvaluator(task)
+
+  initial = process.initialize()
+  program_state = {'state': initial, 'totals': {}}
+  start_round = 0
+  versions = await state_manager.get_versions()
+  if versions:
+    start_round = versions[-1]
+    program_state = await state_manager.load(start_round, {'state': initial, 'totals': {}})
+    program_state['state'] = tf.nest.pack_sequence_as(
+        initial, tf.nest.flatten(program_state['state']))
+    print(f'Resuming from the checkpoint after round {start_round}.', file=sys.stderr)
+  state = program_state['state']
+  totals = collections.defaultdict(float, {k: float(v) for k, v in program_state['totals'].items()})
+  last_checkpoint = start_round
+
+  client_ids = list(task.train_data.client_ids)
+  bar = tqdm.tqdm(total=config.total_rounds, initial=start_round, unit='round',
+                  disable=not config.show_progress, file=sys.stderr, dynamic_ncols=True)
+  row = {}
+  last_eval = {}
+  try:
+    for round_num in range(start_round + 1, config.total_rounds + 1):
+      started = time.monotonic()
+      sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
+      output = process.next(state, client_datasets(task, sampled, config.local_steps))
+      row = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
+      if round_metrics_fn is not None:
+        row.update(round_metrics_fn(round_num, output))
+      train_loss = next((v for k, v in row.items() if k.endswith('train/loss')), 0.0)
+      weights = process.get_model_weights(output.state)
+      if not math.isfinite(train_loss) or not _all_finite(weights.trainable):
+        raise TrainingDiverged(
+            f'training diverged at round {round_num} (non-finite '
+            f'{"training loss" if not math.isfinite(train_loss) else "model weights"}); '
+            f'try a smaller --client_learning_rate or --server_learning_rate. The last good '
+            f'checkpoint (round {last_checkpoint}) is kept in {config.output_dir}.')
+      state = output.state
+      for key, value in list(row.items()):
+        if key.startswith('cost/') and not key.startswith('cost/cumulative'):
+          totals[key] += value
+      row.update({f'cost/cumulative_{k[len("cost/"):]}': v for k, v in totals.items()})
+      row['round_seconds'] = time.monotonic() - started
+      if round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds:
+        last_eval = {f'eval/{k}': v for k, v in evaluate(weights).items()}
+        row.update(last_eval)
+      await releases.release(row, round_num)
+      if round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds:
+        await state_manager.save({'state': state, 'totals': dict(totals)}, round_num)
+        last_checkpoint = round_num
+      bar.update(1)
+      bar.set_postfix(_progress_postfix(row, last_eval), refresh=False)
+      if not sys.stderr.isatty() and config.show_progress and round_num % config.rounds_per_eval == 0:
+        print(f'round {round_num}/{config.total_rounds} ' +
+              ' '.join(f'{k}={v:.4g}' for k, v in _progress_postfix(row, last_eval).items()),
+              file=sys.stderr, flush=True)
+  finally:
+    bar.close()
+  return state, row
+
+
+def _progress_postfix(row, last_eval):
+  shown = {}
+  for key, value in row.items():
+    if key.endswith('train/loss') or key.endswith('train/sparse_categorical_accuracy'):
+      shown['loss' if key.endswith('loss') else 'acc'] = value
+  for key, value in last_eval.items():
+    shown[key.replace('eval/', 'eval_')] = value
+  return {k: round(v, 4) for k, v in shown.items()}
