@@ -1,0 +1,1 @@
+"""Keras models from the source papers (built uncompiled, for TFF tasks and FLOP counts)."""
