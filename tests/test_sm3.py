@@ -332,3 +332,66 @@ def test_runs_inside_tff_tf_computation():
   assert int(state['step']) == 3
   for a, b in zip(_flat(w), eager[-1]):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_state_survives_a_tf_data_reduce_loop():
+  # TFF's client loop threads the optimiser state through `Dataset.reduce`,
+  # which would stack a Python list of differently shaped accumulators.
+  rng = np.random.default_rng(8)
+  specs = _specs(tf.float32)
+  grads = [_student_t(rng, specs) for _ in range(4)]
+  opt = sm3.build_sm3_adam(0.1, epsilon=1e-3, delay=3)
+  dataset = tf.data.Dataset.from_tensor_slices(
+      tf.nest.map_structure(lambda *g: tf.stack(g), *grads))
+
+  @tf.function
+  def loop():
+    state = opt.initialize(specs)
+    state['step'] = tf.constant(0)
+    return dataset.reduce((state, _zeros(specs)),
+                          lambda acc, g: opt.next(acc[0], acc[1], g))
+
+  _, w = loop()
+  _, eager = _run(opt, specs, grads)
+  for a, b in zip(_flat(w), eager[-1]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fedavg_with_sm3_clients_and_paper_fedadam_server():
+  runtime.use_local_cpp_context()
+  tf.keras.utils.set_random_seed(9)
+
+  def model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.Input((6,)),
+        tf.keras.layers.Dense(8, activation='relu'),
+        tf.keras.layers.Dense(3),
+    ])
+    return tff.learning.models.from_keras_model(
+        keras_model,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=(tf.TensorSpec([None, 6], tf.float32),
+                    tf.TensorSpec([None], tf.int32)))
+
+  rng = np.random.default_rng(9)
+  data = [
+      tf.data.Dataset.from_tensor_slices(
+          (rng.normal(size=(10, 6)).astype(np.float32),
+           rng.integers(0, 3, 10).astype(np.int32))).batch(5)
+      for _ in range(2)
+  ]
+  process = tff.learning.algorithms.build_weighted_fed_avg(
+      model_fn,
+      client_optimizer_fn=sm3.build_sm3_adam(0.01, delay=2,
+                                             bias_correction=True),
+      server_optimizer_fn=paper_fedopt.build_paper_adam(0.1))
+  state = process.initialize()
+  before = _flat(process.get_model_weights(state).trainable)
+  for _ in range(2):
+    output = process.next(state, data)
+    state = output.state
+  after = _flat(process.get_model_weights(state).trainable)
+  assert np.isfinite(output.metrics['client_work']['train']['loss'])
+  assert int(state.finalizer['step']) == 2
+  for a, b in zip(after, before):
+    assert np.all(np.isfinite(a)) and np.any(a != b)

@@ -30,5 +30,4 @@ from tff_adaptive.compression.quantizers import expq_encode
 from tff_adaptive.compression.quantizers import uniq_decode
 from tff_adaptive.compression.quantizers import uniq_encode
 from tff_adaptive.compression.sparsify import num_kept
-from tff_adaptive.compression.sparsify import sparsify
 from tff_adaptive.compression.sparsify import sparsify_shared

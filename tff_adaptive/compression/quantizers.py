@@ -13,15 +13,19 @@ each side with its own range:
   gz_min = min(a[a >= 0]), gz_max = max(a[a >= 0]),
   q = floor((a - lo) * (127 / (hi - lo)))   (+128 on the non-negative side),
 
-decoded to the lower edge of the bin: d = k * ((hi - lo) / 127) + lo. Choices
+decoded to the lower edge of the bin: d = k * step + lo, with the step
+(hi - lo) / 127 evaluated as float32 (hi - lo) * float32(1/127). Choices
 made where the thesis is silent or ambiguous:
   * Exact zeros go to the non-negative side (the thesis leaves them at code 0,
     which would decode to lz_min, the most negative value). Then gz_min = 0
     whenever a zero is present, so zeros decode to exactly 0.
-  * Arithmetic is float32 in the order written above. A value equal to `hi`
-    always gets code 127 (so float rounding cannot push the maximum into bin
-    126), and code 127 decodes to exactly `hi`; both endpoints of each side
-    are therefore reproduced exactly.
+  * The side values and the step (hi - lo) / 127 are float32; the bin index
+    is computed in float64 from them, and so is k * step + lo (exact product,
+    one rounding, then cast to float32), which keeps the TF twin bit-identical
+    even where TF's graph optimiser fuses multiply-add. A value equal to `hi`
+    always gets code 127 (rounding cannot push the maximum into bin 126), and
+    code 127 decodes to exactly `hi`: both endpoints of each side are
+    reproduced exactly.
   * A side with no values sends lo = hi = 0; a side whose values are all equal
     (hi == lo) codes them all 127 and decodes them exactly.
   * The per-value error is below (hi - lo) / 127 on each side, up to float32
@@ -62,6 +66,7 @@ UNIQ_SIDE_FLOATS = 4
 EXPQ_SIDE_FLOATS = 1
 EXPQ_MAX_DELTA = 0.5
 _LEVELS = 127
+_INV_LEVELS = np.float32(1.0 / _LEVELS)
 
 
 def sanitize(a: np.ndarray) -> np.ndarray:
@@ -79,15 +84,12 @@ def _side_range(a: np.ndarray, mask: np.ndarray) -> tuple[np.float32,
 
 
 def _uniform_bins(a: np.ndarray, lo: np.float32, hi: np.float32) -> np.ndarray:
-  """Bin index floor((a - lo) * (127 / (hi - lo))) in [0, 127], float32."""
-  with np.errstate(all='ignore'):
-    span = np.float32(hi - lo)
-    scale = np.float32(_LEVELS) / span if span > 0 else np.float32(0.0)
-    scaled = (a - lo) * np.float32(scale)
-    # A subnormal span can overflow the scale; such values are within one
-    # span of `lo` anyway, so bin 0 keeps the error bound.
-    scaled = np.where(np.isfinite(scaled), scaled, np.float32(0.0))
-    bins = np.clip(np.floor(scaled), 0, _LEVELS)
+  """Bin index floor((a - lo) * (127 / (hi - lo))) in [0, 127] (float64)."""
+  lo64, hi64 = np.float64(lo), np.float64(hi)
+  span = hi64 - lo64
+  scale = np.float64(_LEVELS) / span if span > 0 else np.float64(0.0)
+  scaled = (a.astype(np.float64) - lo64) * scale
+  bins = np.clip(np.floor(scaled), 0, _LEVELS)
   return np.where(a >= hi, _LEVELS, bins).astype(np.uint8)
 
 
@@ -113,9 +115,14 @@ def uniq_encode(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _uniform_dequantize(k: np.ndarray, lo: np.float32,
                         hi: np.float32) -> np.ndarray:
-  step = np.float32(np.float32(hi - lo) / np.float32(_LEVELS))
-  values = k.astype(np.float32) * step + lo
-  return np.where(k == _LEVELS, hi, values).astype(np.float32)
+  # Multiplying by float32(1/127) rather than dividing by 127 keeps the TF
+  # twin identical: TF's constant folding rewrites x / c as x * (1 / c).
+  step = np.float32(np.float32(hi - lo) * _INV_LEVELS)
+  # k (7 bits) times a float32 step is exact in float64, so k * step + lo is
+  # rounded once whether or not the multiply-add is fused (TF's graph
+  # optimiser fuses it on some CPUs).
+  values = k.astype(np.float64) * np.float64(step) + np.float64(lo)
+  return np.where(k == _LEVELS, hi, values.astype(np.float32))
 
 
 def uniq_decode(codes: np.ndarray, side: np.ndarray) -> np.ndarray:

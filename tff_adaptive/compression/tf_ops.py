@@ -62,13 +62,14 @@ def _side_range(a, mask):
 
 
 def _uniform_bins(a, lo, hi):
-  span = hi - lo
-  scale = tf.where(span > 0, tf.constant(float(_LEVELS), tf.float32) / span,
-                   tf.constant(0.0, tf.float32))
-  scaled = (a - lo) * scale
-  scaled = tf.where(tf.math.is_finite(scaled), scaled, tf.zeros_like(scaled))
+  lo64, hi64 = tf.cast(lo, tf.float64), tf.cast(hi, tf.float64)
+  span = hi64 - lo64
+  # The division by a zero span is discarded by the where.
+  scale = tf.where(span > 0, tf.constant(float(_LEVELS), tf.float64) / span,
+                   tf.constant(0.0, tf.float64))
+  scaled = (tf.cast(a, tf.float64) - lo64) * scale
   bins = tf.clip_by_value(tf.floor(scaled), 0.0, float(_LEVELS))
-  bins = tf.where(a >= hi, tf.constant(float(_LEVELS), tf.float32), bins)
+  bins = tf.where(a >= hi, tf.constant(float(_LEVELS), tf.float64), bins)
   return tf.cast(bins, tf.uint8)
 
 
@@ -85,8 +86,14 @@ def tf_uniq_encode(a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 def _uniform_dequantize(k, lo, hi):
-  step = (hi - lo) / tf.constant(float(_LEVELS), tf.float32)
-  values = tf.cast(k, tf.float32) * step + lo
+  # Not (hi - lo) / 127: constant folding would turn that into a multiply by
+  # the reciprocal in graph mode only; this is the same in eager, graph and
+  # NumPy.
+  step = (hi - lo) * tf.constant(1.0 / _LEVELS, tf.float32)
+  # Exact product in float64, so a fused multiply-add rounds the same way.
+  values = tf.cast(
+      tf.cast(k, tf.float64) * tf.cast(step, tf.float64) +
+      tf.cast(lo, tf.float64), tf.float32)
   return tf.where(tf.equal(k, _LEVELS), tf.fill(tf.shape(values), hi), values)
 
 

@@ -31,6 +31,7 @@ The same update, with other options, is what the other seeds call:
 
 State keys follow TFF's Adam: `accumulator` is m, `preconditioner` is v, and
 τ/ε is stored under `epsilon` so that TFF-style hparam code works unchanged.
+A literal `beta_1=0` drops m (and the `beta_1` hparam) from the state.
 """
 
 import collections
@@ -93,8 +94,12 @@ class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
     _check_range('epsilon', epsilon, 0.0, low_open=True)
     _check_range('initial_accumulator_value', initial_accumulator_value, 0.0)
     self._kind = kind
-    self._hparams = collections.OrderedDict([(_LR, learning_rate),
-                                             (_BETA_1, beta_1)])
+    # A literal β1 = 0 (plain AdaGrad, RMSProp) keeps no first moment, so the
+    # state holds only the floats the algorithm needs (client memory, SPEC §4).
+    self._momentum = tf.is_tensor(beta_1) or beta_1 != 0
+    self._hparams = collections.OrderedDict([(_LR, learning_rate)])
+    if self._momentum:
+      self._hparams[_BETA_1] = beta_1
     if kind != 'adagrad':
       self._hparams[_BETA_2] = beta_2
     self._hparams[_EPSILON] = epsilon
@@ -104,28 +109,28 @@ class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
   def initialize(self, specs: Any) -> State:
     state = collections.OrderedDict(self._hparams)
     state[_STEP] = 0
-    state[_ACCUMULATOR] = tf.nest.map_structure(
-        lambda s: tf.zeros(s.shape, s.dtype), specs)
     state[_PRECONDITIONER] = tf.nest.map_structure(
         lambda s: tf.fill(s.shape, _cast(self._v0, s.dtype)), specs)
+    if self._momentum:
+      state[_ACCUMULATOR] = tf.nest.map_structure(
+          lambda s: tf.zeros(s.shape, s.dtype), specs)
     return state
 
   def next(self, state: State, weights: Any,
            gradients: Any) -> tuple[State, Any]:
     gradients = optimizer.handle_indexed_slices_gradients(gradients)
     optimizer.check_weights_gradients_match(weights, gradients)
-    optimizer.check_weights_state_match(weights, state[_ACCUMULATOR],
-                                        'accumulator')
-    optimizer.check_weights_state_match(weights, state[_PRECONDITIONER],
-                                        'preconditioner')
+    moments = [_PRECONDITIONER] + ([_ACCUMULATOR] if self._momentum else [])
+    for key in moments:
+      optimizer.check_weights_state_match(weights, state[key], key)
     step = state[_STEP] + 1
 
-    def update(w, m, v, g):
+    def update(w, g, v, *m):
       if g is None:
-        return w, m, v
+        return (w, v) + m
       hp = {k: _cast(state[k], g.dtype) for k in self._hparams}
-      b1 = hp[_BETA_1]
-      m = b1 * m + (1.0 - b1) * g
+      b1 = hp.get(_BETA_1, tf.zeros([], g.dtype))
+      m = [b1 * mi + (1.0 - b1) * g for mi in m]
       g2 = tf.square(g)
       if self._kind == 'adagrad':
         v = v + g2
@@ -133,22 +138,21 @@ class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
         v = hp[_BETA_2] * v + (1.0 - hp[_BETA_2]) * g2
       else:
         v = v - (1.0 - hp[_BETA_2]) * g2 * tf.sign(v - g2)
-      m_hat, v_hat = m, v
+      m_hat, v_hat = (m[0] if m else g), v
       if self._bias_correction:
         t = tf.cast(step, g.dtype)
-        m_hat = m / (1.0 - tf.pow(b1, t))
+        m_hat = m_hat / (1.0 - tf.pow(b1, t))
         v_hat = v / (1.0 - tf.pow(hp[_BETA_2], t))
       w = w - hp[_LR] * m_hat / (tf.sqrt(v_hat) + hp[_EPSILON])
-      return w, m, v
+      return (w, v) + tuple(m)
 
-    weights, m, v = nest_utils.map_at_leaves(
-        update, weights, state[_ACCUMULATOR], state[_PRECONDITIONER],
-        gradients, num_outputs=3)
+    weights, *new_moments = nest_utils.map_at_leaves(
+        update, weights, gradients, *[state[k] for k in moments],
+        num_outputs=1 + len(moments))
     new_state = collections.OrderedDict(
         (k, state[k]) for k in self._hparams)
     new_state[_STEP] = step
-    new_state[_ACCUMULATOR] = m
-    new_state[_PRECONDITIONER] = v
+    new_state.update(zip(moments, new_moments))
     return new_state, weights
 
   def get_hparams(self, state: State) -> State:

@@ -175,10 +175,10 @@ class SM3(optimizer.Optimizer[State, Any, State]):
     if self._form == 'adam':
       state[_ACCUMULATOR] = tf.nest.map_structure(
           lambda s: tf.zeros(s.shape, s.dtype), specs)
-    state[_STATISTICS] = [
+    # Tuples, not lists: tf.data (TFF's client loop) would stack a list.
+    state[_STATISTICS] = tuple(
         tuple(tf.zeros(c, s.dtype) for c in cover_shapes(s.shape))
-        for s in tf.nest.flatten(specs)
-    ]
+        for s in tf.nest.flatten(specs))
     return state
 
   def next(self, state: State, weights: Any,
@@ -190,7 +190,7 @@ class SM3(optimizer.Optimizer[State, Any, State]):
     flat_g = tf.nest.flatten(gradients)
     flat_m = (tf.nest.flatten(state[_ACCUMULATOR]) if adam
               else [None] * len(flat_w))
-    flat_stats = list(state[_STATISTICS])
+    flat_stats = tuple(state[_STATISTICS])
     if len(flat_stats) != len(flat_w) or len(flat_m) != len(flat_w):
       raise ValueError('Optimizer state does not match the weights; was '
                        '`initialize` called with specs of these weights?')
@@ -236,7 +236,7 @@ class SM3(optimizer.Optimizer[State, Any, State]):
     if adam:
       new_state[_ACCUMULATOR] = tf.nest.pack_sequence_as(
           state[_ACCUMULATOR], new_m)
-    new_state[_STATISTICS] = new_stats
+    new_state[_STATISTICS] = tuple(new_stats)
     return new_state, tf.nest.pack_sequence_as(weights, new_w)
 
   def get_hparams(self, state: State) -> State:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Creates .venv with the verified stack; idempotent (does nothing when the
+# requirements have not changed since the last successful setup).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stamp=.venv/.tff_adaptive_setup
+want=$(cat requirements.txt requirements-tff.txt | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
+  exit 0
+fi
+
+# TensorFlow 2.14 (needed by TFF 0.87) ships wheels for Python 3.9-3.11 only.
+py=""
+for cand in python3.11 python3.10 python3.9 python3; do
+  if command -v "$cand" >/dev/null 2>&1 &&
+     "$cand" -c 'import sys; sys.exit(0 if (3, 9) <= sys.version_info[:2] <= (3, 11) else 1)' 2>/dev/null; then
+    py=$cand; break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "setup: no Python 3.9-3.11 found; tensorflow-federated 0.87 needs TensorFlow 2.14," >&2
+  echo "       which has no wheels for newer Pythons. Install Python 3.11, e.g." >&2
+  echo "       'apt-get install python3.11 python3.11-venv' or 'pyenv install 3.11', then rerun." >&2
+  exit 1
+fi
+
+echo "setup: creating .venv with $($py --version)" >&2
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements.txt
+# TFF 0.87 pins jax/jaxlib==0.4.14, which the package index no longer serves, so
+# a resolver run on TFF fails. requirements.txt installs all its other pins (jax
+# 0.4.13 instead); TFF itself goes in without dependency resolution.
+.venv/bin/python -m pip install -q --no-deps -r requirements-tff.txt
+# Make the repository importable (tff_adaptive, tasks, bin) from the venv.
+.venv/bin/python - <<'PY'
+import os, site
+with open(os.path.join(site.getsitepackages()[0], 'tff_adaptive_repo.pth'), 'w') as f:
+  f.write(os.getcwd() + '\n')
+PY
+.venv/bin/python -c 'import tensorflow_federated as tff; print("setup: TFF", tff.__version__, "ready")' 2>/dev/null
+echo "$want" > "$stamp"

@@ -1,0 +1,76 @@
+"""No TFF worker_binary outlives the process that started it."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tff_adaptive import runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    import tensorflow as tf
+    import tensorflow_federated as tff
+    from tff_adaptive import runtime
+    runtime.use_local_cpp_context()
+    @tff.tensorflow.computation(tf.int32)
+    def add_one(x):
+      return x + 1
+    assert add_one(1) == 2
+    print('WORKERS', ' '.join(map(str, runtime.live_workers())), flush=True)
+    mode = sys.argv[1]
+    if mode == 'raise':
+      raise RuntimeError('boom')
+    if mode == 'wait':
+      time.sleep(120)
+''')
+
+
+def _alive(pid):
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except FileNotFoundError:
+    return False
+
+
+def _start(mode):
+  proc = subprocess.Popen([sys.executable, '-c', SCRIPT.format(root=ROOT), mode],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  for line in proc.stdout:
+    if line.startswith('WORKERS'):
+      pids = [int(p) for p in line.split()[1:]]
+      assert pids and all(_alive(p) for p in pids)
+      return proc, pids
+  raise AssertionError(f'child exited early: {proc.wait()}')
+
+
+def _gone(pids, timeout=15):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if not any(_alive(p) for p in pids):
+      return True
+    time.sleep(0.2)
+  return False
+
+
+@pytest.mark.parametrize('how', ['exit', 'raise', signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_worker_does_not_outlive_parent(how):
+  proc, pids = _start(how if isinstance(how, str) else 'wait')
+  if not isinstance(how, str):
+    proc.send_signal(how)
+  # The pipe closing proves the worker no longer holds our stdout.
+  proc.stdout.read()
+  proc.wait(timeout=60)
+  assert _gone(pids), f'worker(s) {pids} still running after parent {how}'
+
+
+def test_find_orphan_workers_sees_none_of_ours():
+  assert runtime.find_orphan_workers(parent_pid=os.getpid()) == []
