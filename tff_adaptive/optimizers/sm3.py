@@ -36,6 +36,10 @@ the |Δx_j| ≤ η bound no longer holds (seed 002, Appendix F). The Adam bias
 correction for ν uses r = ⌊(t − 1)/z⌋ + 1, the number of refreshes so far,
 as seed 002 (Appendix E) asks for an adjusted debiasing term.
 
+State: hparams (`learning_rate`, `epsilon`, and for Adam `beta_1`, `beta_2`),
+`step`, Adam's dense first moment `accumulator` (weights' structure), and
+`sm3_statistics`: one tuple of μ tensors per leaf of `tf.nest.flatten(weights)`.
+
 Client memory in floats (`client_state_floats`): Adam 2|x|, AdaGrad |x|,
 SM3-AdaGrad Σ covers, SM3-Adam |x| + Σ covers; scalar hyperparameters and the
 step counter are not counted. Stack Overflow LR (10000 × 500 kernel plus a
@@ -152,7 +156,7 @@ class SM3(optimizer.Optimizer[State, Any, State]):
                beta_2: optimizer.Float = 0.999,
                bias_correction: bool = False):
     if form not in _FORMS:
-      raise ValueError(f'`variant` must be one of {_FORMS}, found {form!r}.')
+      raise ValueError(f'`form` must be one of {_FORMS}, found {form!r}.')
     _check_range('learning_rate', learning_rate, 0.0)
     _check_range('epsilon', epsilon, 0.0, low_open=True)
     if (isinstance(delay, bool) or not isinstance(delay, numbers.Integral)
