@@ -180,10 +180,16 @@ def _server(kind: str, learning_rate: optimizer.Float, beta_1: optimizer.Float,
 def build_paper_adagrad(
     learning_rate: optimizer.Float,
     beta_1: optimizer.Float = 0.9,
+    beta_2: optimizer.Float = 0.0,
     tau: optimizer.Float = 1e-3,
     initial_accumulator_value: Optional[optimizer.Float] = None,
 ) -> optimizer.Optimizer:
-  """FedAdagrad server optimiser of FedOpt Algorithm 2 (v_{−1} = τ² if None)."""
+  """FedAdagrad server optimiser of FedOpt Algorithm 2 (v_{−1} = τ² if None).
+
+  `beta_2` is accepted (and ignored) so the three server builders share one
+  signature.
+  """
+  del beta_2
   return _server('adagrad', learning_rate, beta_1, 0.0, tau,
                  initial_accumulator_value)
 
