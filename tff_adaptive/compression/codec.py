@@ -10,7 +10,8 @@ it; `decode_upload` / `decode_upload_states` rebuild what the server sees.
 What `EncodedMessage.num_bits` counts, per tensor:
   * sparse tensors (rank >= min_rank and k < n): the Golomb bitstring's exact
     length in bits (no byte padding) plus 32 bits for b* (the thesis sends b*
-    as a 32-bit value);
+    as a 32-bit value); plus 32 bits of CRC-32 only if `index_checksum=True`
+    (off by default: not part of the thesis' budget);
   * weight values: 8 bits per kept value with UniQ plus 4 x 32 bits of UniQ
     side information (lz_min, lz_max, gz_min, gz_max); 32 bits per value
     without quantisation (no side information);
@@ -24,7 +25,9 @@ Relation to the analytic formulas (`analytic_bits_*`): eqs. 3.1-3.2 treat
 every tensor as sparsified with (1 - s) n values and g_s bits per index.
 The codec differs only in that rank-1 tensors are sent dense (8 bits per
 value, no indices, no b*) and k and the Golomb length are the realised
-ones; on realistic models the two agree within about a percent (tested).
+ones. On a 96k-parameter CNN-like model (4 rank-1 tensors of 154 values)
+the two agree within 2.5% at s = 0.6, 0.9, 0.95 (tested), the measured side
+being larger mostly because the biases are sent dense.
 
 Uncompressed baselines: FedAvg uploads 32 bits per parameter; CE-FedAvg /
 MFL-Adam upload omega, m and v, i.e. 96 bits per parameter.
@@ -42,6 +45,7 @@ from tff_adaptive.compression import sparsify as sparsify_lib
 FLOAT_BITS = 32
 CODE_BITS = 8
 B_STAR_BITS = 32  # b* is sent as a 32-bit value (thesis section 3.2).
+CHECKSUM_BITS = 32
 
 # Per-tensor constant terms of eqs. 3.1-3.2: UniQ's 4 floats + b* (160), plus
 # one ExpQ base for each of m and v (224).
@@ -127,7 +131,11 @@ class EncodedTensor:
 
   @property
   def golomb_param_bits(self) -> int:
-    return 0 if self.index_code is None else B_STAR_BITS
+    """b* and, when present, the CRC-32 of the index stream."""
+    if self.index_code is None:
+      return 0
+    return B_STAR_BITS + (0 if self.index_code.crc32 is None else
+                          CHECKSUM_BITS)
 
   @property
   def value_bits(self) -> int:
@@ -168,6 +176,7 @@ class EncodedMessage:
     return {
         'index_bits': sum(t.index_bits for t in self.tensors),
         'golomb_param_bits': sum(t.golomb_param_bits for t in self.tensors),
+        # ^ b* (and the CRC-32 when index_checksum=True).
         'value_bits': sum(t.value_bits for t in self.tensors),
         'side_info_bits': sum(t.side_bits for t in self.tensors),
     }
@@ -180,6 +189,7 @@ def encode_upload(
     extra_states: Optional[Sequence[Sequence[np.ndarray]]] = None,
     quantize_states: Optional[bool] = None,
     min_sparsify_rank: int = sparsify_lib.DEFAULT_MIN_SPARSIFY_RANK,
+    index_checksum: bool = False,
 ) -> EncodedMessage:
   """Compresses a client's upload.
 
@@ -192,6 +202,8 @@ def encode_upload(
     quantize_states: ExpQ on the states if True, float32 otherwise; defaults
       to `quantize_weights`.
     min_sparsify_rank: Tensors of lower rank are sent dense (SPEC: 2).
+    index_checksum: Attach (and count) a CRC-32 to each index stream so that
+      any corruption of it is detected on decoding.
 
   Returns:
     The `EncodedMessage`; `.num_bits` is its exact size.
@@ -211,7 +223,7 @@ def encode_upload(
     indices, values, state_values = sparsify_lib.sparsify_shared(
         tensor, [s[i] for s in extra_states], sparsity, min_sparsify_rank)
     index_code = (None if indices is None else
-                  golomb.golomb_encode(indices, b_star))
+                  golomb.golomb_encode(indices, b_star, index_checksum))
     encoded.append(EncodedTensor(
         shape=tuple(int(d) for d in np.shape(tensor)),
         index_code=index_code,

@@ -26,11 +26,16 @@ the sparsity. With it, the decoder detects truncation (bits run out), excess
 (bits left over), out-of-range indices and non-zero padding, and raises
 `ValueError`. A corruption that happens to map one valid stream of the same
 length onto another (e.g. a flipped remainder bit) cannot be detected without
-redundancy, which the thesis' bit budget does not include.
+redundancy, which the thesis' bit budget does not include (about 90% of
+random single-bit flips go unnoticed at s = 0.9). `golomb_encode(...,
+checksum=True)` adds a CRC-32 of the packed bytes (32 more bits, not part of
+eqs. 3.1-3.2) that the decoder verifies, catching such corruptions too.
 """
 
 import dataclasses
 import math
+from typing import Optional
+import zlib
 
 import numpy as np
 
@@ -75,10 +80,12 @@ class GolombCode:
     data: The bitstring packed MSB-first into bytes; padding bits are zero.
     num_bits: The exact length of the bitstring (what is counted as sent).
     b_star: The Golomb parameter used (sent as one 32-bit value, see codec).
+    crc32: Optional CRC-32 of `data` (32 extra bits when present).
   """
   data: bytes
   num_bits: int
   b_star: int
+  crc32: Optional[int] = None
 
 
 def _gaps(indices: np.ndarray) -> np.ndarray:
@@ -102,12 +109,14 @@ def golomb_code_lengths(indices: np.ndarray, b_star: int) -> np.ndarray:
   return ((gaps - 1) >> b_star) + 1 + b_star
 
 
-def golomb_encode(indices: np.ndarray, b_star: int) -> GolombCode:
+def golomb_encode(indices: np.ndarray, b_star: int,
+                  checksum: bool = False) -> GolombCode:
   """Golomb-encodes strictly increasing non-negative flat indices.
 
   Args:
     indices: 1-D integer array, strictly increasing, >= 0.
     b_star: The Golomb parameter (>= 0), normally `golomb_b_star(s)`.
+    checksum: Whether to attach a CRC-32 of the packed bytes.
 
   Returns:
     A `GolombCode` with the packed bitstring and its exact bit length.
@@ -132,8 +141,9 @@ def golomb_encode(indices: np.ndarray, b_star: int) -> GolombCode:
     bits[group_starts + offsets] = 1
   for j in range(b_star):
     bits[starts + quotients + 1 + j] = (remainders >> (b_star - 1 - j)) & 1
-  return GolombCode(data=np.packbits(bits).tobytes(), num_bits=total,
-                    b_star=b_star)
+  data = np.packbits(bits).tobytes()
+  return GolombCode(data=data, num_bits=total, b_star=b_star,
+                    crc32=zlib.crc32(data) if checksum else None)
 
 
 def golomb_decode(code: GolombCode, num_indices: int, size: int) -> np.ndarray:
@@ -150,8 +160,11 @@ def golomb_decode(code: GolombCode, num_indices: int, size: int) -> np.ndarray:
 
   Raises:
     ValueError: If the stream is truncated, has bits left over, decodes to an
-      index >= size, has non-zero padding or inconsistent lengths.
+      index >= size, has non-zero padding or inconsistent lengths, or fails
+      its CRC-32 (when present).
   """
+  if code.crc32 is not None and zlib.crc32(code.data) != code.crc32:
+    raise ValueError('Corrupted Golomb code: CRC-32 mismatch.')
   b_star, num_bits = int(code.b_star), int(code.num_bits)
   if b_star < 0 or b_star > 62:
     raise ValueError(f'Corrupted Golomb code: b_star={b_star} out of range.')

@@ -7,13 +7,14 @@ a TFF client can upload exactly what the server would decode:
 and the exact number of bits of the corresponding encoded message.
 
 Every function here follows its NumPy reference (`sparsify`, `quantizers`,
-`golomb`, `codec`) operation by operation, in the same float32 order for UniQ
-and in float64 for ExpQ's logarithms and powers. The tests check that indices,
-codes, side information, decoded values and bit counts agree exactly with
-the NumPy encoder; all choices are documented in those modules. The
-transcendental functions of TF and NumPy (ln, pow in float64) could in
-principle differ by an ulp, which would only matter for a value within
-~1e-15 (relative) of an ExpQ rounding boundary.
+`golomb`, `codec`) operation by operation (UniQ's bin arithmetic and ExpQ's
+logarithms and powers in float64, written so that graph-mode rewrites such as
+x / c -> x * (1 / c) or fused multiply-add cannot change a result). The tests
+check, in graph mode, that indices, codes, side information, decoded values
+and bit counts agree exactly with the NumPy encoder; all choices are
+documented in those modules. The transcendental functions of TF and NumPy
+(ln, pow in float64) could in principle differ by an ulp, which would only
+matter for a value within ~1e-15 (relative) of an ExpQ rounding boundary.
 
 Shapes must be fully known at trace time: k = ceil((1 - s) n) is a Python
 integer, so every output has a static shape.
