@@ -1,0 +1,366 @@
+"""One federated round, assembled from an algorithm's math (a `Recipe`).
+
+Every adaptive algorithm of the package has the same skeleton:
+
+  server → clients:  x_t, broadcast(s_t), round hyperparameters (η_t, K_t)
+  client i:          y_0 = x_t; local = init_local(broadcast(s_t), y_0)
+                     for k < K_t:  g_k = ∇f(y_k; batch_k)
+                                   local, y_{k+1} = local_step(local, y_k, g_k, η_t, k)
+                     Δ_i = x_t − y_K;  extra_i = upload(local, g_0)
+  clients → server:  Δ_i through `model_aggregator` (any `tff.aggregators`
+                     factory: mean, DP, compression, robust), extra_i through a
+                     mean with the same weights
+  server:            x_{t+1}, s_{t+1} = server_update(x_t, s_t, Δ̄, extra, η_t, K_t)
+
+A `Recipe` supplies those five TF functions; `build_process` wires them with
+TFF intrinsics into a `tff.learning.templates.LearningProcess` and measures,
+from the TFF types of what is actually broadcast and aggregated, the bits each
+client downloads and uploads, plus client SGD steps and FLOPs (SPEC §8). It is
+TFF's `compose_learning_process` with one difference that adaptive algorithms
+need: the clients receive server-side optimiser state, not only the model.
+
+The server state is a plain OrderedDict (easy to checkpoint and to inspect):
+  global_model_weights, stats (the recipe's s), aggregator (model_aggregator's
+  state), hparams (client_learning_rate, local_steps: set between rounds by
+  schedules, see `set_round_hparams`), round_num.
+"""
+
+import collections
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+Structure = Any
+# Ops per parameter per local step of the optimiser, SPEC §8 (SGD: 2).
+DEFAULT_OPTIMIZER_OPS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """An algorithm's math as TF functions over lists of trainable tensors.
+
+  Attributes:
+    name: for messages.
+    init_stats: trainable TensorSpecs → s_0 (server-side statistics).
+    broadcast: s → what clients receive besides x (a sub-structure of s).
+    init_local: (broadcast value, y_0) → client optimiser state.
+    local_step: (local, y, g, η, k) → (local, y').
+    server_update: (x, s, Δ̄, mean extra upload, η, K) → (x', s').
+    upload: (local, g_0) → extra tensors averaged on the server, or None.
+    optimizer_ops_per_param: C in the FLOP model (SPEC §8).
+    The client optimiser memory reported is the float size of `init_local`'s
+    output (what a client holds besides the model).
+    equal_local_steps: the server step assumes every client ran exactly K
+      steps (FedGBO's inverse step); a round violating it fails loudly.
+    weighting: default client weighting.
+  """
+  name: str
+  init_stats: Callable[[list], Structure]
+  broadcast: Callable[[Structure], Structure]
+  init_local: Callable[[Structure, list], Structure]
+  local_step: Callable[..., tuple[Structure, list]]
+  server_update: Callable[..., tuple[list, Structure]]
+  upload: Optional[Callable[[Structure, list], Structure]] = None
+  optimizer_ops_per_param: float = DEFAULT_OPTIMIZER_OPS
+  equal_local_steps: bool = False
+  weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+
+
+def _num_bits(type_spec: tff.Type) -> int:
+  """Exact payload bits of a TFF type: Σ elements × dtype width."""
+  return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize * 8
+             for leaf in _leaves(type_spec))
+
+
+def _leaves(type_spec: tff.Type):
+  if isinstance(type_spec, tff.TensorType):
+    yield type_spec
+  elif isinstance(type_spec, tff.StructType):
+    for _, member in tff.structure.iter_elements(type_spec):
+      yield from _leaves(member)
+  elif isinstance(type_spec, tff.FederatedType):
+    yield from _leaves(type_spec.member)
+  else:
+    raise TypeError(f'cannot count bits of {type_spec}')
+
+
+def _zeros_like_specs(specs):
+  return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
+
+
+def _as_float32(structure):
+  return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), structure)
+
+
+def build_process(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    recipe: Recipe,
+    *,
+    client_learning_rate: float,
+    local_steps: int,
+    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
+    fb_flops_per_example: float = 0.0,
+) -> tff.learning.templates.LearningProcess:
+  """Builds the `LearningProcess` of `recipe`.
+
+  Args:
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
+    recipe: the algorithm.
+    client_learning_rate: initial η (the state's hparams; schedules change it).
+    local_steps: initial K: clients run exactly K minibatch steps, cycling
+      through their data (reshuffled by the dataset pipeline each pass); 0
+      means one pass over the client dataset as preprocessed (E epochs).
+    model_aggregator: aggregation factory for Δ. Weighted factories get the
+      client weights; unweighted ones (e.g. TFF's DP factories) imply uniform
+      weighting. Default: `tff.aggregators.MeanFactory()`.
+    client_weighting: overrides the recipe's default weighting.
+    fb_flops_per_example: forward+backward FLOPs per example (SPEC §8), for
+      the client FLOP measurement; 0 leaves FLOPs unmeasured.
+  """
+  if local_steps < 0 or (recipe.equal_local_steps and local_steps < 1):
+    raise ValueError(f'--local_steps must be at least 1 for {recipe.name}; got {local_steps}')
+  weighting = client_weighting or recipe.weighting
+  if model_aggregator is None:
+    model_aggregator = tff.aggregators.MeanFactory()
+  weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
+
+  with tf.Graph().as_default():
+    model = model_fn()
+    metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(model.metric_finalizers())
+  element_type = tff.types.tensorflow_to_type(model.input_spec)
+  data_type = tff.SequenceType(element_type)
+  weights_type = tff.learning.models.weights_type_from_model(model)
+  trainable_type = weights_type.trainable
+  trainable_specs = tff.types.type_to_tf_tensor_specs(trainable_type)
+  num_params = sum(int(np.prod(s.shape)) for s in tf.nest.flatten(trainable_specs))
+
+  hparams_type = tff.StructWithPythonType(
+      [('client_learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
+
+  @tff.tensorflow.computation
+  def init_stats():
+    return recipe.init_stats(list(tf.nest.flatten(trainable_specs)))
+
+  stats_type = init_stats.type_signature.result
+
+  @tff.tensorflow.computation(stats_type)
+  def broadcast_fn(stats):
+    return recipe.broadcast(stats)
+
+  broadcast_type = broadcast_fn.type_signature.result
+
+  # ---- client ----
+  def client_update(model, model_weights, broadcast_value, hparams, dataset):
+    variables = tff.learning.models.ModelWeights.from_model(model)
+    tf.nest.map_structure(lambda v, t: v.assign(t), variables, model_weights)
+    trainable = list(tf.nest.flatten(variables.trainable))
+    x_t = [tf.identity(v) for v in trainable]
+    lr = hparams['client_learning_rate']
+    steps = hparams['local_steps']
+    local = _tuples(recipe.init_local(broadcast_value, x_t))
+    g0 = tuple(tf.zeros_like(v) for v in trainable)
+    first_loss = tf.constant(0.0)
+    num_examples = tf.constant(0, tf.int64)
+    step = tf.constant(0, tf.int32)
+    # K > 0: exactly K batches, cycling the data; K <= 0: the dataset as given
+    # (the task's E epochs).
+    steps64 = tf.cast(steps, tf.int64)
+    cycle = steps64 > 0
+    for batch in dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
+        tf.where(cycle, steps64, -1)):
+      with tf.GradientTape() as tape:
+        output = model.forward_pass(batch, training=True)
+      grads = tape.gradient(output.loss, trainable)
+      grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+               for g, v in zip(grads, trainable)]
+      is_first = tf.equal(step, 0)
+      g0 = tuple(tf.where(is_first, g, old) for g, old in zip(grads, g0))
+      first_loss = tf.where(is_first, tf.cast(output.loss, tf.float32), first_loss)
+      local, new_weights = recipe.local_step(local, [tf.identity(v) for v in trainable], grads,
+                                             lr, step)
+      local = _tuples(local)
+      for v, w in zip(trainable, new_weights):
+        v.assign(w)
+      num_examples += tf.cast(output.num_examples, tf.int64)
+      step += 1
+    delta = [a - b for a, b in zip(x_t, trainable)]
+    delta, non_finite = _zero_if_non_finite(delta)
+    if weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
+      weight = tf.cast(num_examples, tf.float32)
+    else:
+      weight = tf.constant(1.0)
+    weight = tf.where(non_finite, 0.0, weight)
+    extra = _as_float32(recipe.upload(local, g0)) if recipe.upload is not None else ()
+    delta = tf.nest.pack_sequence_as(variables.trainable, delta)
+    client_stats = collections.OrderedDict(
+        first_minibatch_loss=first_loss, local_steps=step, num_examples=num_examples)
+    return delta, extra, weight, model.report_local_unfinalized_metrics(), client_stats
+
+  @tff.tensorflow.computation(weights_type, broadcast_type, hparams_type, data_type)
+  def client_update_fn(model_weights, broadcast_value, hparams, dataset):
+    model = model_fn()  # variables must be created outside the tf.function
+    return tf.function(lambda *args: client_update(model, *args))(
+        model_weights, broadcast_value, hparams, dataset)
+
+  delta_type, extra_type = client_update_fn.type_signature.result[0:2]
+  if weighted:
+    delta_aggregator = model_aggregator.create(delta_type, tff.TensorType(np.float32))
+  else:
+    delta_aggregator = model_aggregator.create(delta_type)
+  extra_aggregator = tff.aggregators.MeanFactory().create(extra_type, tff.TensorType(np.float32))
+
+  # ---- server ----
+  @tff.tensorflow.computation(weights_type, stats_type, delta_type, extra_type, hparams_type,
+                              tff.TensorType(np.int32), tff.TensorType(np.int32))
+  def server_update_fn(model_weights, stats, mean_delta, mean_extra, hparams, min_steps, max_steps):
+    checks = []
+    if recipe.equal_local_steps:
+      checks.append(tf.debugging.assert_equal(
+          min_steps, max_steps,
+          message=f'{recipe.name} needs every client to run the same number of local steps K '
+                  '(its server step inverts K identical steps); a client ran fewer: '
+                  'check for clients with no data'))
+    with tf.control_dependencies(checks):
+      x = [tf.identity(t) for t in tf.nest.flatten(model_weights.trainable)]
+    new_x, new_stats = recipe.server_update(
+        x, stats, list(tf.nest.flatten(mean_delta)), mean_extra,
+        hparams['client_learning_rate'], hparams['local_steps'])
+    return tff.learning.models.ModelWeights(
+        trainable=tf.nest.pack_sequence_as(model_weights.trainable, list(new_x)),
+        non_trainable=model_weights.non_trainable), new_stats
+
+  down_bits = _num_bits(weights_type.trainable) + _num_bits(broadcast_type) + _num_bits(hparams_type)
+  up_payload_bits = _num_bits(delta_type) + (_num_bits(extra_type) if recipe.upload else 0)
+  local_state_type = tff.tensorflow.computation(
+      lambda: recipe.init_local(
+          _zeros_like_specs(tff.types.type_to_tf_tensor_specs(broadcast_type)),
+          _zeros_like_specs(list(tf.nest.flatten(trainable_specs))))
+  ).type_signature.result
+  client_state_floats = sum(int(np.prod(t.shape)) for t in _leaves(local_state_type)
+                            if t.dtype in (np.float32, np.float64))
+  optimizer_flops_per_step = recipe.optimizer_ops_per_param * num_params
+
+  @tff.tensorflow.computation(tff.TensorType(np.int64), tff.TensorType(np.int32),
+                              tff.TensorType(np.int32))
+  def cost_fn(examples, steps, clients):
+    clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
+    flops = (tf.cast(examples, tf.float64) * fb_flops_per_example +
+             tf.cast(steps, tf.float64) * optimizer_flops_per_step)
+    return collections.OrderedDict(
+        download_bits_per_client=tf.constant(float(down_bits), tf.float64),
+        upload_bits_per_client=tf.constant(float(up_payload_bits), tf.float64),
+        download_bits=tf.constant(float(down_bits), tf.float64) * clients,
+        upload_bits=tf.constant(float(up_payload_bits), tf.float64) * clients,
+        client_steps=tf.cast(steps, tf.float64),
+        client_flops=flops,
+        client_flops_per_client=flops / clients,
+        client_optimizer_state_floats=tf.constant(float(client_state_floats), tf.float64))
+
+  @tff.federated_computation
+  def initialize_fn():
+    weights = tff.federated_eval(
+        tff.tensorflow.computation(lambda: _initial_weights(model_fn)), tff.SERVER)
+    return tff.federated_zip(collections.OrderedDict(
+        global_model_weights=weights,
+        stats=tff.federated_eval(init_stats, tff.SERVER),
+        aggregator=delta_aggregator.initialize(),
+        extra_aggregator=extra_aggregator.initialize(),
+        hparams=tff.federated_value(collections.OrderedDict(
+            client_learning_rate=np.float32(client_learning_rate),
+            local_steps=np.int32(local_steps)), tff.SERVER),
+        round_num=tff.federated_value(np.int32(0), tff.SERVER)))
+
+  state_type = initialize_fn.type_signature.result
+
+  @tff.tensorflow.computation(np.int32)
+  def add_one(n):
+    return n + 1
+
+  @tff.tensorflow.computation(np.int32)
+  def one_client(n):
+    del n
+    return np.int32(1)
+
+  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, client_data):
+    weights_at_clients = tff.federated_broadcast(state.global_model_weights)
+    broadcast_at_clients = tff.federated_broadcast(tff.federated_map(broadcast_fn, state.stats))
+    hparams_at_clients = tff.federated_broadcast(state.hparams)
+    delta, extra, weight, local_metrics, client_stats = tff.federated_map(
+        client_update_fn, (weights_at_clients, broadcast_at_clients, hparams_at_clients,
+                           client_data))
+    if weighted:
+      agg = delta_aggregator.next(state.aggregator, delta, weight)
+    else:
+      agg = delta_aggregator.next(state.aggregator, delta)
+    extra_agg = extra_aggregator.next(state.extra_aggregator, extra, weight)
+    min_steps = tff.federated_min(client_stats.local_steps)
+    max_steps = tff.federated_max(client_stats.local_steps)
+    new_weights, new_stats = tff.federated_map(
+        server_update_fn, (state.global_model_weights, state.stats, agg.result, extra_agg.result,
+                           state.hparams, min_steps, max_steps))
+    num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
+    cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.num_examples),
+                                       tff.federated_sum(client_stats.local_steps), num_clients))
+    new_state = tff.federated_zip(collections.OrderedDict(
+        global_model_weights=new_weights, stats=new_stats, aggregator=agg.state,
+        extra_aggregator=extra_agg.state, hparams=state.hparams,
+        round_num=tff.federated_map(add_one, state.round_num)))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        client_work=tff.federated_zip(collections.OrderedDict(
+            train=metrics_aggregation_fn(local_metrics))),
+        aggregator=agg.measurements,
+        first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss),
+        cost=cost))
+    return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+  @tff.tensorflow.computation(state_type.member)
+  def get_model_weights(state):
+    return state['global_model_weights']
+
+  @tff.tensorflow.computation(state_type.member, weights_type)
+  def set_model_weights(state, weights):
+    state = collections.OrderedDict(state)
+    state['global_model_weights'] = weights
+    return state
+
+  process = tff.learning.templates.LearningProcess(
+      initialize_fn, next_fn, get_model_weights, set_model_weights)
+  return process
+
+
+def _tuples(structure):
+  """Lists → tuples: tf.data loop state would stack a list into one tensor."""
+  if isinstance(structure, (list, tuple)):
+    return tuple(_tuples(x) for x in structure)
+  if isinstance(structure, dict):
+    return type(structure)((k, _tuples(v)) for k, v in structure.items())
+  return structure
+
+
+def _zero_if_non_finite(tensors):
+  non_finite = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
+  return [tf.where(non_finite, tf.zeros_like(t), t) for t in tensors], non_finite
+
+
+def _initial_weights(model_fn):
+  model = model_fn()
+  return tff.learning.models.ModelWeights.from_model(model)
+
+
+def set_round_hparams(state, *, client_learning_rate: Optional[float] = None,
+                      local_steps: Optional[int] = None):
+  """Returns `state` with this round's η and/or K (used by schedules)."""
+  state = collections.OrderedDict(state)
+  hparams = collections.OrderedDict(state['hparams'])
+  if client_learning_rate is not None:
+    hparams['client_learning_rate'] = np.float32(client_learning_rate)
+  if local_steps is not None:
+    hparams['local_steps'] = np.int32(local_steps)
+  state['hparams'] = hparams
+  return state

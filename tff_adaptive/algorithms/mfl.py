@@ -1,0 +1,53 @@
+"""MFL: Momentum / adaptive Federated Learning with locally moving state.
+
+Liu et al. 2020 ("Accelerating federated learning via momentum gradient
+descent"); the FedGBO paper's baseline (seed 000, SPEC §3). With Adam this is
+the thesis's FedAvg-Adam (ch. 3/4), the base of CE-FedAvg.
+
+  server → clients: x_t and the optimiser state s_t.
+  client:           (y_0, s^0) = (x_t, s_t); for k = 1..K an ordinary optimiser
+                    step that moves both: s^k, d = O(s^{k−1}, g_k),
+                    y_k = y_{k−1} − η d.  Δ_i = x_t − y_K.
+  clients → server: Δ_i and s_i^K (for Adam: m, v and the step counter).
+  server:           x_{t+1} = x_t − Σ w_i Δ_i;  s_{t+1} = Σ w_i s_i^K
+                    (w_i ∝ examples by default; Adam's step counter is averaged).
+  network per client: down |x| + |s|, up |x| + |s|.
+"""
+
+from collections.abc import Callable
+from typing import Optional
+
+import tensorflow_federated as tff
+
+from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.algorithms import composer
+
+
+def mfl_recipe(optimizer: biased_optimizers.BiasedOptimizer) -> composer.Recipe:
+
+  def local_step(s, y, grads, lr, step):
+    del step
+    s, direction = optimizer.moving_step(s, grads)
+    return s, [w - lr * d for w, d in zip(y, direction)]
+
+  def server_update(x, s, mean_delta, mean_states, lr, local_steps):
+    del s, lr, local_steps
+    return [w - d for w, d in zip(x, mean_delta)], mean_states
+
+  return composer.Recipe(
+      name='mfl', init_stats=optimizer.init, broadcast=lambda s: s,
+      init_local=lambda s, y0: s, local_step=local_step, server_update=server_update,
+      upload=lambda s, g0: s, optimizer_ops_per_param=optimizer.ops_moving)
+
+
+def build_mfl(model_fn: Callable[[], tff.learning.models.VariableModel], *,
+              optimizer: biased_optimizers.BiasedOptimizer, client_learning_rate: float,
+              local_steps: int = 0,
+              client_weighting: Optional[tff.learning.ClientWeighting] = None,
+              model_aggregator=None,
+              fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
+  """MFL with `optimizer` ∈ {sgdm, rmsprop, adam}; `local_steps=0` runs epochs."""
+  return composer.build_process(
+      model_fn, mfl_recipe(optimizer), client_learning_rate=client_learning_rate,
+      local_steps=local_steps, model_aggregator=model_aggregator,
+      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example)
