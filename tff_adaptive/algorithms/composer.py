@@ -181,8 +181,10 @@ def build_process(
       is_first = tf.equal(step, 0)
       g0 = tuple(tf.where(is_first, g, old) for g, old in zip(grads, g0))
       first_loss = tf.where(is_first, tf.cast(output.loss, tf.float32), first_loss)
-      local, new_weights = recipe.local_step(local, [tf.identity(v) for v in trainable], grads,
-                                             lr, step)
+      # Tuples throughout: the loop state is tupled (see _tuples) and TFF
+      # optimisers insist that weights and state have the same structure.
+      local, new_weights = recipe.local_step(local, tuple(tf.identity(v) for v in trainable),
+                                             tuple(grads), lr, step)
       local = _tuples(local)
       for v, w in zip(trainable, new_weights):
         v.assign(w)
