@@ -24,7 +24,10 @@ import tensorflow as tf
 from tff_adaptive import cli
 
 # ---- Task ----
-flags.DEFINE_string('task', 'digits', 'Task name: digits | synthetic.')
+flags.DEFINE_string('task', 'digits', 'Task name: digits | synthetic | cifar100_image | '
+                    'emnist_character | emnist_autoencoder | shakespeare_character | '
+                    'stackoverflow_word | stackoverflow_tag | sent140 | femnist | '
+                    'shakespeare_leaf | mnist | cifar10 (docs/tasks.md).')
 flags.DEFINE_enum('partition', 'dirichlet', ['dirichlet', 'shards', 'iid'],
                   'How a task that is split by us (digits) divides its data among clients.')
 flags.DEFINE_integer('num_clients', 0, 'Number of clients of a task split by us (0: task default).')
@@ -32,6 +35,22 @@ flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet α over labels for --parti
 flags.DEFINE_enum('digits_model', 'mlp', ['mlp', 'cnn', 'cnn_bn'], 'Model for --task=digits.')
 flags.DEFINE_float('synthetic_alpha', 1.0, 'α of synthetic(α, β): model heterogeneity.')
 flags.DEFINE_float('synthetic_beta', 1.0, 'β of synthetic(α, β): input heterogeneity.')
+flags.DEFINE_string('data_dir', '', 'Where a file-based task finds its data: TFF\'s cache '
+                    '(default ~/.tff), the LEAF data directory, or Keras\' datasets directory '
+                    '(default ~/.keras/datasets). See docs/tasks.md.')
+flags.DEFINE_integer('max_client_examples', 0, 'TFF tasks: keep only the first N examples of each '
+                     'client (0: all).')
+flags.DEFINE_enum('cifar100_image_model', 'resnet18', ['resnet18', 'fedgbo_cnn'],
+                  'Model for --task=cifar100_image.')
+flags.DEFINE_enum('emnist_character_model', 'cnn_dropout',
+                  ['cnn_dropout', 'cnn', '2nn', 'fedgbo_cnn'], 'Model for --task=emnist_character.')
+flags.DEFINE_enum('shakespeare_character_model', 'lstm', ['lstm', 'gru128', 'gru256'],
+                  'Model for --task=shakespeare_character.')
+flags.DEFINE_enum('femnist_model', 'cnn', ['cnn', 'dnn'], 'Model for --task=femnist.')
+flags.DEFINE_enum('shakespeare_leaf_model', 'gru128', ['gru128', 'gru256'],
+                  'Model for --task=shakespeare_leaf.')
+flags.DEFINE_enum('mnist_model', '2nn', ['2nn', 'cnn', 'mtfl_2nn'], 'Model for --task=mnist.')
+flags.DEFINE_enum('cifar10_model', 'cnn', ['cnn', 'mtfl_cnn'], 'Model for --task=cifar10.')
 
 # ---- Client ----
 flags.DEFINE_integer('clients_per_round', 10, 'Clients sampled per round.')
@@ -41,10 +60,15 @@ flags.DEFINE_integer('local_steps', 0, 'Exactly K local minibatch steps (cycling
                      '0 means use --client_epochs_per_round.')
 flags.DEFINE_string('client_optimizer', 'sgd', 'Client optimiser (which ones depends on --algorithm).')
 flags.DEFINE_float('client_learning_rate', 0.1, 'Client learning rate η.')
+flags.DEFINE_float('client_beta_1', 0.9, 'Client optimiser β (SGDm, RMSProp) or β1 (Adam).')
+flags.DEFINE_float('client_beta_2', 0.99, 'Client optimiser β2 (Adam).')
+flags.DEFINE_float('client_epsilon', 1e-8, 'Client optimiser ε (> 0).')
+flags.DEFINE_enum('client_weighting', 'default', ['default', 'num_examples', 'uniform'],
+                  'Aggregation weights; default: the algorithm paper\'s choice.')
 
 # ---- Server ----
-flags.DEFINE_string('algorithm', 'fedavg', 'Algorithm, e.g. fedavg | fedavgm | fedadagrad | '
-                    'fedadam | fedyogi.')
+flags.DEFINE_string('algorithm', 'fedavg', 'Algorithm: fedavg | fedavgm | fedadagrad | fedadam | '
+                    'fedyogi | fedgbo | mfl | mimelite | mimexlite | fedprox | fedmax.')
 flags.DEFINE_string('server_optimizer', '', 'Server optimiser; empty: the algorithm\'s own.')
 flags.DEFINE_float('server_learning_rate', 1.0, 'Server learning rate η_s.')
 flags.DEFINE_enum('server_optimizer_semantics', 'tff', ['tff', 'paper'],
@@ -52,6 +76,13 @@ flags.DEFINE_enum('server_optimizer_semantics', 'tff', ['tff', 'paper'],
 flags.DEFINE_float('server_beta_1', 0.9, 'Server β1 (momentum).')
 flags.DEFINE_float('server_beta_2', 0.99, 'Server β2.')
 flags.DEFINE_float('server_epsilon', 1e-3, 'Server adaptivity τ.')
+
+# ---- Algorithm-specific ----
+flags.DEFINE_enum('fedgbo_upload', 'model', ['model', 'average_gradient'],
+                  'FedGBO: upload the model (tracking by inverse step) or the mean gradient.')
+flags.DEFINE_bool('mfl_bias_correction', False, 'MFL-Adam: Adam bias correction on clients.')
+flags.DEFINE_float('fedprox_mu', 0.01, 'FedProx proximal strength μ.')
+flags.DEFINE_float('fedmax_beta', 1.0, 'FedMAX max-entropy weight β.')
 
 # ---- Training loop ----
 flags.DEFINE_integer('total_rounds', 100, 'Total rounds (may be raised when resuming).')

@@ -18,17 +18,23 @@ RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'rounds_per_ch
                                'show_progress', 'execution_concurrency', 'root_output_dir'})
 TRAIN_FLAG_NAMES = (
     'task', 'partition', 'num_clients', 'dirichlet_alpha', 'digits_model', 'synthetic_alpha',
-    'synthetic_beta', 'clients_per_round', 'client_batch_size', 'client_epochs_per_round',
-    'local_steps', 'client_optimizer', 'client_learning_rate', 'algorithm', 'server_optimizer',
+    'synthetic_beta', 'data_dir', 'max_client_examples', 'cifar100_image_model',
+    'emnist_character_model', 'shakespeare_character_model', 'femnist_model',
+    'shakespeare_leaf_model', 'mnist_model', 'cifar10_model',
+    'clients_per_round', 'client_batch_size', 'client_epochs_per_round',
+    'local_steps', 'client_optimizer', 'client_learning_rate', 'client_beta_1', 'client_beta_2',
+    'client_epsilon', 'client_weighting', 'algorithm', 'server_optimizer',
     'server_learning_rate', 'server_optimizer_semantics', 'server_beta_1', 'server_beta_2',
-    'server_epsilon', 'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
+    'server_epsilon', 'fedgbo_upload', 'mfl_bias_correction', 'fedprox_mu', 'fedmax_beta',
+    'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
     'root_output_dir', 'experiment_name', 'seed', 'execution_concurrency', 'show_progress')
 POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_round',
                  'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint')
-NON_NEGATIVE_INTS = ('num_clients', 'local_steps')
+NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples')
 POSITIVE_FLOATS = ('client_learning_rate', 'server_learning_rate', 'server_epsilon',
-                   'dirichlet_alpha')
-UNIT_INTERVAL = ('server_beta_1', 'server_beta_2')  # [0, 1)
+                   'client_epsilon', 'dirichlet_alpha')
+NON_NEGATIVE_FLOATS = ('fedprox_mu', 'fedmax_beta')
+UNIT_INTERVAL = ('server_beta_1', 'server_beta_2', 'client_beta_1', 'client_beta_2')  # [0, 1)
 
 
 class UsageError(ValueError):
@@ -68,6 +74,10 @@ def validate(cfg: Mapping[str, Any]) -> None:
     value = cfg.get(name)
     if value is not None and not (value > 0 and value < float('inf')):
       raise UsageError(f'--{name} must be a positive number; got {value}')
+  for name in NON_NEGATIVE_FLOATS:
+    value = cfg.get(name)
+    if value is not None and not 0 <= value < float('inf'):
+      raise UsageError(f'--{name} must be a non-negative number; got {value}')
   for name in UNIT_INTERVAL:
     value = cfg.get(name)
     if value is not None and not 0 <= value < 1:

@@ -80,16 +80,19 @@ class KerasEvaluator:
   """
 
   def __init__(self, task: task_base.FederatedTask):
+    # The task says how (loss, metrics, test data); classifiers get the
+    # default sparse cross-entropy and accuracy.
+    evaluation = task.keras_evaluation()
     self._model = task.keras_model_fn()
-    self._model.compile(
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')])
-    self._data = task.centralized_test_data().map(lambda b: (b['x'], b['y'])).cache()
+    self._model.compile(loss=evaluation.loss_fn(), metrics=evaluation.metrics_fn())
+    self._data = evaluation.data_fn()
+    if evaluation.cache:
+      self._data = self._data.cache()
 
   def __call__(self, model_weights) -> dict[str, float]:
     model_weights.assign_weights_to(self._model)
-    loss, acc = self._model.evaluate(self._data, verbose=0)
-    return {'loss': float(loss), 'accuracy': float(acc)}
+    results = self._model.evaluate(self._data, verbose=0, return_dict=True)
+    return {name: float(value) for name, value in results.items()}
 
 
 def _all_finite(structure) -> bool:
@@ -156,7 +159,9 @@ async def _run(process, task, config, round_metrics_fn):
     for round_num in range(start_round + 1, config.total_rounds + 1):
       started = time.monotonic()
       sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
-      output = process.next(state, client_datasets(task, sampled, config.local_steps))
+      # Composer-built processes run K steps themselves (K is in their state).
+      data_steps = None if _has_round_hparams(state) else config.local_steps
+      output = process.next(state, client_datasets(task, sampled, data_steps))
       row = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
       if round_metrics_fn is not None:
         row.update(round_metrics_fn(round_num, output))
@@ -190,6 +195,10 @@ async def _run(process, task, config, round_metrics_fn):
   finally:
     bar.close()
   return state, row
+
+
+def _has_round_hparams(state) -> bool:
+  return isinstance(state, Mapping) and 'hparams' in state
 
 
 def _progress_postfix(row, last_eval):

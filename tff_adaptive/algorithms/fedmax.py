@@ -10,9 +10,9 @@ seed 000 (SPEC §3).
   server:  FedAvg (or any server optimiser) on Δ̄.
   network per client: down |x|, up |x|.
 
-The penalty is added as a Keras activity loss on a pass-through layer in front
-of the output layer; TFF's Keras model wrapper adds `model.losses` to the
-training loss, so the rest is the FedOpt recipe unchanged.
+The model returns [logits, a] and the loss splits them (see
+`with_penultimate_output`); the rest is the FedOpt recipe unchanged. Its
+trainable weights are the original model's, in the same order.
 """
 
 from collections.abc import Callable
@@ -23,31 +23,55 @@ import tensorflow_federated as tff
 from tff_adaptive.algorithms import fedopt_process
 
 
-class MaxEntropyPenalty(tf.keras.layers.Layer):
-  """Identity on `a`; adds β·KL(softmax(a) ‖ uniform) averaged over the batch."""
-
-  def __init__(self, beta: float, **kwargs):
-    super().__init__(**kwargs)
-    self.beta = beta
-
-  def call(self, activations):
-    log_p = tf.nn.log_softmax(activations, axis=-1)
-    num_units = tf.cast(tf.shape(activations)[-1], activations.dtype)
-    kl = tf.reduce_sum(tf.exp(log_p) * log_p, axis=-1) + tf.math.log(num_units)
-    self.add_loss(self.beta * tf.reduce_mean(kl))
-    return activations
+def max_entropy_kl(activations: tf.Tensor) -> tf.Tensor:
+  """KL(softmax(a) ‖ uniform) per example."""
+  log_p = tf.nn.log_softmax(activations, axis=-1)
+  num_units = tf.cast(tf.shape(activations)[-1], activations.dtype)
+  return tf.reduce_sum(tf.exp(log_p) * log_p, axis=-1) + tf.math.log(num_units)
 
 
-def with_max_entropy_penalty(keras_model: tf.keras.Model, beta: float) -> tf.keras.Model:
-  """The same model (same layer objects) with the penalty before its last layer."""
+class FedMaxLoss(tf.keras.losses.Loss):
+  """CE on the logits part of y_pred + β·KL on the activations part."""
+
+  def __init__(self, num_classes: int, beta: float, name: str = 'fedmax_loss'):
+    super().__init__(name=name)
+    self.num_classes, self.beta = num_classes, beta
+
+  def call(self, y_true, y_pred):
+    logits, activations = y_pred[:, :self.num_classes], y_pred[:, self.num_classes:]
+    ce = tf.keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
+    return ce + self.beta * max_entropy_kl(activations)
+
+
+class LogitsAccuracy(tf.keras.metrics.SparseCategoricalAccuracy):
+  """Accuracy of the logits part of y_pred."""
+
+  def __init__(self, num_classes: int, name: str = 'sparse_categorical_accuracy', **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.num_classes = num_classes
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    return super().update_state(y_true, y_pred[:, :self.num_classes], sample_weight)
+
+  def get_config(self):
+    return {**super().get_config(), 'num_classes': self.num_classes}
+
+
+def with_penultimate_output(keras_model: tf.keras.Model) -> tf.keras.Model:
+  """The same layers, returning concat([logits, penultimate activations]).
+
+  The penalty needs the activations inside the loss; TFF's Keras wrapper only
+  passes (y, y_pred) to the loss, and Keras activity losses on reused layers
+  leak graph tensors under TFF, so the activations travel in y_pred.
+  """
   if not isinstance(keras_model, tf.keras.Sequential) or len(keras_model.layers) < 2:
     raise ValueError('FedMAX needs a Keras Sequential model with a penultimate layer')
   inputs = tf.keras.Input(shape=keras_model.input_shape[1:])
   x = inputs
   for layer in keras_model.layers[:-1]:
     x = layer(x)
-  x = MaxEntropyPenalty(beta)(x)
-  return tf.keras.Model(inputs, keras_model.layers[-1](x))
+  logits = keras_model.layers[-1](x)
+  return tf.keras.Model(inputs, tf.concat([logits, tf.reshape(x, [-1, x.shape[-1]])], axis=-1))
 
 
 def fedmax_model_fn(keras_model_fn: Callable[[], tf.keras.Model], beta: float,
@@ -56,10 +80,11 @@ def fedmax_model_fn(keras_model_fn: Callable[[], tf.keras.Model], beta: float,
     raise ValueError(f'--fedmax_beta must be ≥ 0; got {beta}')
 
   def model_fn():
+    keras_model = keras_model_fn()
+    num_classes = keras_model.output_shape[-1]
     return tff.learning.models.from_keras_model(
-        with_max_entropy_penalty(keras_model_fn(), beta),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        input_spec=input_spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+        with_penultimate_output(keras_model), loss=FedMaxLoss(num_classes, beta),
+        input_spec=input_spec, metrics=[LogitsAccuracy(num_classes)])
 
   return model_fn
 

@@ -9,45 +9,167 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from absl import logging
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base as task_base
+from tff_adaptive.accounting import flops
+from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.algorithms import fedgbo
+from tff_adaptive.algorithms import fedmax
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import fedprox
+from tff_adaptive.algorithms import mfl
+from tff_adaptive.algorithms import mimelite
+from tff_adaptive.algorithms import mimexlite
 
 
 class ConfigError(ValueError):
   """A flag value the chosen algorithm cannot use; the message names the flag."""
 
 
+Builder = Callable[[task_base.FederatedTask, Mapping[str, Any]], tff.learning.templates.LearningProcess]
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmEntry:
-  build: Callable[[task_base.FederatedTask, Mapping[str, Any]], tff.learning.templates.LearningProcess]
+  build: Builder
   client_optimizers: tuple[str, ...] = ('sgd',)
   needs_local_steps: bool = False
   doc: str = ''
 
 
-def _fedopt_family(algorithm: str):
+WEIGHTINGS = {'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
+              'uniform': tff.learning.ClientWeighting.UNIFORM}
+
+
+def _weighting(cfg):
+  name = cfg.get('client_weighting') or 'default'
+  return None if name == 'default' else WEIGHTINGS[name]
+
+
+def fb_flops_per_example(task: task_base.FederatedTask) -> float:
+  """Forward+backward FLOPs per example of the task's Keras model (SPEC §8)."""
+  try:
+    return float(flops.model_counts(task.keras_model_fn()).fb_flops)
+  except (NotImplementedError, ValueError) as e:
+    logging.warning('FLOPs not counted for %s: %s', task.name, e)
+    return 0.0
+
+
+def _server_optimizer(algorithm, cfg):
+  name = cfg.get('server_optimizer') or fedopt.ALGORITHM_SERVER_OPTIMIZER.get(algorithm, 'sgd')
+  return fedopt.build_server_optimizer(
+      name, cfg.get('server_learning_rate', 1.0),
+      semantics=cfg.get('server_optimizer_semantics', 'tff'),
+      beta_1=cfg.get('server_beta_1', 0.9), beta_2=cfg.get('server_beta_2', 0.99),
+      tau=cfg.get('server_epsilon', 1e-3))
+
+
+def _fedopt_family(algorithm: str) -> Builder:
   def build(task, cfg):
-    server_opt_name = cfg.get('server_optimizer') or fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]
-    if cfg.get('server_optimizer') and server_opt_name != fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]:
-      raise ConfigError(
-          f'--server_optimizer={server_opt_name} contradicts --algorithm={algorithm} (which uses '
-          f'{fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]}); leave --server_optimizer unset')
-    server_opt = fedopt.build_server_optimizer(
-        server_opt_name, cfg['server_learning_rate'],
-        semantics=cfg.get('server_optimizer_semantics', 'tff'),
-        beta_1=cfg.get('server_beta_1', 0.9), beta_2=cfg.get('server_beta_2', 0.99),
-        tau=cfg.get('server_epsilon', 1e-3),
-        initial_accumulator=cfg.get('server_initial_accumulator'))
-    return fedopt.build_fedopt(task.model_fn, client_learning_rate=cfg['client_learning_rate'],
-                               server_optimizer=server_opt)
+    implied = fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]
+    if cfg.get('server_optimizer') and cfg['server_optimizer'] != implied:
+      raise ConfigError(f'--server_optimizer={cfg["server_optimizer"]} contradicts '
+                        f'--algorithm={algorithm} (which uses {implied}); leave it unset')
+    return fedopt_process.build_fedopt_process(
+        task.model_fn, server_optimizer=_server_optimizer(algorithm, cfg),
+        client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
+        client_weighting=_weighting(cfg), fb_flops_per_example=fb_flops_per_example(task))
   return build
 
 
+def _biased_optimizer(cfg):
+  return biased_optimizers.BiasedOptimizer(
+      cfg['client_optimizer'], beta_1=cfg.get('client_beta_1', 0.9),
+      beta_2=cfg.get('client_beta_2', 0.99), epsilon=cfg.get('client_epsilon', 1e-8),
+      bias_correction=cfg.get('mfl_bias_correction', False))
+
+
+def _build_fedgbo(task, cfg):
+  return fedgbo.build_fedgbo(
+      task.model_fn, optimizer=_biased_optimizer(cfg),
+      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg['local_steps'],
+      upload=cfg.get('fedgbo_upload', 'model'), client_weighting=_weighting(cfg),
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_mfl(task, cfg):
+  return mfl.build_mfl(
+      task.model_fn, optimizer=_biased_optimizer(cfg),
+      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
+      client_weighting=_weighting(cfg), fb_flops_per_example=fb_flops_per_example(task))
+
+
+MIME_OPTIMIZERS = ('sgd', 'sgdm', 'rmsprop', 'adam')
+_MIME_OPS = {'sgd': 2, 'sgdm': 5, 'rmsprop': 5, 'adam': 8}
+
+
+def _tff_base_optimizer(cfg):
+  """Mime's base optimiser, as TFF's optimisers (TFF's Mime uses them)."""
+  name, lr = cfg['client_optimizer'], cfg['client_learning_rate']
+  beta_1, eps = cfg.get('client_beta_1', 0.9), cfg.get('client_epsilon', 1e-8)
+  if name == 'sgd':
+    return tff.learning.optimizers.build_sgdm(lr)
+  if name == 'sgdm':
+    return tff.learning.optimizers.build_sgdm(lr, momentum=beta_1)
+  if name == 'rmsprop':
+    return tff.learning.optimizers.build_rmsprop(lr, decay=beta_1, epsilon=eps)
+  return tff.learning.optimizers.build_adam(lr, beta_1=beta_1,
+                                            beta_2=cfg.get('client_beta_2', 0.99), epsilon=eps)
+
+
+def _build_mimelite(task, cfg):
+  return mimelite.build_mimelite(
+      task.model_fn, base_optimizer=_tff_base_optimizer(cfg),
+      server_optimizer=_server_optimizer('mimelite', cfg),
+      client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
+      ops_per_param=_MIME_OPS[cfg['client_optimizer']],
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_mimexlite(task, cfg):
+  return mimexlite.build_mimexlite(
+      task.model_fn, base_optimizer=_tff_base_optimizer(cfg),
+      server_optimizer=_server_optimizer('mimexlite', cfg),
+      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg['local_steps'],
+      client_weighting=_weighting(cfg), ops_per_param=_MIME_OPS[cfg['client_optimizer']],
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_fedprox(task, cfg):
+  return fedprox.build_fedprox(
+      task.model_fn, proximal_strength=cfg.get('fedprox_mu', 0.01),
+      client_learning_rate=cfg['client_learning_rate'],
+      server_optimizer=_server_optimizer('fedprox', cfg),
+      client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_fedmax(task, cfg):
+  with tf.Graph().as_default():
+    input_spec = task.model_fn().input_spec
+  return fedmax.build_fedmax(
+      task.keras_model_fn, input_spec, beta=cfg.get('fedmax_beta', 1.0),
+      client_learning_rate=cfg['client_learning_rate'],
+      server_optimizer=_server_optimizer('fedmax', cfg), local_steps=cfg.get('local_steps', 0),
+      client_weighting=_weighting(cfg), fb_flops_per_example=fb_flops_per_example(task))
+
+
 ALGORITHMS: dict[str, AlgorithmEntry] = {
-    name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt with server {opt}')
-    for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()
+    **{name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt, server {opt} (seed 003)')
+       for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()},
+    'fedgbo': AlgorithmEntry(_build_fedgbo, biased_optimizers.NAMES, needs_local_steps=True,
+                             doc='global biased optimiser, fixed on clients (seed 000)'),
+    'mfl': AlgorithmEntry(_build_mfl, biased_optimizers.NAMES,
+                          doc='locally moving optimiser state, averaged (seed 000)'),
+    'mimelite': AlgorithmEntry(_build_mimelite, MIME_OPTIMIZERS, doc="TFF's Mimelite"),
+    'mimexlite': AlgorithmEntry(_build_mimexlite, MIME_OPTIMIZERS, needs_local_steps=True,
+                                doc='Mimelite with a one-minibatch gradient (seed 000)'),
+    'fedprox': AlgorithmEntry(_build_fedprox, doc="TFF's FedProx"),
+    'fedmax': AlgorithmEntry(_build_fedmax, doc='max-entropy activation penalty'),
 }
 
 
