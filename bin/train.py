@@ -15,13 +15,14 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 
 # pylint: disable=g-import-not-at-top,unused-import
 # TensorFlow must be imported before absl's app.run: imported inside main(),
 # Keras 2.14 builds Sequential models from plain tensors and fails.
 import tensorflow as tf
 from tff_adaptive import cli
+from tff_adaptive import runtime  # disarms TFF's noisy exit handlers
 
 # ---- Task ----
 flags.DEFINE_string('task', 'digits', 'Task name: digits | synthetic | cifar100_image | '
@@ -94,6 +95,17 @@ flags.DEFINE_integer('seed', 0, 'Seed for data splits, client sampling and shuff
 flags.DEFINE_integer('execution_concurrency', -1, 'Max concurrent client computations in '
                      'TFF\'s C++ runtime (-1: unlimited).')
 flags.DEFINE_bool('show_progress', True, 'Show a progress bar.')
+
+# ---- Workers (docs/workers.md) ----
+flags.DEFINE_string('workers', '', 'Comma-separated host:port of TFF workers started with '
+                    'bin/worker.py; each round\'s clients are split across them. Empty: run '
+                    'locally. --execution_concurrency does not apply (pass '
+                    '--max_concurrent_computation_calls to each worker).')
+flags.DEFINE_bool('worker_retry', False, 'When a worker is lost mid-round, re-run the round on '
+                  'the remaining workers instead of failing.')
+flags.DEFINE_bool('data_on_workers', False, 'Workers build client datasets from client ids '
+                  '(the task\'s serializable dataset function) instead of receiving them; '
+                  'file-based tasks need their data at the same --data_dir on every worker.')
 
 FLAGS = flags.FLAGS
 

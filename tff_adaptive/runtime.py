@@ -18,6 +18,7 @@ through `_TrackedPopen`, which
 
 import atexit
 import ctypes
+import gc
 import os
 import signal
 import subprocess
@@ -92,6 +93,24 @@ def shutdown_workers(timeout: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
       proc.kill()
       proc.wait()
+
+
+def _disarm_service_managers() -> None:
+  """Stops TFF's ServiceManager.__del__ from running at interpreter teardown.
+
+  TFF creates a ServiceManager for its default context at import; its
+  `__del__` refers to the `subprocess` module global, which is already None
+  when the interpreter finalises, so every program that imported TFF prints
+  "Exception ignored in ... __del__ ... 'NoneType' object has no attribute
+  'Popen'" at exit. Our workers are stopped by `shutdown_workers`.
+  """
+  for obj in gc.get_objects():
+    cls = type(obj)
+    if cls.__name__ == 'ServiceManager' and cls.__module__.endswith('executor_factory'):
+      cls.__del__ = lambda self: None
+
+
+atexit.register(_disarm_service_managers)
 
 
 def _raise_on_sigterm(signum, frame):

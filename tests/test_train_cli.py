@@ -1,0 +1,135 @@
+"""bin/train: flag validation, resume after interruption, divergence."""
+
+import asyncio
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tff_adaptive import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, 'bin', 'train.py')
+SMALL = ['--task=digits', '--num_clients=8', '--clients_per_round=4', '--client_batch_size=20',
+         '--rounds_per_eval=2', '--rounds_per_checkpoint=2', '--show_progress=false']
+
+
+def _train(args, **kwargs):
+  return subprocess.run([sys.executable, TRAIN, *args], capture_output=True, text=True,
+                        timeout=300, **kwargs)
+
+
+@pytest.mark.parametrize('args, flag', [
+    (['--task=imagenet'], '--task'),
+    (['--algorithm=sgd'], '--algorithm'),
+    (['--algorithm=fedavg', '--client_optimizer=adam'], '--client_optimizer'),
+    (['--clients_per_round=0'], '--clients_per_round'),
+    (['--client_learning_rate=-0.1'], '--client_learning_rate'),
+    (['--server_learning_rate=nan'], '--server_learning_rate'),
+    (['--partition=random'], '--partition'),
+    (['--algorithm=fedgbo', '--client_optimizer=adam'], '--local_steps'),
+    (['--client_beta_1=1.0'], '--client_beta_1'),
+    (['--client_epsilon=0'], '--client_epsilon'),
+])
+def test_bad_flags_exit_2_with_one_line(tmp_path, args, flag):
+  result = _train([*args, f'--root_output_dir={tmp_path}/out'])
+  assert result.returncode == 2, result.stderr[-2000:]
+  lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
+  assert len(lines) == 1, result.stderr
+  assert flag in lines[0] and 'error' in lines[0]
+  assert not os.path.exists(tmp_path / 'out')  # nothing half-written
+
+
+def test_unwritable_output_dir(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('not a directory')
+  result = _train([*SMALL, '--total_rounds=1', f'--root_output_dir={blocker}/sub'])
+  assert result.returncode == 2
+  assert '--root_output_dir' in result.stderr.strip().splitlines()[-1]
+
+
+def _read_csv(path):
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _final_weights(out_dir):
+  """(latest version, flattened saved program state), read without a structure."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.program import file_utils  # pylint: disable=g-import-not-at-top
+  ckpt_dir = os.path.join(out_dir, 'checkpoints')
+  version = max(int(name.rsplit('_', 1)[1]) for name in os.listdir(ckpt_dir))
+  state = asyncio.run(file_utils.read_saved_model(os.path.join(ckpt_dir, f'program_state_{version}')))
+  return version, [np.asarray(x) for x in tf.nest.flatten(state)]
+
+
+@pytest.mark.parametrize('algorithm', ['fedadam', 'fedgbo'])
+def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
+  args = [*SMALL, '--total_rounds=8', f'--algorithm={algorithm}', '--client_learning_rate=0.05',
+          '--server_learning_rate=0.02' if algorithm == 'fedadam' else '--local_steps=3',
+          '--client_optimizer=' + ('adam' if algorithm == 'fedgbo' else 'sgd')]
+  whole = _train([*args, f'--root_output_dir={tmp_path}/whole'])
+  assert whole.returncode == 0, whole.stderr[-3000:]
+
+  cut_args = [*args, f'--root_output_dir={tmp_path}/cut']
+  proc = subprocess.Popen([sys.executable, TRAIN, *cut_args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  marker = tmp_path / 'cut' / f'digits_{algorithm}' / 'checkpoints' / 'program_state_4'
+  deadline = time.time() + 240
+  while not marker.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  assert proc.poll() is None, 'run finished before it could be interrupted'
+  proc.send_signal(signal.SIGINT)  # Ctrl-C
+  proc.wait(timeout=60)
+  assert proc.returncode != 0
+  resumed = _train(cut_args)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert 'Resuming from the checkpoint after round' in resumed.stderr
+
+  v1, w1 = _final_weights(tmp_path / 'whole' / f'digits_{algorithm}')
+  v2, w2 = _final_weights(tmp_path / 'cut' / f'digits_{algorithm}')
+  assert v1 == v2 == 8
+  for a, b in zip(w1, w2):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  rows1 = _read_csv(tmp_path / 'whole' / f'digits_{algorithm}' / 'metrics.csv')
+  rows2 = _read_csv(tmp_path / 'cut' / f'digits_{algorithm}' / 'metrics.csv')
+  assert [r['round'] for r in rows2] == [str(i) for i in range(1, 9)]  # no lost/duplicated rows
+  for r1, r2 in zip(rows1, rows2):
+    for key in r1:
+      if key != 'round_seconds' and r1[key]:
+        assert float(r1[key]) == pytest.approx(float(r2[key]), rel=1e-5, abs=1e-6), key
+
+
+def test_resume_with_contradicting_flags_is_refused(tmp_path):
+  out = f'--root_output_dir={tmp_path}'
+  first = _train([*SMALL, '--total_rounds=1', out])
+  assert first.returncode == 0, first.stderr[-2000:]
+  again = _train([*SMALL, '--total_rounds=2', '--client_learning_rate=0.5', out])
+  assert again.returncode == 2
+  assert '--client_learning_rate' in again.stderr.strip().splitlines()[-1]
+
+
+def test_divergence_stops_with_message_and_keeps_last_checkpoint(tmp_path):
+  result = _train([*SMALL, '--total_rounds=6', '--rounds_per_checkpoint=1',
+                   '--algorithm=fedavgm', '--server_learning_rate=1e30', '--client_learning_rate=1.0',
+                   f'--root_output_dir={tmp_path}'])
+  assert result.returncode == 1
+  message = result.stderr.strip().splitlines()[-1]
+  assert 'diverged at round' in message and 'learning_rate' in message
+  diverged_round = int(message.split('diverged at round ')[1].split()[0])
+  checkpoints = os.listdir(tmp_path / 'digits_fedavgm' / 'checkpoints')
+  assert f'program_state_{diverged_round}' not in checkpoints
+  assert f'program_state_{diverged_round - 1}' in checkpoints or diverged_round == 1
+
+
+def test_validate_accepts_defaults():
+  base = dict(task='digits', algorithm='fedavg', client_optimizer='sgd', clients_per_round=10,
+              client_learning_rate=0.1, server_learning_rate=1.0)
+  cli.validate(base)
+  with pytest.raises(cli.UsageError, match='--clients_per_round'):
+    cli.validate({**base, 'clients_per_round': -3})
