@@ -128,6 +128,13 @@ def build_process(
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
   weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
+  if not weighted:
+    # Δ is averaged uniformly: the extra uploads (MFL's optimiser states,
+    # MimeXlite's gradients, FedGBO's ḡ) must be averaged the same way.
+    if client_weighting not in (None, tff.learning.ClientWeighting.UNIFORM):
+      raise ValueError(f'--client_weighting={client_weighting.name.lower()} contradicts an '
+                       'unweighted model_aggregator (it averages uniformly)')
+    weighting = tff.learning.ClientWeighting.UNIFORM
 
   with tf.Graph().as_default():
     model = model_fn()
@@ -243,8 +250,9 @@ def build_process(
           _zeros_like_specs(tff.types.type_to_tf_tensor_specs(broadcast_type)),
           _zeros_like_specs(list(tf.nest.flatten(trainable_specs))))
   ).type_signature.result
+  # Tensors only: scalar leaves are hyperparameters (η, β) or counters.
   client_state_floats = sum(int(np.prod(t.shape)) for t in _leaves(local_state_type)
-                            if t.dtype in (np.float32, np.float64))
+                            if t.dtype in (np.float32, np.float64) and len(t.shape) >= 1)
   optimizer_flops_per_step = recipe.optimizer_ops_per_param * num_params
 
   @tff.tensorflow.computation(tff.TensorType(np.int64), tff.TensorType(np.int32),

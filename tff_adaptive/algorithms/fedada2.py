@@ -1,0 +1,131 @@
+"""FedAda2 and its baselines: joint server + client adaptivity.
+
+Lee et al., "Efficient Adaptive Federated Optimization" (seed 002), SPEC §4.
+
+  server → clients: x_t; with `preconditioner='dja'` (direct joint
+                    adaptivity) also the server's second moment v_t.
+  client:           a client adaptive optimiser O_c (Adam, AdaGrad, SM3-Adam,
+                    SM3-AdaGrad) whose state starts from v_t ('dja'; Adam
+                    m_0 = 0) or from zero ('none'); K steps
+                    y_k = O_c(y_{k−1}, g_k) with optional lr warm-up
+                    η_k = η·min(1, k/10) over the first 10 steps;
+                    Δ_i = x_t − y_K.
+  clients → server: Δ_i.
+  server:           x_{t+1} = ServerOpt(x_t, Δ̄), ServerOpt = Adam or AdaGrad
+                    (optional momentum), FedOpt Algorithm-2 semantics.
+  network per client: down |x| (+|x| for 'dja'), up |x|.
+  client memory: the client optimiser state (Adam 2|x|, SM3-Adam |x| + Σ
+                 covers, SM3-AdaGrad Σ covers).
+
+FedAda2 itself is `preconditioner='none'` with an SM3 client optimiser: no
+preconditioner is communicated and the client's second-moment memory is
+sub-linear. DP: pass an unweighted DP factory as `model_aggregator` (see
+`tff_adaptive.accounting.privacy`).
+"""
+
+import collections
+from collections.abc import Callable
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_adaptive.algorithms import composer
+from tff_adaptive.optimizers import paper_fedopt
+from tff_adaptive.optimizers import sm3
+
+PRECONDITIONERS = ('dja', 'none')
+CLIENT_OPTIMIZERS = ('sm3_adam', 'sm3_adagrad', 'adam', 'adagrad')
+SERVER_OPTIMIZERS = ('adam', 'adagrad')
+WARMUP_STEPS = 10
+# Ops per parameter per step (SPEC §8 counts Adam as 11 when the state moves).
+_OPS = {'adam': 11, 'adagrad': 6, 'sm3_adam': 11, 'sm3_adagrad': 6}
+
+
+def build_client_optimizer(name: str, learning_rate: float, *, beta_1: float = 0.9,
+                           beta_2: float = 0.999, epsilon: float = 1e-8,
+                           sm3_variant: str = 'II', delay: int = 1,
+                           bias_correction: bool = False) -> tff.learning.optimizers.Optimizer:
+  if name not in CLIENT_OPTIMIZERS:
+    raise ValueError(f'--client_optimizer must be one of {", ".join(CLIENT_OPTIMIZERS)} '
+                     f'for fedada2; got {name!r}')
+  if name.startswith('sm3') and delay < 1:
+    raise ValueError(f'--sm3_delay must be ≥ 1; got {delay}')
+  if name == 'adam':
+    return paper_fedopt.build_paper_client_adam(learning_rate, beta_1=beta_1, beta_2=beta_2,
+                                                epsilon=epsilon, bias_correction=bias_correction)
+  if name == 'adagrad':
+    return paper_fedopt.build_paper_client_adagrad(learning_rate, epsilon=epsilon)
+  if name == 'sm3_adam':
+    return sm3.build_sm3_adam(learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                              bias_correction=bias_correction, delay=delay)
+  return sm3.build_sm3_adagrad(learning_rate, variant=sm3_variant, epsilon=epsilon, delay=delay)
+
+
+def build_server_optimizer(name: str, learning_rate: float, *, beta_1: float = 0.9,
+                           beta_2: float = 0.99, tau: float = 1e-3) -> tff.learning.optimizers.Optimizer:
+  if name == 'adam':
+    return paper_fedopt.build_paper_adam(learning_rate, beta_1=beta_1, beta_2=beta_2, tau=tau)
+  if name == 'adagrad':  # seed 002: v = Σ Δ̄² from 0, optional momentum β1
+    return paper_fedopt.build_paper_adagrad(learning_rate, beta_1=beta_1, tau=tau,
+                                            initial_accumulator_value=0.0)
+  raise ValueError(f'--server_optimizer must be one of {", ".join(SERVER_OPTIMIZERS)} '
+                   f'for fedada2; got {name!r}')
+
+
+def fedada2_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
+                   server_optimizer: tff.learning.optimizers.Optimizer, *,
+                   preconditioner: str = 'none', warmup: bool = False,
+                   ops_per_param: float = 11.0) -> composer.Recipe:
+  if preconditioner not in PRECONDITIONERS:
+    raise ValueError(f'--preconditioner must be one of {", ".join(PRECONDITIONERS)}; '
+                     f'got {preconditioner!r}')
+  if preconditioner == 'dja' and isinstance(client_optimizer, sm3.SM3):
+    raise ValueError('--preconditioner=dja needs a dense client optimiser (adam or adagrad): '
+                     'an SM3 client has no per-coordinate v to start from')
+
+  def init_stats(specs):
+    return server_optimizer.initialize([tf.TensorSpec(s.shape, s.dtype) for s in specs])
+
+  def broadcast(server_state):
+    return list(server_state['preconditioner']) if preconditioner == 'dja' else ()
+
+  def init_local(server_v, y0):
+    state = client_optimizer.initialize([tf.TensorSpec(w.shape, w.dtype) for w in y0])
+    if preconditioner == 'dja':
+      state = collections.OrderedDict(state)
+      state['preconditioner'] = tuple(server_v)
+    return state
+
+  def local_step(state, y, grads, lr, step):
+    if warmup:
+      lr = lr * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / WARMUP_STEPS)
+    state = collections.OrderedDict(state)
+    state['learning_rate'] = tf.cast(lr, tf.float32)
+    return client_optimizer.next(state, y, grads)
+
+  def server_update(x, s, mean_delta, mean_extra, lr, local_steps):
+    del mean_extra, lr, local_steps
+    s, new_x = server_optimizer.next(s, x, mean_delta)
+    return new_x, s
+
+  return composer.Recipe(
+      name='fedada2', init_stats=init_stats, broadcast=broadcast, init_local=init_local,
+      local_step=local_step, server_update=server_update, optimizer_ops_per_param=ops_per_param)
+
+
+def build_fedada2(model_fn: Callable[[], tff.learning.models.VariableModel], *,
+                  client_optimizer: tff.learning.optimizers.Optimizer,
+                  server_optimizer: tff.learning.optimizers.Optimizer,
+                  client_learning_rate: float, local_steps: int = 0,
+                  preconditioner: str = 'none', warmup: bool = False,
+                  client_weighting: Optional[tff.learning.ClientWeighting] = None,
+                  model_aggregator=None, ops_per_param: float = 11.0,
+                  fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
+  """FedAda2 / DJA / no-PC (see module docstring)."""
+  return composer.build_process(
+      model_fn, fedada2_recipe(client_optimizer, server_optimizer, preconditioner=preconditioner,
+                               warmup=warmup, ops_per_param=ops_per_param),
+      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      model_aggregator=model_aggregator, client_weighting=client_weighting,
+      fb_flops_per_example=fb_flops_per_example)
