@@ -105,6 +105,7 @@ def build_process(
     model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
     client_weighting: Optional[tff.learning.ClientWeighting] = None,
     fb_flops_per_example: float = 0.0,
+    upload_compression: Optional[tff.aggregators.WeightedAggregationFactory] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds the `LearningProcess` of `recipe`.
 
@@ -121,7 +122,15 @@ def build_process(
     client_weighting: overrides the recipe's default weighting.
     fb_flops_per_example: forward+backward FLOPs per example (SPEC §8), for
       the client FLOP measurement; 0 leaves FLOPs unmeasured.
+    upload_compression: a factory that aggregates Δ and the extra upload
+      together, `OrderedDict(delta=Δ, extra=extra)` (e.g.
+      `aggregators.compression.SharedIndexCompressionFactory`, which encodes
+      Δm, Δv at Δω's indices) and measures `upload_bits_per_client`; it
+      replaces `model_aggregator`.
   """
+  if upload_compression is not None and model_aggregator is not None:
+    raise ValueError('--upload_compression cannot be combined with another model aggregator '
+                     '(e.g. --dp)')
   if local_steps < 0 or (recipe.equal_local_steps and local_steps < 1):
     raise ValueError(f'--local_steps must be at least 1 for {recipe.name}; got {local_steps}')
   weighting = client_weighting or recipe.weighting
@@ -217,7 +226,12 @@ def build_process(
         model_weights, broadcast_value, hparams, dataset)
 
   delta_type, extra_type = client_update_fn.type_signature.result[0:2]
-  if weighted:
+  joint_type = tff.StructWithPythonType([('delta', delta_type), ('extra', extra_type)],
+                                        collections.OrderedDict)
+  if upload_compression is not None:
+    weighted = True
+    delta_aggregator = upload_compression.create(joint_type, tff.TensorType(np.float32))
+  elif weighted:
     delta_aggregator = model_aggregator.create(delta_type, tff.TensorType(np.float32))
   else:
     delta_aggregator = model_aggregator.create(delta_type)
@@ -243,7 +257,9 @@ def build_process(
         trainable=tf.nest.pack_sequence_as(model_weights.trainable, list(new_x)),
         non_trainable=model_weights.non_trainable), new_stats
 
-  down_bits = _num_bits(weights_type.trainable) + _num_bits(broadcast_type) + _num_bits(hparams_type)
+  # The whole ModelWeights is broadcast (non-trainable weights, e.g. BatchNorm
+  # statistics, included); only trainable deltas come back.
+  down_bits = _num_bits(weights_type) + _num_bits(broadcast_type) + _num_bits(hparams_type)
   up_payload_bits = _num_bits(delta_type) + (_num_bits(extra_type) if recipe.upload else 0)
   local_state_type = tff.tensorflow.computation(
       lambda: recipe.init_local(
@@ -256,16 +272,19 @@ def build_process(
   optimizer_flops_per_step = recipe.optimizer_ops_per_param * num_params
 
   @tff.tensorflow.computation(tff.TensorType(np.int64), tff.TensorType(np.int32),
-                              tff.TensorType(np.int32))
-  def cost_fn(examples, steps, clients):
+                              tff.TensorType(np.int32), tff.TensorType(np.float64))
+  def cost_fn(examples, steps, clients, measured_upload_bits):
     clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
+    # A compressing aggregator measures the real encoded size (< 0: none).
+    upload_bits = tf.where(measured_upload_bits >= 0, measured_upload_bits,
+                           tf.constant(float(up_payload_bits), tf.float64))
     flops = (tf.cast(examples, tf.float64) * fb_flops_per_example +
              tf.cast(steps, tf.float64) * optimizer_flops_per_step)
     return collections.OrderedDict(
         download_bits_per_client=tf.constant(float(down_bits), tf.float64),
-        upload_bits_per_client=tf.constant(float(up_payload_bits), tf.float64),
+        upload_bits_per_client=upload_bits,
         download_bits=tf.constant(float(down_bits), tf.float64) * clients,
-        upload_bits=tf.constant(float(up_payload_bits), tf.float64) * clients,
+        upload_bits=upload_bits * clients,
         client_steps=tf.cast(steps, tf.float64),
         client_flops=flops,
         client_flops_per_client=flops / clients,
@@ -304,22 +323,34 @@ def build_process(
     delta, extra, weight, local_metrics, client_stats = tff.federated_map(
         client_update_fn, (weights_at_clients, broadcast_at_clients, hparams_at_clients,
                            client_data))
-    if weighted:
-      agg = delta_aggregator.next(state.aggregator, delta, weight)
+    if upload_compression is not None:
+      agg = delta_aggregator.next(
+          state.aggregator,
+          tff.federated_zip(collections.OrderedDict(delta=delta, extra=extra)), weight)
+      mean_delta, mean_extra = agg.result.delta, agg.result.extra
+      extra_state = state.extra_aggregator
+      measured_bits = agg.measurements.upload_bits_per_client
     else:
-      agg = delta_aggregator.next(state.aggregator, delta)
-    extra_agg = extra_aggregator.next(state.extra_aggregator, extra, weight)
+      if weighted:
+        agg = delta_aggregator.next(state.aggregator, delta, weight)
+      else:
+        agg = delta_aggregator.next(state.aggregator, delta)
+      extra_agg = extra_aggregator.next(state.extra_aggregator, extra, weight)
+      mean_delta, mean_extra = agg.result, extra_agg.result
+      extra_state = extra_agg.state
+      measured_bits = tff.federated_value(np.float64(-1.0), tff.SERVER)
     min_steps = tff.federated_min(client_stats.local_steps)
     max_steps = tff.federated_max(client_stats.local_steps)
     new_weights, new_stats = tff.federated_map(
-        server_update_fn, (state.global_model_weights, state.stats, agg.result, extra_agg.result,
+        server_update_fn, (state.global_model_weights, state.stats, mean_delta, mean_extra,
                            state.hparams, min_steps, max_steps))
     num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
     cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.num_examples),
-                                       tff.federated_sum(client_stats.local_steps), num_clients))
+                                       tff.federated_sum(client_stats.local_steps), num_clients,
+                                       measured_bits))
     new_state = tff.federated_zip(collections.OrderedDict(
         global_model_weights=new_weights, stats=new_stats, aggregator=agg.state,
-        extra_aggregator=extra_agg.state, hparams=state.hparams,
+        extra_aggregator=extra_state, hparams=state.hparams,
         round_num=tff.federated_map(add_one, state.round_num)))
     metrics = tff.federated_zip(collections.OrderedDict(
         client_work=tff.federated_zip(collections.OrderedDict(

@@ -120,7 +120,7 @@ def build_fedada2(model_fn: Callable[[], tff.learning.models.VariableModel], *,
                   client_learning_rate: float, local_steps: int = 0,
                   preconditioner: str = 'none', warmup: bool = False,
                   client_weighting: Optional[tff.learning.ClientWeighting] = None,
-                  model_aggregator=None, ops_per_param: float = 11.0,
+                  model_aggregator=None, upload_compression=None, ops_per_param: float = 11.0,
                   fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
   """FedAda2 / DJA / no-PC (see module docstring)."""
   return composer.build_process(
@@ -128,4 +128,4 @@ def build_fedada2(model_fn: Callable[[], tff.learning.models.VariableModel], *,
                                warmup=warmup, ops_per_param=ops_per_param),
       client_learning_rate=client_learning_rate, local_steps=local_steps,
       model_aggregator=model_aggregator, client_weighting=client_weighting,
-      fb_flops_per_example=fb_flops_per_example)
+      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression)

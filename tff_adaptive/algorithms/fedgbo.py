@@ -75,7 +75,7 @@ def build_fedgbo(model_fn: Callable[[], tff.learning.models.VariableModel], *,
                  optimizer: biased_optimizers.BiasedOptimizer,
                  client_learning_rate: float, local_steps: int, upload: str = 'model',
                  client_weighting: Optional[tff.learning.ClientWeighting] = None,
-                 model_aggregator=None,
+                 model_aggregator=None, upload_compression=None,
                  fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
   """FedGBO with `optimizer` ∈ {sgdm, rmsprop, adam} (see module docstring).
 
@@ -95,4 +95,5 @@ def build_fedgbo(model_fn: Callable[[], tff.learning.models.VariableModel], *,
   return composer.build_process(
       model_fn, fedgbo_recipe(optimizer, upload), client_learning_rate=client_learning_rate,
       local_steps=local_steps, model_aggregator=model_aggregator,
-      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example)
+      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
+      upload_compression=upload_compression)

@@ -91,7 +91,7 @@ def fedmax_model_fn(keras_model_fn: Callable[[], tf.keras.Model], beta: float,
 
 def build_fedmax(keras_model_fn: Callable[[], tf.keras.Model], input_spec, *, beta: float,
                  client_learning_rate: float, server_optimizer=None, local_steps: int = 0,
-                 client_weighting=None, model_aggregator=None,
+                 client_weighting=None, model_aggregator=None, upload_compression=None,
                  fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
   """FedMAX for a Keras classifier returning logits."""
   return fedopt_process.build_fedopt_process(
@@ -99,4 +99,4 @@ def build_fedmax(keras_model_fn: Callable[[], tf.keras.Model], input_spec, *, be
       server_optimizer=server_optimizer or tff.learning.optimizers.build_sgdm(1.0),
       client_learning_rate=client_learning_rate, local_steps=local_steps,
       client_weighting=client_weighting, model_aggregator=model_aggregator,
-      fb_flops_per_example=fb_flops_per_example)
+      upload_compression=upload_compression, fb_flops_per_example=fb_flops_per_example)

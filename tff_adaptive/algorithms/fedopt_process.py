@@ -45,10 +45,11 @@ def build_fedopt_process(model_fn: Callable[[], tff.learning.models.VariableMode
                          server_optimizer: tff.learning.optimizers.Optimizer,
                          client_learning_rate: float, local_steps: int = 0,
                          client_weighting: Optional[tff.learning.ClientWeighting] = None,
-                         model_aggregator=None,
+                         model_aggregator=None, upload_compression=None,
                          fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
   """FedAvg/FedAvgM/FedAdagrad/FedAdam/FedYogi by `server_optimizer`."""
   return composer.build_process(
       model_fn, fedopt_recipe(server_optimizer), client_learning_rate=client_learning_rate,
       local_steps=local_steps, model_aggregator=model_aggregator,
-      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example)
+      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
+      upload_compression=upload_compression)

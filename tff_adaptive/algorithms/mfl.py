@@ -17,37 +17,59 @@ the thesis's FedAvg-Adam (ch. 3/4), the base of CE-FedAvg.
 from collections.abc import Callable
 from typing import Optional
 
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import biased_optimizers
 from tff_adaptive.algorithms import composer
 
 
-def mfl_recipe(optimizer: biased_optimizers.BiasedOptimizer) -> composer.Recipe:
+def mfl_recipe(optimizer: biased_optimizers.BiasedOptimizer,
+               upload_state_deltas: bool = False) -> composer.Recipe:
+  """`upload_state_deltas`: send s^K − s_t instead of s^K (same average; the
+  deltas are what CE-FedAvg compresses)."""
 
-  def local_step(s, y, grads, lr, step):
+  def init_local(s, y0):
+    del y0  # s0 (for deltas) is extra client memory only when it is needed
+    return {'s': s, 's0': s if upload_state_deltas else ()}
+
+  def local_step(local, y, grads, lr, step):
     del step
-    s, direction = optimizer.moving_step(s, grads)
-    return s, [w - lr * d for w, d in zip(y, direction)]
+    s, direction = optimizer.moving_step(local['s'], grads)
+    return {'s': s, 's0': local['s0']}, [w - lr * d for w, d in zip(y, direction)]
 
-  def server_update(x, s, mean_delta, mean_states, lr, local_steps):
-    del s, lr, local_steps
-    return [w - d for w, d in zip(x, mean_delta)], mean_states
+  def upload(local, g0):
+    del g0
+    if not upload_state_deltas:
+      return local['s']
+    return tf.nest.map_structure(lambda a, b: a - b, local['s'], local['s0'])
+
+  def server_update(x, s, mean_delta, mean_upload, lr, local_steps):
+    del lr, local_steps
+    new_s = (tf.nest.map_structure(lambda a, d: a + d, s, _like(s, mean_upload))
+             if upload_state_deltas else mean_upload)
+    return [w - d for w, d in zip(x, mean_delta)], new_s
 
   return composer.Recipe(
-      name='mfl', init_stats=optimizer.init, broadcast=lambda s: s,
-      init_local=lambda s, y0: s, local_step=local_step, server_update=server_update,
-      upload=lambda s, g0: s, optimizer_ops_per_param=optimizer.ops_moving)
+      name='mfl', init_stats=optimizer.init, broadcast=lambda s: s, init_local=init_local,
+      local_step=local_step, server_update=server_update, upload=upload,
+      optimizer_ops_per_param=optimizer.ops_moving)
+
+
+def _like(reference, value):
+  return tf.nest.pack_sequence_as(reference, tf.nest.flatten(value))
 
 
 def build_mfl(model_fn: Callable[[], tff.learning.models.VariableModel], *,
               optimizer: biased_optimizers.BiasedOptimizer, client_learning_rate: float,
               local_steps: int = 0,
               client_weighting: Optional[tff.learning.ClientWeighting] = None,
-              model_aggregator=None,
+              model_aggregator=None, upload_compression=None,
+              upload_state_deltas: bool = False,
               fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
   """MFL with `optimizer` ∈ {sgdm, rmsprop, adam}; `local_steps=0` runs epochs."""
   return composer.build_process(
-      model_fn, mfl_recipe(optimizer), client_learning_rate=client_learning_rate,
-      local_steps=local_steps, model_aggregator=model_aggregator,
-      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example)
+      model_fn, mfl_recipe(optimizer, upload_state_deltas),
+      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      model_aggregator=model_aggregator, client_weighting=client_weighting,
+      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression)

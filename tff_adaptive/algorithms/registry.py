@@ -15,7 +15,11 @@ import tensorflow_federated as tff
 
 from tasks import base as task_base
 from tff_adaptive.accounting import flops
+from tff_adaptive.accounting import privacy
+from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.algorithms import ce_fedavg
+from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedmax
 from tff_adaptive.algorithms import fedopt
@@ -46,8 +50,45 @@ WEIGHTINGS = {'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
 
 
 def _weighting(cfg):
+  if uses_dp(cfg):
+    return tff.learning.ClientWeighting.UNIFORM  # DP aggregation is unweighted
   name = cfg.get('client_weighting') or 'default'
   return None if name == 'default' else WEIGHTINGS[name]
+
+
+def uses_dp(cfg) -> bool:
+  return bool(cfg.get('dp', False))
+
+
+UPLOAD_COMPRESSIONS = ('none', 'topk', 'topk_uniq')
+# TFF-built processes aggregate inside TFF's own templates; their uploads are
+# not reachable by our joint (Δ, state) compression.
+NOT_COMPRESSIBLE = ('mimelite', 'mimexlite', 'fedprox')
+
+
+def upload_compression(cfg):
+  """Shared-index compression of Δ (and state uploads) per --upload_compression."""
+  name = cfg.get('upload_compression') or 'none'
+  if name == 'none':
+    return None
+  if name not in UPLOAD_COMPRESSIONS:
+    raise ConfigError(f'--upload_compression must be one of {", ".join(UPLOAD_COMPRESSIONS)}; '
+                      f'got {name!r}')
+  if cfg['algorithm'] in NOT_COMPRESSIBLE:
+    raise ConfigError(f'--upload_compression is not available for --algorithm={cfg["algorithm"]}'
+                      f' (its upload is aggregated inside TFF\'s own builder)')
+  if uses_dp(cfg):
+    raise ConfigError('--upload_compression cannot be combined with --dp')
+  return compression.SharedIndexCompressionFactory(cfg.get('sparsity', 0.9),
+                                                   quantize=name == 'topk_uniq')
+
+
+def model_aggregator(cfg):
+  """TFF's DP aggregator when --dp is set, else None (the builder's mean)."""
+  if not uses_dp(cfg):
+    return None
+  return privacy.dp_aggregator(cfg.get('dp_noise_multiplier'), cfg.get('dp_clip_norm'),
+                               cfg['clients_per_round'])
 
 
 def fb_flops_per_example(task: task_base.FederatedTask) -> float:
@@ -77,7 +118,9 @@ def _fedopt_family(algorithm: str) -> Builder:
     return fedopt_process.build_fedopt_process(
         task.model_fn, server_optimizer=_server_optimizer(algorithm, cfg),
         client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
-        client_weighting=_weighting(cfg), fb_flops_per_example=fb_flops_per_example(task))
+        client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
+      upload_compression=upload_compression(cfg),
+        fb_flops_per_example=fb_flops_per_example(task))
   return build
 
 
@@ -93,13 +136,28 @@ def _build_fedgbo(task, cfg):
       task.model_fn, optimizer=_biased_optimizer(cfg),
       client_learning_rate=cfg['client_learning_rate'], local_steps=cfg['local_steps'],
       upload=cfg.get('fedgbo_upload', 'model'), client_weighting=_weighting(cfg),
-      fb_flops_per_example=fb_flops_per_example(task))
+      model_aggregator=model_aggregator(cfg),
+      upload_compression=upload_compression(cfg), fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_mfl(task, cfg):
   return mfl.build_mfl(
       task.model_fn, optimizer=_biased_optimizer(cfg),
       client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
+      client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
+      upload_compression=upload_compression(cfg), upload_state_deltas=bool(upload_compression(cfg)),
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_ce_fedavg(task, cfg):
+  if (cfg.get('upload_compression') or 'none') == 'none':
+    raise ConfigError('--algorithm=ce_fedavg compresses its uploads: set --upload_compression='
+                      'topk or topk_uniq (or use --algorithm=mfl --client_optimizer=adam)')
+  return ce_fedavg.build_ce_fedavg(
+      task.model_fn, client_learning_rate=cfg['client_learning_rate'],
+      sparsity=cfg.get('sparsity', 0.9), quantize=cfg['upload_compression'] == 'topk_uniq',
+      local_steps=cfg.get('local_steps', 0), beta_1=cfg.get('client_beta_1', 0.9),
+      beta_2=cfg.get('client_beta_2', 0.999), epsilon=cfg.get('client_epsilon', 1e-8),
       client_weighting=_weighting(cfg), fb_flops_per_example=fb_flops_per_example(task))
 
 
@@ -126,7 +184,7 @@ def _build_mimelite(task, cfg):
       task.model_fn, base_optimizer=_tff_base_optimizer(cfg),
       server_optimizer=_server_optimizer('mimelite', cfg),
       client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
-      ops_per_param=_MIME_OPS[cfg['client_optimizer']],
+      ops_per_param=_MIME_OPS[cfg['client_optimizer']], model_aggregator=model_aggregator(cfg),
       fb_flops_per_example=fb_flops_per_example(task))
 
 
@@ -136,7 +194,7 @@ def _build_mimexlite(task, cfg):
       server_optimizer=_server_optimizer('mimexlite', cfg),
       client_learning_rate=cfg['client_learning_rate'], local_steps=cfg['local_steps'],
       client_weighting=_weighting(cfg), ops_per_param=_MIME_OPS[cfg['client_optimizer']],
-      fb_flops_per_example=fb_flops_per_example(task))
+      model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_fedprox(task, cfg):
@@ -145,7 +203,7 @@ def _build_fedprox(task, cfg):
       client_learning_rate=cfg['client_learning_rate'],
       server_optimizer=_server_optimizer('fedprox', cfg),
       client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
-      fb_flops_per_example=fb_flops_per_example(task))
+      model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_fedmax(task, cfg):
@@ -155,7 +213,29 @@ def _build_fedmax(task, cfg):
       task.keras_model_fn, input_spec, beta=cfg.get('fedmax_beta', 1.0),
       client_learning_rate=cfg['client_learning_rate'],
       server_optimizer=_server_optimizer('fedmax', cfg), local_steps=cfg.get('local_steps', 0),
-      client_weighting=_weighting(cfg), fb_flops_per_example=fb_flops_per_example(task))
+      client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
+      upload_compression=upload_compression(cfg),
+        fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_fedada2(task, cfg):
+  server_name = cfg.get('server_optimizer') or 'adam'
+  client = fedada2.build_client_optimizer(
+      cfg['client_optimizer'], cfg['client_learning_rate'], beta_1=cfg.get('client_beta_1', 0.9),
+      beta_2=cfg.get('client_beta_2', 0.99), epsilon=cfg.get('client_epsilon', 1e-8),
+      sm3_variant=cfg.get('sm3_variant', 'II'), delay=cfg.get('sm3_delay', 1),
+      bias_correction=cfg.get('client_bias_correction', False))
+  server = fedada2.build_server_optimizer(
+      server_name, cfg.get('server_learning_rate', 1.0), beta_1=cfg.get('server_beta_1', 0.9),
+      beta_2=cfg.get('server_beta_2', 0.99), tau=cfg.get('server_epsilon', 1e-3))
+  return fedada2.build_fedada2(
+      task.model_fn, client_optimizer=client, server_optimizer=server,
+      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
+      preconditioner=cfg.get('preconditioner', 'none'), warmup=cfg.get('client_lr_warmup', False),
+      client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
+      upload_compression=upload_compression(cfg),
+      ops_per_param=fedada2._OPS[cfg['client_optimizer']],  # pylint: disable=protected-access
+      fb_flops_per_example=fb_flops_per_example(task))
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
@@ -170,6 +250,10 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                                 doc='Mimelite with a one-minibatch gradient (seed 000)'),
     'fedprox': AlgorithmEntry(_build_fedprox, doc="TFF's FedProx"),
     'fedmax': AlgorithmEntry(_build_fedmax, doc='max-entropy activation penalty'),
+    'ce_fedavg': AlgorithmEntry(_build_ce_fedavg, ('adam',),
+                                doc='MFL-Adam with compressed uploads (thesis ch. 3)'),
+    'fedada2': AlgorithmEntry(_build_fedada2, fedada2.CLIENT_OPTIMIZERS,
+                              doc='joint client+server adaptivity, SM3 clients (seed 002)'),
 }
 
 

@@ -1,0 +1,109 @@
+"""CE-FedAvg upload compression as a `tff.aggregators` factory (thesis ch. 3).
+
+Each client encodes its upload — top-(1−s) sparsification of every weight
+delta of rank ≥ 2 (Golomb-coded indices), optionally UniQ for weight values
+and ExpQ for optimiser-state values — and the server averages what it
+decodes. The bits of the real encoded message (Golomb bit length, 8 bits per
+quantised value, side information) are measured on each client and reported
+as `upload_bits_per_client` (mean over clients).
+
+Why a custom factory rather than `tff.aggregators.EncodedSumFactory`:
+CE-FedAvg sparsifies Δm and Δv at Δω's indices (independent indices make the
+optimiser state diverge, SPEC §6), so the three tensors of a parameter must be
+encoded together; tensor_encoding encoders see one tensor at a time. The
+single-tensor stages are still available for plain FedAvg compression in
+`tff_adaptive.compression.encoding_stages`.
+
+Value structure: either a list of weight deltas, or
+`OrderedDict(delta=[...], extra=...)` where the list-valued entries of `extra`
+that are parallel to `delta` (same length and shapes, e.g. Δm and Δv) share
+the delta's indices, and any other entries (e.g. Adam's step counter) are sent
+dense as float32.
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_adaptive.compression import tf_ops
+
+
+def _shapes(type_list):
+  return [tuple(t.shape) for t in type_list]
+
+
+class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
+  """Weighted mean of what the server decodes from each client's encoding."""
+
+  def __init__(self, sparsity: float, quantize: bool = True):
+    if not 0.0 <= sparsity < 1.0:
+      raise ValueError(f'--sparsity must be in [0, 1); got {sparsity}')
+    self._sparsity = float(sparsity)
+    self._quantize = bool(quantize)
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    joint = isinstance(value_type, tff.StructType) and _names(value_type) == ['delta', 'extra']
+    delta_type = value_type['delta'] if joint else value_type
+    delta_shapes = _shapes(_members(delta_type))
+    extra_type = value_type['extra'] if joint else None
+    shared_keys = []
+    if joint and isinstance(extra_type, tff.StructType):
+      for name, member in tff.structure.iter_elements(extra_type):
+        if (isinstance(member, tff.StructType) and len(_members(member)) == len(delta_shapes)
+            and _shapes(_members(member)) == delta_shapes):
+          shared_keys.append(name)
+    sparsity, quantize = self._sparsity, self._quantize
+
+    @tff.tensorflow.computation(value_type)
+    def encode_decode(value):
+      delta = list(tf.nest.flatten(value['delta'] if joint else value))
+      extra = value['extra'] if joint else None
+      shared = [list(tf.nest.flatten(extra[k])) for k in shared_keys]
+      upload = tf_ops.tf_sparsify_quantize(delta, sparsity, quantize, shared_states=shared)
+      bits = tf.cast(upload.num_bits, tf.float64)
+      if not joint:
+        return tf.nest.pack_sequence_as(value, upload.weights), bits
+      new_extra = collections.OrderedDict()
+      for name in _names(extra_type) if isinstance(extra_type, tff.StructType) else []:
+        if name in shared_keys:
+          new_extra[name] = tf.nest.pack_sequence_as(
+              extra[name], upload.states[shared_keys.index(name)])
+        else:  # dense float32
+          new_extra[name] = extra[name]
+          bits += 32.0 * sum(float(np.prod(t.shape)) for t in tf.nest.flatten(extra[name]))
+      decoded = collections.OrderedDict(
+          delta=tf.nest.pack_sequence_as(value['delta'], upload.weights), extra=new_extra)
+      return decoded, bits
+
+    mean = tff.aggregators.MeanFactory().create(value_type, weight_type)
+
+    @tff.federated_computation
+    def initialize():
+      return mean.initialize()
+
+    @tff.federated_computation(initialize.type_signature.result,
+                               tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      decoded, bits = tff.federated_map(encode_decode, value)
+      out = mean.next(state, decoded, weight)
+      measurements = tff.federated_zip(collections.OrderedDict(
+          mean=out.measurements, upload_bits_per_client=tff.federated_mean(bits)))
+      return tff.templates.MeasuredProcessOutput(out.state, out.result, measurements)
+
+    return tff.templates.AggregationProcess(initialize, next_fn)
+
+
+def _members(type_spec):
+  if isinstance(type_spec, tff.TensorType):
+    return [type_spec]
+  out = []
+  for _, member in tff.structure.iter_elements(type_spec):
+    out.extend(_members(member))
+  return out
+
+
+def _names(struct_type):
+  return [name for name, _ in tff.structure.iter_elements(struct_type)]
