@@ -8,6 +8,24 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 
+@dataclasses.dataclass(frozen=True)
+class KerasEvaluation:
+  """How the global model is evaluated centrally with Keras.
+
+  Attributes:
+    loss_fn: builds the Keras loss, the same one the task trains with.
+    metrics_fn: builds the Keras metrics; each is reported as
+      `eval/<metric name>`.
+    data_fn: builds the batched test dataset of `(x, y)` tuples.
+    cache: whether the evaluator may cache `data_fn()` in memory; off where
+      the preprocessed test set is large (dense bag-of-words vectors).
+  """
+  loss_fn: Callable[[], tf.keras.losses.Loss]
+  metrics_fn: Callable[[], list[tf.keras.metrics.Metric]]
+  data_fn: Callable[[], tf.data.Dataset]
+  cache: bool = True
+
+
 @dataclasses.dataclass
 class FederatedTask:
   """A task as TFF defines it, with the Keras model exposed.
@@ -23,12 +41,18 @@ class FederatedTask:
     test_client_data: per-client test split matched to the training split
       (same labels/shards), for per-client (user) accuracy; None if the task
       has no such split.
+    evaluation: how to evaluate the global model centrally; None means the
+      default for classifiers on `{'x', 'y'}` batches of logits
+      (`keras_evaluation()`). Tasks that differ (autoencoders, multi-label
+      tags with Recall@5, next-word prediction with masked special tokens,
+      softmax outputs) set their own.
   """
   name: str
   baseline: tff.simulation.baselines.BaselineTask
   keras_model_fn: Callable[[], tf.keras.Model]
   num_classes: int
   test_client_data: Optional[tff.simulation.datasets.ClientData] = None
+  evaluation: Optional[KerasEvaluation] = None
 
   @property
   def model_fn(self):
@@ -44,3 +68,12 @@ class FederatedTask:
   def centralized_test_data(self) -> tf.data.Dataset:
     """Batched, preprocessed test data of all clients."""
     return self.baseline.datasets.get_centralized_test_data()
+
+  def keras_evaluation(self) -> KerasEvaluation:
+    """The task's `evaluation`, or the default for `{'x', 'y'}` classifiers."""
+    if self.evaluation is not None:
+      return self.evaluation
+    return KerasEvaluation(
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+        data_fn=lambda: self.centralized_test_data().map(lambda b: (b['x'], b['y'])))
