@@ -67,8 +67,10 @@ def test_rule_kinds_match_file_roles():
 
 
 @pytest.mark.skipif(shutil.which('bazel') is None, reason="Debian's bazel-bootstrap not installed")
-def test_bazel_query_accepts_build(tmp_path):
-  result = subprocess.run(['bazel', f'--output_user_root={tmp_path}', 'query', '//...'],
+def test_bazel_query_accepts_build():
+  # --batch: no server left running; a fixed output root keeps reruns fast.
+  result = subprocess.run(['bazel', '--batch', '--output_user_root=/tmp/tff_adaptive_bazel',
+                           'query', '//...'],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert '//:bin_train' in result.stdout
