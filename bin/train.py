@@ -30,8 +30,11 @@ flags.DEFINE_string('task', 'digits', 'Task name: digits | synthetic | cifar100_
                     'stackoverflow_word | stackoverflow_tag | sent140 | femnist | '
                     'shakespeare_leaf | mnist | cifar10 (docs/tasks.md).')
 flags.DEFINE_enum('partition', 'dirichlet', ['dirichlet', 'shards', 'iid'],
-                  'How a task that is split by us (digits) divides its data among clients.')
-flags.DEFINE_integer('num_clients', 0, 'Number of clients of a task split by us (0: task default).')
+                  'How a task that is split by us (digits, mnist, cifar10) divides its data '
+                  'among clients.')
+flags.DEFINE_integer('num_clients', 0, 'Number of clients (0: task default): of a task split by '
+                     'us; for TFF tasks a seeded sample of the training clients; for LEAF tasks '
+                     'the first N users.')
 flags.DEFINE_float('dirichlet_alpha', 0.5, 'Dirichlet α over labels for --partition=dirichlet.')
 flags.DEFINE_enum('digits_model', 'mlp', ['mlp', 'cnn', 'cnn_bn'], 'Model for --task=digits.')
 flags.DEFINE_float('synthetic_alpha', 1.0, 'α of synthetic(α, β): model heterogeneity.')

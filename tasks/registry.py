@@ -5,7 +5,10 @@ from typing import Any
 
 from tasks import base
 from tasks import digits
+from tasks import leaf
 from tasks import synthetic
+from tasks import thesis
+from tasks import tff_native
 
 
 def _digits(cfg: Mapping[str, Any]) -> base.FederatedTask:
@@ -27,9 +30,19 @@ def _epochs(cfg):
   return 1 if cfg.get('local_steps') else cfg['client_epochs_per_round']
 
 
+def _file_task(builder: Callable[[Mapping[str, Any]], base.FederatedTask]):
+  """Tasks read from --data_dir (TFF, LEAF, Keras files); see docs/tasks.md."""
+  def build(cfg: Mapping[str, Any]) -> base.FederatedTask:
+    return builder(dict(cfg, num_epochs=_epochs(cfg)))
+  return build
+
+
 TASKS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
     'digits': _digits,
     'synthetic': _synthetic,
+    **{name: _file_task(builder) for name, builder in tff_native.TASK_BUILDERS.items()},
+    **{name: _file_task(builder) for name, builder in leaf.TASK_BUILDERS.items()},
+    **{name: _file_task(builder) for name, builder in thesis.TASK_BUILDERS.items()},
 }
 
 

@@ -1,0 +1,481 @@
+"""TFF's own simulation tasks, with the source papers' model variants.
+
+The task suite of "Adaptive Federated Optimization" (Reddi et al., ICLR 2021;
+seed 003, section 5 and its Appendix C), built with `tff.simulation.baselines`
+on the federated datasets of `tff.simulation.datasets`, with TFF's own
+preprocessing:
+
+| task                  | data (file in --data_dir)  | models (`--<task>_model`)              |
+|-----------------------|----------------------------|----------------------------------------|
+| cifar100_image        | cifar100.sqlite            | resnet18 (GroupNorm, 24x24 crops),     |
+|                       |                            | fedgbo_cnn (seed 000, 32x32)           |
+| emnist_character      | emnist_all.sqlite          | cnn_dropout (Reddi), cnn, 2nn,         |
+|                       |                            | fedgbo_cnn (seed 000's FEMNIST CNN)    |
+| emnist_autoencoder    | emnist_all.sqlite          | TFF's bottleneck autoencoder           |
+| shakespeare_character | shakespeare.sqlite         | lstm (TFF), gru128 (seed 000),         |
+|                       |                            | gru256 (seed 001)                      |
+| stackoverflow_word    | stackoverflow.sqlite + the | TFF's LSTM 670 (10k vocabulary)        |
+|                       | word counts                |                                        |
+| stackoverflow_tag     | stackoverflow.sqlite + the | logistic regression 10k -> 500 tags,   |
+|                       | word and tag counts        | Recall@5                               |
+
+Data are never loaded whole: TFF's `SqlClientData` reads one client's
+examples per query when that client is sampled, and the Stack Overflow
+evaluation reads only the 10,000 test examples Reddi et al. validate on.
+
+Model variants reuse the TFF task's datasets and preprocessing, except seed
+000's CIFAR-100 CNN, which takes seed 000's own preprocessing: 32x32 images
+normalised per channel, random horizontal flip, then a random 32x32 crop of
+the image zero-padded by 4 (SPEC §9/§10; the FedGBO code's
+`RandomCrop(32, padding=4)`).
+
+TFF's shuffle buffers are unseeded (TFF's choice), so client datasets, unlike
+those of our offline tasks, differ between an interrupted and a resumed run.
+"""
+
+import dataclasses
+import json
+import lzma
+import os
+import shutil
+import sqlite3
+import tarfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import base
+from tasks import data_files
+from tasks.models import paper_cnns
+from tasks.models import recurrent
+
+_BASELINES = tff.simulation.baselines
+CIFAR100_MODELS = ('resnet18', 'fedgbo_cnn')
+EMNIST_CHARACTER_MODELS = ('cnn_dropout', 'cnn', '2nn', 'fedgbo_cnn')
+SHAKESPEARE_CHARACTER_MODELS = ('lstm', 'gru128', 'gru256')
+RESNET_CROP = 24  # SPEC §9: ResNet-18 on 24x24 crops, as Reddi et al.
+SHAKESPEARE_SEQUENCE_LENGTH = 80
+STACKOVERFLOW_SEQUENCE_LENGTH = 20
+STACKOVERFLOW_WORD_VOCAB = 10_000
+STACKOVERFLOW_TAG_VOCAB = 500
+# Reddi et al. validate Stack Overflow tasks on 10,000 sampled test examples.
+STACKOVERFLOW_EVAL_EXAMPLES = 10_000
+DEFAULT_CACHE_DIR = '~/.tff'
+_STORAGE = 'https://storage.googleapis.com/tff-datasets-public'
+
+
+@dataclasses.dataclass(frozen=True)
+class _TffFile:
+  filename: str
+  loader: str  # Python call that downloads it into DIR
+
+
+_SQLITE = {
+    'cifar100': _TffFile('cifar100.sqlite',
+                         "tff.simulation.datasets.cifar100.load_data(cache_dir='DIR')"),
+    'emnist': _TffFile('emnist_all.sqlite',
+                       "tff.simulation.datasets.emnist.load_data(only_digits=False, "
+                       "cache_dir='DIR')"),
+    'shakespeare': _TffFile('shakespeare.sqlite',
+                            "tff.simulation.datasets.shakespeare.load_data(cache_dir='DIR')"),
+    'stackoverflow': _TffFile('stackoverflow.sqlite',
+                              "tff.simulation.datasets.stackoverflow.load_data(cache_dir='DIR')"),
+}
+_VOCABULARIES = {
+    'word': _TffFile('stackoverflow.word_count',
+                     "tff.simulation.datasets.stackoverflow.load_word_counts(cache_dir='DIR')"),
+    'tag': _TffFile('stackoverflow.tag_count',
+                    "tff.simulation.datasets.stackoverflow.load_tag_counts(cache_dir='DIR')"),
+}
+
+
+def _fetch_command(loader: str, data_dir: str) -> str:
+  return (f'python -c "import tensorflow_federated as tff; '
+          f'{loader.replace("DIR", data_dir)}"')
+
+
+def _load_sqlite(task: str, dataset: str, data_dir: str):
+  """TFF's `load_data`, once the file it would download is known to be there."""
+  spec = _SQLITE[dataset]
+  path = os.path.join(data_dir, spec.filename)
+  if not os.path.exists(path) and os.path.exists(path + '.lzma'):
+    # TFF stores the download decompressed; accept the compressed file as
+    # fetched by hand and decompress it the same way.
+    with lzma.open(path + '.lzma') as src, open(path + '.tmp', 'wb') as dst:
+      shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(path + '.tmp', path)
+  if not os.path.exists(path):
+    raise data_files.DataNotFoundError(data_files.missing_message(
+        task, data_dir, spec.filename,
+        f"TFF's federated {dataset} dataset ({_STORAGE}/{spec.filename}.lzma, decompressed)",
+        _fetch_command(spec.loader, data_dir)))
+  module = getattr(tff.simulation.datasets, dataset)
+  try:
+    if dataset == 'emnist':
+      return module.load_data(only_digits=False, cache_dir=data_dir)
+    return module.load_data(cache_dir=data_dir)
+  except (sqlite3.DatabaseError, tff.simulation.datasets.sql_client_data.DatabaseFormatError) as e:
+    raise data_files.DataNotFoundError(
+        f'--task={task}: {path} is not one of TFF\'s client-data SQLite files ({e}); '
+        f'delete it and fetch it again with: {_fetch_command(spec.loader, data_dir)}') from None
+
+
+def _load_vocabulary(task: str, kind: str, data_dir: str, size: int) -> list[str]:
+  """The most frequent Stack Overflow words or tags, read as TFF reads them.
+
+  TFF's `load_word_counts` / `load_tag_counts` re-verify the archive's hash
+  through Keras' `get_file` and download again on any mismatch (and the
+  baseline builders ignore `cache_dir` for them), so we read the extracted
+  file they produce ourselves, extracting the archive first if only it is
+  there.
+  """
+  spec = _VOCABULARIES[kind]
+  path = data_files.find_file(data_dir, [spec.filename])
+  archive = data_files.find_file(data_dir, [spec.filename + '.tar.bz2'])
+  if path is None and archive is not None:
+    with tarfile.open(archive, 'r:bz2') as tar:
+      tar.extractall(os.path.dirname(archive), filter='data')
+    path = data_files.find_file(data_dir, [spec.filename])
+  if path is None:
+    raise data_files.DataNotFoundError(data_files.missing_message(
+        task, data_dir, f'{spec.filename} (or datasets/{spec.filename})',
+        f"TFF's Stack Overflow {kind} counts ({_STORAGE}/{spec.filename}.tar.bz2, extracted "
+        'by Keras into DIR/datasets/)', _fetch_command(spec.loader, data_dir)))
+  with open(path) as f:
+    if kind == 'tag':
+      counts = json.load(f)
+      ordered = sorted(counts.items(), key=lambda item: item[1], reverse=True)
+      return [tag for tag, _ in ordered][:size]
+    words = []
+    for line in f:
+      words.append(line.split()[0])
+      if len(words) >= size:
+        break
+    return words
+
+
+def _restrict_train_data(data: tff.simulation.datasets.ClientData, num_clients: int,
+                         max_client_examples: int, seed: int) -> tff.simulation.datasets.ClientData:
+  """Optionally caps each client's examples and samples a subset of clients.
+
+  The cap keeps each client's first examples (the same ones every round, as
+  seed 001's "maximum of 250 samples per client"); the subset is a seeded
+  uniform sample, kept lazy by reusing the serializable per-client dataset
+  function.
+  """
+  if max_client_examples < 0 or num_clients < 0:
+    raise ValueError('--num_clients and --max_client_examples must be non-negative')
+  if max_client_examples:
+    data = data.preprocess(lambda ds: ds.take(max_client_examples))
+  if num_clients:
+    ids = data.client_ids
+    if num_clients > len(ids):
+      raise ValueError(f'--num_clients={num_clients} but the data has only {len(ids)} '
+                       'training clients')
+    if num_clients < len(ids):
+      chosen = np.sort(np.random.default_rng(seed).choice(len(ids), num_clients, replace=False))
+      data = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+          [ids[i] for i in chosen], data.serializable_dataset_fn)
+  return data
+
+
+def _train_spec(cfg: Mapping[str, Any]) -> tff.simulation.baselines.ClientSpec:
+  return tff.simulation.baselines.ClientSpec(
+      num_epochs=cfg.get('num_epochs', 1), batch_size=cfg.get('client_batch_size', 20))
+
+
+def _model_fn(keras_model_fn: Callable[[], tf.keras.Model], loss_fn, metrics_fn, input_spec):
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        keras_model_fn(), loss=loss_fn(), input_spec=input_spec, metrics=metrics_fn())
+  return model_fn
+
+
+def _classification_evaluation(datasets, from_logits: bool) -> base.KerasEvaluation:
+  return base.KerasEvaluation(
+      loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+      metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+      data_fn=datasets.get_centralized_test_data)
+
+
+def _sampled_test_data(datasets, num_examples: int, seed: int) -> Callable[[], tf.data.Dataset]:
+  """A seeded sample of test examples, read lazily client by client."""
+  def data_fn():
+    raw = datasets.test_data.create_tf_dataset_from_all_clients(seed=seed)
+    # Cached before preprocessing: the raw posts are small, the dense
+    # bag-of-words vectors are not (10,000 x 10,000 floats).
+    return datasets.eval_preprocess_fn(raw.take(num_examples).cache())
+  return data_fn
+
+
+def _check_model(flag: str, model: str, choices) -> None:
+  if model not in choices:
+    raise ValueError(f'--{flag} must be one of {", ".join(choices)}; got {model!r}')
+
+
+# ---- CIFAR-100 ---------------------------------------------------------------
+
+FEDGBO_CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+FEDGBO_CIFAR_STD = (0.2023, 0.1994, 0.2010)
+
+
+def fedgbo_cifar100_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, distort: bool):
+  """Seed 000's CIFAR-100 pipeline, in the order of TFF's preprocess functions."""
+  mean = tf.constant(FEDGBO_CIFAR_MEAN)
+  std = tf.constant(FEDGBO_CIFAR_STD)
+
+  def image_map(example):
+    image = (tf.cast(example['image'], tf.float32) / 255.0 - mean) / std
+    if distort:
+      # FedGBO flips, then crops the normalised image zero-padded by 4.
+      image = tf.image.random_flip_left_right(image)
+      image = tf.image.pad_to_bounding_box(image, 4, 4, 40, 40)
+      image = tf.image.random_crop(image, paper_cnns.CIFAR100_INPUT_SHAPE)
+    return image, example['label']
+
+  def preprocess(dataset):
+    buffer = spec.shuffle_buffer_size or 500
+    if buffer > 1:
+      dataset = dataset.shuffle(buffer)
+    if spec.num_epochs > 1:
+      dataset = dataset.repeat(spec.num_epochs)
+    if spec.max_elements is not None:
+      dataset = dataset.take(spec.max_elements)
+    return dataset.map(image_map, num_parallel_calls=tf.data.AUTOTUNE).batch(spec.batch_size)
+
+  return preprocess
+
+
+def create_cifar100_model(model: str = 'resnet18', seed: int = 0) -> tf.keras.Model:
+  """TFF's ResNet-18 with GroupNorm on 24x24 crops (softmax output), or seed
+  000's CNN on 32x32 images (logits)."""
+  _check_model('cifar100_image_model', model, CIFAR100_MODELS)
+  if model == 'resnet18':
+    return tff.simulation.models.resnet_models.create_resnet18(
+        input_shape=(RESNET_CROP, RESNET_CROP, 3), num_classes=100)
+  return paper_cnns.create_cifar100_cnn(seed=seed)
+
+
+def create_cifar100_image(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  model = cfg.get('cifar100_image_model') or 'resnet18'
+  _check_model('cifar100_image_model', model, CIFAR100_MODELS)
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  train, test = _load_sqlite('cifar100_image', 'cifar100', data_dir)
+  train = _restrict_train_data(train, cfg.get('num_clients', 0),
+                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  spec = _train_spec(cfg)
+  keras_model_fn = lambda: create_cifar100_model(model, cfg.get('seed', 0))
+  if model == 'resnet18':
+    baseline = _BASELINES.cifar100.image_classification_tasks.\
+        create_image_classification_task_with_datasets(
+            spec, None, 'resnet18', RESNET_CROP, RESNET_CROP, distort_train_images=True,
+            train_data=train, test_data=test)
+    from_logits = False  # TFF's ResNet ends in a softmax
+  else:
+    datasets = tff.simulation.baselines.BaselineTaskDatasets(
+        train_data=train, test_data=test, validation_data=None,
+        train_preprocess_fn=fedgbo_cifar100_preprocess_fn(spec, distort=True),
+        eval_preprocess_fn=fedgbo_cifar100_preprocess_fn(
+            tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
+                                                shuffle_buffer_size=1), distort=False))
+    from_logits = True
+    baseline = tff.simulation.baselines.BaselineTask(datasets, _model_fn(
+        keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        lambda: [tf.keras.metrics.SparseCategoricalAccuracy()], datasets.element_type_structure))
+  return base.FederatedTask(
+      name='cifar100_image', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=100,
+      evaluation=_classification_evaluation(baseline.datasets, from_logits))
+
+
+# ---- EMNIST ------------------------------------------------------------------
+
+
+def create_emnist_character_model(model: str = 'cnn_dropout', seed: int = 0) -> tf.keras.Model:
+  """TFF's EMNIST-62 models (softmax outputs) or seed 000's FEMNIST CNN (logits)."""
+  _check_model('emnist_character_model', model, EMNIST_CHARACTER_MODELS)
+  if model == 'fedgbo_cnn':
+    return paper_cnns.create_femnist_cnn(seed=seed)
+  emnist_models = _BASELINES.emnist.emnist_models
+  builder = {'cnn_dropout': emnist_models.create_conv_dropout_model,
+             'cnn': emnist_models.create_original_fedavg_cnn_model,
+             '2nn': emnist_models.create_two_hidden_layer_model}[model]
+  return builder(only_digits=False)
+
+
+def create_emnist_autoencoder_model() -> tf.keras.Model:
+  return _BASELINES.emnist.emnist_models.create_autoencoder_model()
+
+
+def create_emnist_character(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  model = cfg.get('emnist_character_model') or 'cnn_dropout'
+  _check_model('emnist_character_model', model, EMNIST_CHARACTER_MODELS)
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  train, test = _load_sqlite('emnist_character', 'emnist', data_dir)
+  train = _restrict_train_data(train, cfg.get('num_clients', 0),
+                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  tff_model = 'cnn_dropout' if model == 'fedgbo_cnn' else model
+  char_tasks = _BASELINES.emnist.char_recognition_tasks
+  baseline = char_tasks.create_character_recognition_task_from_datasets(
+      _train_spec(cfg), None, tff_model, False, train, test)
+  keras_model_fn = lambda: create_emnist_character_model(model, cfg.get('seed', 0))
+  if model == 'fedgbo_cnn':
+    baseline = tff.simulation.baselines.BaselineTask(baseline.datasets, _model_fn(
+        keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        lambda: [tf.keras.metrics.SparseCategoricalAccuracy()],
+        baseline.datasets.element_type_structure))
+  return base.FederatedTask(
+      name='emnist_character', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=62,
+      evaluation=_classification_evaluation(baseline.datasets, from_logits=model == 'fedgbo_cnn'))
+
+
+def create_emnist_autoencoder(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  train, test = _load_sqlite('emnist_autoencoder', 'emnist', data_dir)
+  train = _restrict_train_data(train, cfg.get('num_clients', 0),
+                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  baseline = _BASELINES.emnist.autoencoder_tasks.create_autoencoder_task_from_datasets(
+      _train_spec(cfg), None, train, test)
+  evaluation = base.KerasEvaluation(
+      loss_fn=tf.keras.losses.MeanSquaredError,
+      metrics_fn=lambda: [tf.keras.metrics.MeanSquaredError(name='mean_squared_error'),
+                          tf.keras.metrics.MeanAbsoluteError(name='mean_absolute_error')],
+      data_fn=baseline.datasets.get_centralized_test_data)
+  return base.FederatedTask(
+      name='emnist_autoencoder', baseline=baseline,
+      keras_model_fn=create_emnist_autoencoder_model, num_classes=0,
+      evaluation=evaluation)
+
+
+# ---- Shakespeare -------------------------------------------------------------
+
+
+def create_shakespeare_character_model(model: str = 'lstm', seed: int = 0) -> tf.keras.Model:
+  """TFF's LSTM (Embedding 8, 2 x LSTM 256) or the GRU variants, over TFF's
+  90-token vocabulary (86 characters, padding, OOV, BOS, EOS)."""
+  _check_model('shakespeare_character_model', model, SHAKESPEARE_CHARACTER_MODELS)
+  vocab_size = _BASELINES.shakespeare.VOCAB_LENGTH
+  if model == 'lstm':
+    return _BASELINES.shakespeare.char_prediction_models.create_recurrent_model(
+        vocab_size=vocab_size, sequence_length=SHAKESPEARE_SEQUENCE_LENGTH)
+  return recurrent.create_gru_sequence_model(
+      vocab_size, SHAKESPEARE_SEQUENCE_LENGTH, units=128 if model == 'gru128' else 256, seed=seed)
+
+
+def create_shakespeare_character(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  model = cfg.get('shakespeare_character_model') or 'lstm'
+  _check_model('shakespeare_character_model', model, SHAKESPEARE_CHARACTER_MODELS)
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  train, test = _load_sqlite('shakespeare_character', 'shakespeare', data_dir)
+  train = _restrict_train_data(train, cfg.get('num_clients', 0),
+                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  shakespeare = _BASELINES.shakespeare
+  baseline = shakespeare.char_prediction_tasks.create_character_prediction_task_from_datasets(
+      _train_spec(cfg), None, SHAKESPEARE_SEQUENCE_LENGTH, train, test)
+  vocab_size = shakespeare.VOCAB_LENGTH
+  pad = shakespeare.char_prediction_preprocessing.get_special_tokens()[0]
+  keras_metrics = _BASELINES.keras_metrics
+  keras_model_fn = lambda: create_shakespeare_character_model(model, cfg.get('seed', 0))
+  if model != 'lstm':
+    baseline = tff.simulation.baselines.BaselineTask(baseline.datasets, _model_fn(
+        keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        lambda: [keras_metrics.NumTokensCounter(masked_tokens=[pad]),
+                 keras_metrics.MaskedCategoricalAccuracy(masked_tokens=[pad])],
+        baseline.datasets.element_type_structure))
+  evaluation = base.KerasEvaluation(
+      loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics_fn=lambda: [keras_metrics.MaskedCategoricalAccuracy(masked_tokens=[pad],
+                                                                  name='accuracy')],
+      data_fn=baseline.datasets.get_centralized_test_data)
+  return base.FederatedTask(
+      name='shakespeare_character', baseline=baseline, keras_model_fn=keras_model_fn,
+      num_classes=vocab_size, evaluation=evaluation)
+
+
+# ---- Stack Overflow ----------------------------------------------------------
+
+
+def create_stackoverflow_word_model(vocab_size: int = STACKOVERFLOW_WORD_VOCAB) -> tf.keras.Model:
+  """TFF's next-word LSTM (Embedding 96, LSTM 670, projection 96) over the
+  vocabulary plus padding, one OOV bucket, BOS and EOS."""
+  so = _BASELINES.stackoverflow
+  special = so.word_prediction_preprocessing.get_special_tokens(vocab_size, 1)
+  return so.word_prediction_models.create_recurrent_model(
+      vocab_size + special.get_number_of_special_tokens())
+
+
+def create_stackoverflow_word(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  train, heldout, test = _load_sqlite('stackoverflow_word', 'stackoverflow', data_dir)
+  vocab = _load_vocabulary('stackoverflow_word', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
+  train = _restrict_train_data(train, cfg.get('num_clients', 0),
+                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  so = _BASELINES.stackoverflow
+  baseline = so.word_prediction_tasks.create_word_prediction_task_from_datasets(
+      _train_spec(cfg), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train, test, heldout)
+  special = so.word_prediction_preprocessing.get_special_tokens(len(vocab), 1)
+  extended_vocab = len(vocab) + special.get_number_of_special_tokens()
+  keras_model_fn = lambda: create_stackoverflow_word_model(len(vocab))
+  keras_metrics = _BASELINES.keras_metrics
+  pad, oov, eos = special.padding, special.out_of_vocab, special.end_of_sentence
+
+  def metrics_fn():  # TFF's word-prediction metrics (accuracy without pad, OOV, EOS)
+    return [
+        keras_metrics.MaskedCategoricalAccuracy(name='accuracy', masked_tokens=[pad]),
+        keras_metrics.MaskedCategoricalAccuracy(name='accuracy_without_out_of_vocab',
+                                                masked_tokens=[pad] + oov),
+        keras_metrics.MaskedCategoricalAccuracy(
+            name='accuracy_without_out_of_vocab_or_end_of_sentence',
+            masked_tokens=[pad, eos] + oov),
+    ]
+
+  evaluation = base.KerasEvaluation(
+      loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics_fn=metrics_fn,
+      data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES,
+                                 cfg.get('seed', 0)))
+  return base.FederatedTask(
+      name='stackoverflow_word', baseline=baseline, keras_model_fn=keras_model_fn,
+      num_classes=extended_vocab, evaluation=evaluation)
+
+
+def create_stackoverflow_logistic_regression(word_vocab_size: int = STACKOVERFLOW_WORD_VOCAB,
+                                             tag_vocab_size: int = STACKOVERFLOW_TAG_VOCAB):
+  """TFF's tag-prediction model: one sigmoid unit per tag (10,000 x 500 + 500)."""
+  return tf.keras.Sequential([
+      tf.keras.layers.Dense(tag_vocab_size, activation='sigmoid', input_shape=(word_vocab_size,))])
+
+
+def create_stackoverflow_tag(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  train, heldout, test = _load_sqlite('stackoverflow_tag', 'stackoverflow', data_dir)
+  words = _load_vocabulary('stackoverflow_tag', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
+  tags = _load_vocabulary('stackoverflow_tag', 'tag', data_dir, STACKOVERFLOW_TAG_VOCAB)
+  train = _restrict_train_data(train, cfg.get('num_clients', 0),
+                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  baseline = _BASELINES.stackoverflow.tag_prediction_tasks.create_tag_prediction_task_from_datasets(
+      _train_spec(cfg), None, words, tags, train, test, heldout)
+  evaluation = base.KerasEvaluation(
+      loss_fn=lambda: tf.keras.losses.BinaryCrossentropy(
+          from_logits=False, reduction=tf.keras.losses.Reduction.SUM),
+      metrics_fn=lambda: [tf.keras.metrics.Precision(name='precision'),
+                          tf.keras.metrics.Recall(top_k=5, name='recall_at_5')],
+      data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES,
+                                 cfg.get('seed', 0)),
+      cache=False)
+  return base.FederatedTask(
+      name='stackoverflow_tag', baseline=baseline,
+      keras_model_fn=lambda: create_stackoverflow_logistic_regression(len(words), len(tags)),
+      num_classes=len(tags), evaluation=evaluation)
+
+
+TASK_BUILDERS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
+    'cifar100_image': create_cifar100_image,
+    'emnist_character': create_emnist_character,
+    'emnist_autoencoder': create_emnist_autoencoder,
+    'shakespeare_character': create_shakespeare_character,
+    'stackoverflow_word': create_stackoverflow_word,
+    'stackoverflow_tag': create_stackoverflow_tag,
+}

@@ -1,0 +1,211 @@
+"""The thesis' MNIST and CIFAR-10 tasks (seed 004, chapters 3 and 4).
+
+Chapter 3 (CE-FedAvg) and chapter 4 (MTFL) split the official training set
+over W clients (`--num_clients`):
+  * `--partition=iid`: shuffled, equal parts;
+  * `--partition=shards`: sorted by label, cut into 2W shards, two random
+    shards per client (McMahan et al. 2017), so most clients see two classes.
+Chapter 4 measures user accuracy, so the official test set is split the same
+way: the same shard ids (hence the same classes) per client, or an equal IID
+part; it is the task's `test_client_data`. `--partition=dirichlet` (label
+proportions from Dirichlet(`--dirichlet_alpha`), the same proportions for the
+test split) is offered beside them; the thesis does not use it.
+
+Data come from the standard Keras dataset files in `--data_dir` (or its
+`datasets/` subdirectory, where Keras caches them; default
+`~/.keras/datasets`): `mnist.npz` for MNIST; for CIFAR-10 the
+`cifar-10-batches-py/` directory Keras extracts, the `cifar-10-python.tar.gz`
+archive it downloads, or a `cifar10.npz` with MNIST's keys (`x_train`,
+`y_train`, `x_test`, `y_test`). Pixels stay uint8 in memory (these datasets
+are small) and are scaled to [0, 1] per batch, as the thesis code scales them.
+"""
+
+import os
+import pickle
+import tarfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import base
+from tasks import data_files
+from tasks.models import thesis_models
+
+PARTITIONS = ('iid', 'shards', 'dirichlet')
+MNIST_MODELS = ('2nn', 'cnn', 'mtfl_2nn')
+CIFAR10_MODELS = ('cnn', 'mtfl_cnn')
+DEFAULT_DATA_DIR = '~/.keras/datasets'
+DEFAULT_NUM_CLIENTS = 100
+_CIFAR_DIR = 'cifar-10-batches-py'
+_CIFAR_ARCHIVE = 'cifar-10-python.tar.gz'
+
+
+def _missing(task: str, data_dir: str, expected: str,
+             keras_name: str) -> data_files.DataNotFoundError:
+  return data_files.DataNotFoundError(data_files.missing_message(
+      task, data_dir, expected, f"Keras' {keras_name} dataset (tf.keras.datasets.{keras_name})",
+      f'python -c "import tensorflow as tf; tf.keras.datasets.{keras_name}.load_data()" '
+      f'(it saves into ~/.keras/datasets)'))
+
+
+def load_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(x_train, y_train, x_test, y_test) as uint8 images [N, 28, 28, 1] and int labels."""
+  path = data_files.find_file(data_dir, ['mnist.npz'])
+  if path is None:
+    raise _missing('mnist', data_dir, 'mnist.npz', 'mnist')
+  with np.load(path, allow_pickle=False) as f:
+    arrays = [f[k] for k in ('x_train', 'y_train', 'x_test', 'y_test')]
+  return (arrays[0].reshape(-1, 28, 28, 1), arrays[1].astype(np.int32),
+          arrays[2].reshape(-1, 28, 28, 1), arrays[3].astype(np.int32))
+
+
+def _cifar_batch(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
+  # Keras' `cifar.load_batch`: rows of 3072 bytes, channels first.
+  batch = pickle.loads(raw, encoding='bytes')
+  batch = {k.decode('utf8') if isinstance(k, bytes) else k: v for k, v in batch.items()}
+  x = np.asarray(batch['data'], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+  return x, np.asarray(batch['labels'], np.int32)
+
+
+def load_cifar10(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(x_train, y_train, x_test, y_test), uint8 images [N, 32, 32, 3], as Keras loads them."""
+  names = [f'data_batch_{i}' for i in range(1, 6)] + ['test_batch']
+  npz = data_files.find_file(data_dir, ['cifar10.npz'])
+  directory = data_files.find_file(data_dir, [_CIFAR_DIR])
+  archive = data_files.find_file(data_dir, [_CIFAR_ARCHIVE])
+  if directory is not None:
+    raw = {}
+    for name in names:
+      with open(os.path.join(directory, name), 'rb') as f:
+        raw[name] = f.read()
+  elif archive is not None:
+    with tarfile.open(archive, 'r:gz') as tar:
+      raw = {name: tar.extractfile(f'{_CIFAR_DIR}/{name}').read() for name in names}
+  elif npz is not None:
+    with np.load(npz, allow_pickle=False) as f:
+      return (f['x_train'], f['y_train'].reshape(-1).astype(np.int32),
+              f['x_test'], f['y_test'].reshape(-1).astype(np.int32))
+  else:
+    raise _missing('cifar10', data_dir, f'{_CIFAR_DIR}/ (or {_CIFAR_ARCHIVE}, or cifar10.npz)',
+                   'cifar10')
+  train = [_cifar_batch(raw[name]) for name in names[:5]]
+  x_test, y_test = _cifar_batch(raw['test_batch'])
+  return (np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train]),
+          x_test, y_test)
+
+
+def split_indices(partition: str, y_train: np.ndarray, y_test: np.ndarray, num_clients: int,
+                  seed: int, alpha: float = 0.5) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Per-client indices into the train and test sets, split the same way.
+
+  Deterministic in `seed`. For `shards` (thesis ch. 4 / MTFL's `shard_split`),
+  both sets are sorted by label and cut into 2W shards, and client w gets the
+  same two shard ids in both; for `iid` both are shuffled and cut into W
+  equal parts; for `dirichlet` each label's images are divided with the same
+  client proportions in both.
+  """
+  if partition not in PARTITIONS:
+    raise ValueError(f'--partition must be one of {", ".join(PARTITIONS)}; got {partition!r}')
+  if num_clients < 1:
+    raise ValueError(f'--num_clients must be positive; got {num_clients}')
+  if 2 * num_clients > len(y_test) and partition == 'shards':
+    raise ValueError(f'--num_clients={num_clients} needs 2 test images per client for the shards '
+                     f'split; the test set has {len(y_test)}')
+  rng = np.random.default_rng(seed)
+  if partition == 'iid':
+    return [np.array_split(rng.permutation(len(y)), num_clients) for y in (y_train, y_test)]
+  if partition == 'shards':
+    assignment = rng.permutation(2 * num_clients).reshape(num_clients, 2)
+    result = []
+    for y in (y_train, y_test):
+      shards = np.array_split(np.argsort(y, kind='stable'), 2 * num_clients)
+      result.append([np.concatenate([shards[s] for s in pair]) for pair in assignment])
+    return result[0], result[1]
+  num_classes = int(max(y_train.max(), y_test.max())) + 1
+  train_parts = [[] for _ in range(num_clients)]
+  test_parts = [[] for _ in range(num_clients)]
+  for label in range(num_classes):
+    share = rng.dirichlet(alpha * np.ones(num_clients))
+    for y, parts in ((y_train, train_parts), (y_test, test_parts)):
+      idx = rng.permutation(np.flatnonzero(y == label))
+      cuts = (np.cumsum(share)[:-1] * len(idx)).astype(int)
+      for c, part in enumerate(np.split(idx, cuts)):
+        parts[c].append(part)
+  return ([np.concatenate(p) for p in train_parts], [np.concatenate(p) for p in test_parts])
+
+
+def _client_data(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]):
+  return tff.simulation.datasets.TestClientData({
+      f'client_{c:04d}': {'x': x[idx], 'y': y[idx]} for c, idx in enumerate(parts)})
+
+
+def _to_float(batch):
+  return {'x': tf.cast(batch['x'], tf.float32) / 255.0, 'y': tf.cast(batch['y'], tf.int32)}
+
+
+def _create(task: str, cfg: Mapping[str, Any], loader: Callable, keras_model_fn: Callable,
+            default_dir: str = DEFAULT_DATA_DIR) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), default_dir)
+  x_train, y_train, x_test, y_test = loader(data_dir)
+  seed = cfg.get('seed', 0)
+  num_clients = cfg.get('num_clients') or DEFAULT_NUM_CLIENTS
+  train_parts, test_parts = split_indices(cfg.get('partition') or 'shards', y_train, y_test,
+                                          num_clients, seed, cfg.get('dirichlet_alpha', 0.5))
+  empty = [c for c, part in enumerate(train_parts) if len(part) == 0]
+  if empty:
+    raise ValueError(f'--num_clients={num_clients} leaves {len(empty)} clients without training '
+                     'images; use fewer clients or another --partition')
+  train = _client_data(x_train, y_train, train_parts)
+  test = _client_data(x_test, y_test, test_parts)
+  batch_size = cfg.get('client_batch_size', 10)
+
+  def train_preprocess(ds):
+    ds = ds.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
+    return ds.repeat(cfg.get('num_epochs', 1)).batch(batch_size).map(_to_float)
+
+  datasets = tff.simulation.baselines.BaselineTaskDatasets(
+      train_data=train, test_data=test, validation_data=None,
+      train_preprocess_fn=train_preprocess,
+      eval_preprocess_fn=lambda ds: ds.batch(256).map(_to_float))
+  element_spec = train_preprocess(
+      train.create_tf_dataset_for_client(train.client_ids[0])).element_spec
+
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        keras_model_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=element_spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+  return base.FederatedTask(
+      name=task, baseline=tff.simulation.baselines.BaselineTask(datasets, model_fn),
+      keras_model_fn=keras_model_fn, num_classes=10,
+      test_client_data=test.preprocess(lambda ds: ds.map(
+          lambda e: {'x': tf.cast(e['x'], tf.float32) / 255.0, 'y': tf.cast(e['y'], tf.int32)})))
+
+
+def create_mnist(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  model = cfg.get('mnist_model') or '2nn'
+  if model not in MNIST_MODELS:
+    raise ValueError(f'--mnist_model must be one of {", ".join(MNIST_MODELS)}; got {model!r}')
+  builder = {'2nn': thesis_models.create_mnist_2nn, 'cnn': thesis_models.create_mnist_cnn,
+             'mtfl_2nn': thesis_models.create_mnist_mtfl_2nn}[model]
+  seed = cfg.get('seed', 0)
+  return _create('mnist', cfg, load_mnist, lambda: builder(seed=seed))
+
+
+def create_cifar10(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  model = cfg.get('cifar10_model') or 'cnn'
+  if model not in CIFAR10_MODELS:
+    raise ValueError(f'--cifar10_model must be one of {", ".join(CIFAR10_MODELS)}; got {model!r}')
+  builder = {'cnn': thesis_models.create_cifar10_cnn,
+             'mtfl_cnn': thesis_models.create_cifar10_mtfl_cnn}[model]
+  seed = cfg.get('seed', 0)
+  return _create('cifar10', cfg, load_cifar10, lambda: builder(seed=seed))
+
+
+TASK_BUILDERS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
+    'mnist': create_mnist,
+    'cifar10': create_cifar10,
+}
