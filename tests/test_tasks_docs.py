@@ -126,8 +126,9 @@ def test_table_command_runs_on_fixtures(fixture_root, tmp_path, task, index, com
       built.train_data.create_tf_dataset_for_client(built.train_data.client_ids[0]))))
   leading = [t.shape[0] for t in (batch.values() if isinstance(batch, dict) else batch)]
   assert all(0 < n <= cfg['client_batch_size'] for n in leading)
-  if (task not in FIXTURE or (task, _model(cfg)) in NOT_TRAINED or
-      index != _first_trainable_command(task)):
+  if (task, _model(cfg)) in NOT_TRAINED:
+    return  # its model is built (and checked) in test_tasks_models.py
+  if task not in FIXTURE or index != _first_trainable_command(task):
     assert built.keras_model_fn().count_params() > 0
     return
   _, row = cli.run_training(cfg)
