@@ -20,6 +20,12 @@ def num_trainable_params(process: tff.learning.templates.LearningProcess) -> int
   return sum(int(np.prod(t.shape)) for t in _leaves(weights_type.trainable))
 
 
+def model_weights_bits(process: tff.learning.templates.LearningProcess) -> int:
+  """Bits of the whole `ModelWeights` a TFF builder broadcasts (non-trainable too)."""
+  weights_type = process.get_model_weights.type_signature.result
+  return sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize * 8 for t in _leaves(weights_type))
+
+
 def _leaves(type_spec):
   if isinstance(type_spec, tff.TensorType):
     yield type_spec

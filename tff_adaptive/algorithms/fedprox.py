@@ -33,5 +33,6 @@ def build_fedprox(model_fn: Callable[[], tff.learning.models.VariableModel], *,
       client_weighting=client_weighting, model_aggregator=model_aggregator)
   n = costs.num_trainable_params(process)
   return costs.with_cost_metrics(
-      process, download_floats=n, upload_floats=n, client_state_floats=0,
+      process, download_floats=costs.model_weights_bits(process) / 32, upload_floats=n,
+      client_state_floats=0,
       optimizer_flops_per_step=5 * n, fb_flops_per_example=fb_flops_per_example)

@@ -42,10 +42,20 @@ def build_mimelite(model_fn: Callable[[], tff.learning.models.VariableModel], *,
         model_aggregator=model_aggregator)
   n = costs.num_trainable_params(process)
   state_floats = _state_floats(base_optimizer, model_fn)
+  # TFF's Mime broadcasts the model weights and the whole base-optimiser state
+  # (its hyperparameter scalars and step counter included).
+  download_bits = costs.model_weights_bits(process) + _state_bits(base_optimizer, model_fn)
   return costs.with_cost_metrics(
-      process, download_floats=n + state_floats, upload_floats=2 * n,
+      process, download_floats=download_bits / 32, upload_floats=2 * n,
       client_state_floats=state_floats, optimizer_flops_per_step=ops_per_param * n,
       fb_flops_per_example=fb_flops_per_example, extra_passes=1.0)
+
+
+def _state_bits(optimizer, model_fn) -> int:
+  with tf.Graph().as_default():
+    specs = [tf.TensorSpec(v.shape, v.dtype) for v in model_fn().trainable_variables]
+    state = [tf.convert_to_tensor(t) for t in tf.nest.flatten(optimizer.initialize(specs))]
+  return sum(int(t.shape.num_elements()) * t.dtype.size * 8 for t in state)
 
 
 def _state_floats(optimizer, model_fn) -> int:

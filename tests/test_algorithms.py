@@ -1,0 +1,391 @@
+"""Correctness of the FedOpt family (both semantics), Mimelite/MimeXlite, FLOPs and bad input.
+
+Issue 3's "Correctness (tests)" list; FedGBO and MFL are in test_fedgbo.py,
+the process-level bits and FLOPs in test_algorithm_costs.py. Every process runs
+on the tiny linear-softmax model of `algorithm_testing` (5 → 3) with a few
+unshuffled clients, and is compared against TFF's own builders or against an
+independent NumPy implementation.
+"""
+
+import concurrent.futures
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import algorithm_testing as at
+from tasks.models import paper_cnns
+from tff_adaptive import cli
+from tff_adaptive import runtime
+from tff_adaptive.accounting import flops
+from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.algorithms import composer
+from tff_adaptive.algorithms import fedgbo
+from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import mimelite
+from tff_adaptive.algorithms import mimexlite
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+K = 3
+CLIENT_LR = 0.1
+# Sizes 7, 12, 5 with B = 4: partial batches, and with K = 3 the 5-example
+# client cycles through its data within a round.
+SIZES = (7, 12, 5)
+ROUNDS = 3  # FedOpt vs TFF
+PAPER_ROUNDS = 2
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _tff_context():
+  runtime.use_local_cpp_context()
+  yield
+  runtime.shutdown_workers()
+
+
+@pytest.fixture(scope='module')
+def clients():
+  return at.make_clients(SIZES, seed=1)
+
+
+def _run_rounds(process, state, data, rounds=ROUNDS):
+  trajectory = []
+  for _ in range(rounds):
+    output = process.next(state, data)
+    state = output.state
+    trajectory.append(at.trainable(process, state))
+  return state, trajectory, output.metrics
+
+
+# ---------------------------------------------------------------------------
+# FedOpt, `tff` semantics: identical to TFF's build_weighted_fed_avg.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('algorithm, server_lr, built_k', [
+    ('fedavg', 1.0, K),  # built in K-step mode; epochs mode set through hparams
+    ('fedadam', 0.05, 0),  # built in epochs mode; K-step mode set through hparams
+])
+def test_fedopt_tff_semantics_equals_tff_fed_avg(clients, algorithm, server_lr, built_k):
+  name = fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]
+  ours = fedopt_process.build_fedopt_process(
+      at.model_fn, server_optimizer=fedopt.build_server_optimizer(name, server_lr),
+      client_learning_rate=CLIENT_LR, local_steps=built_k)
+  reference = tff.learning.algorithms.build_weighted_fed_avg(
+      at.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(CLIENT_LR),
+      server_optimizer_fn=fedopt.build_server_optimizer(name, server_lr))
+  initial = ours.initialize()
+  assert int(initial['hparams']['local_steps']) == built_k
+  ref_initial = reference.initialize()
+  at.assert_close(at.trainable(ours, initial), at.trainable(reference, ref_initial), 0, 0)
+
+  for mode_k in (K, 0):
+    state = composer.set_round_hparams(initial, local_steps=mode_k)
+    # TFF's builder trains on whatever it is given: for K steps, the same K
+    # batches our composer cycles through (unshuffled data, so identical).
+    _, ours_traj, ours_metrics = _run_rounds(ours, state, at.datasets(clients))
+    _, ref_traj, ref_metrics = _run_rounds(
+        reference, ref_initial, at.datasets(clients, steps=mode_k))
+    for r, (a, b) in enumerate(zip(ours_traj, ref_traj)):
+      at.assert_close(a, b, rtol=1e-5, atol=1e-6, what=f'{algorithm} K={mode_k} round {r + 1}')
+    # The weights really moved, and K-step mode saw K batches per client.
+    assert at.max_abs_diff(ours_traj[-1], at.trainable(ours, initial)) > 1e-2
+    expected_batches = K * len(SIZES) if mode_k else sum(math.ceil(n / at.B) for n in SIZES)
+    assert ours_metrics['cost']['client_steps'] == expected_batches
+    assert ref_metrics['client_work']['train']['num_batches'] == expected_batches
+    np.testing.assert_allclose(ours_metrics['client_work']['train']['loss'],
+                               ref_metrics['client_work']['train']['loss'], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# FedOpt, `paper` semantics: Algorithm 2 in NumPy, end to end.
+# ---------------------------------------------------------------------------
+
+PAPER = dict(beta_1=0.9, beta_2=0.99, tau=0.01)
+PAPER_SERVER_LR = 0.05
+
+
+def _np_fedopt_paper(kind, x0, clients, rounds, lr, server_lr, beta_1, beta_2, tau, v0,
+                     steps=K):
+  """Reddi et al. Algorithm 2, written in the paper's convention Δ = y − x."""
+  x = [a.copy() for a in x0]
+  m = [np.zeros_like(a) for a in x]
+  v = [np.full_like(a, v0) for a in x]
+  trajectory = []
+  for _ in range(rounds):
+    results = [at.np_sgd_client(x, c, steps, lr) for c in clients]
+    deltas = [[y - xi for y, xi in zip(w, x)] for w, _, _ in results]
+    delta = at.weighted_mean(deltas, [n for _, n, _ in results])  # example-weighted
+    for j, d in enumerate(delta):
+      m[j] = beta_1 * m[j] + (1 - beta_1) * d
+      if kind == 'adagrad':
+        v[j] = v[j] + d**2
+      elif kind == 'adam':
+        v[j] = beta_2 * v[j] + (1 - beta_2) * d**2
+      else:  # yogi
+        v[j] = v[j] - (1 - beta_2) * d**2 * np.sign(v[j] - d**2)
+      x[j] = x[j] + server_lr * m[j] / (np.sqrt(v[j]) + tau)
+    trajectory.append([a.copy() for a in x])
+  return trajectory
+
+
+_PAPER_PROCESSES = {}
+
+
+def _paper_process(kind):
+  if kind not in _PAPER_PROCESSES:
+    _PAPER_PROCESSES[kind] = fedopt_process.build_fedopt_process(
+        at.model_fn, client_learning_rate=CLIENT_LR, local_steps=K,
+        server_optimizer=fedopt.build_server_optimizer(
+            kind, PAPER_SERVER_LR, semantics='paper', **PAPER))
+  return _PAPER_PROCESSES[kind]
+
+
+@pytest.mark.parametrize('kind', ['adagrad', 'adam', 'yogi'])
+def test_fedopt_paper_semantics_matches_numpy_algorithm2(clients, kind):
+  process = _paper_process(kind)
+  state = process.initialize()
+  x0 = at.trainable(process, state)
+  _, trajectory, _ = _run_rounds(process, state, at.datasets(clients), rounds=PAPER_ROUNDS)
+  expected = _np_fedopt_paper(kind, x0, clients, PAPER_ROUNDS, CLIENT_LR, PAPER_SERVER_LR,
+                              v0=PAPER['tau']**2, **PAPER)
+  for r, (a, b) in enumerate(zip(trajectory, expected)):
+    at.assert_close(a, b, rtol=2e-5, atol=2e-6, what=f'{kind} round {r + 1}')
+  # The tolerance discriminates: Algorithm 2 with v_{−1} = 0 instead of the
+  # default τ² already lands measurably elsewhere after one round.
+  other = _np_fedopt_paper(kind, x0, clients, 1, CLIENT_LR, PAPER_SERVER_LR, v0=0.0, **PAPER)
+  assert at.max_abs_diff(other[0], expected[0]) > 1e-4
+
+
+@pytest.mark.parametrize('kind', ['adagrad', 'adam', 'yogi'])
+def test_fedopt_paper_semantics_scale_invariance(clients, kind):
+  """SPEC §1: with K = 1, (η, τ, v_{−1}) → (cη, cτ, c²v_{−1}) leaves the iterates unchanged."""
+  c, v0 = 10.0, 4e-4
+  process = _paper_process(kind)
+  specs = [tf.TensorSpec(w.shape, tf.float32) for w in at.trainable(process, process.initialize())]
+
+  def state_for(client_lr, tau, initial_accumulator):
+    # The server optimiser's initial state, as its builder makes it, placed
+    # into the process state; η is the round hyperparameter.
+    server_opt = fedopt.build_server_optimizer(
+        kind, PAPER_SERVER_LR, semantics='paper', beta_1=PAPER['beta_1'],
+        beta_2=PAPER['beta_2'], tau=tau, initial_accumulator=initial_accumulator)
+    state = dict(process.initialize())
+    state['stats'] = tf.nest.map_structure(lambda old, new: np.asarray(new, np.asarray(old).dtype),
+                                           state['stats'], server_opt.initialize(specs))
+    return composer.set_round_hparams(state, client_learning_rate=client_lr, local_steps=1)
+
+  data = at.datasets(clients)
+  _, base, _ = _run_rounds(process, state_for(CLIENT_LR, PAPER['tau'], v0), data,
+                           rounds=PAPER_ROUNDS)
+  _, scaled, _ = _run_rounds(process, state_for(c * CLIENT_LR, c * PAPER['tau'], c * c * v0),
+                             data, rounds=PAPER_ROUNDS)
+  for r, (a, b) in enumerate(zip(base, scaled)):
+    at.assert_close(a, b, rtol=1e-4, atol=1e-6, what=f'{kind} round {r + 1}')
+  # Control: scaling η alone (τ, v_{−1} kept) changes the iterates.
+  _, eta_only, _ = _run_rounds(process, state_for(c * CLIENT_LR, PAPER['tau'], v0), data,
+                               rounds=1)
+  assert at.max_abs_diff(eta_only[0], base[0]) > 1e-3
+  assert at.max_abs_diff(base[-1], at.trainable(process, process.initialize())) > 1e-3
+
+
+# ---------------------------------------------------------------------------
+# Mime.
+# ---------------------------------------------------------------------------
+
+MIME_LR, MIME_MOMENTUM = 0.1, 0.9
+
+
+def _base_optimizer():
+  return tff.learning.optimizers.build_sgdm(MIME_LR, momentum=MIME_MOMENTUM)
+
+
+@pytest.fixture(scope='module')
+def tff_mimelite():
+  return tff.learning.algorithms.build_weighted_mime_lite(
+      at.model_fn, _base_optimizer(), tff.learning.optimizers.build_sgdm(1.0))
+
+
+def test_mimelite_is_tffs_with_cost_metrics(clients, tff_mimelite):
+  ours = mimelite.build_mimelite(at.model_fn, base_optimizer=_base_optimizer(),
+                                 fb_flops_per_example=7.0)
+  data = at.datasets(clients, steps=K)
+  state, ref_state = ours.initialize(), tff_mimelite.initialize()
+  for _ in range(2):
+    output, ref_output = ours.next(state, data), tff_mimelite.next(ref_state, data)
+    state, ref_state = output.state, ref_output.state
+    for a, b in zip(at.flat(state), at.flat(ref_state)):  # weights and optimiser states
+      np.testing.assert_array_equal(a, b)
+  metrics, ref_metrics = output.metrics, ref_output.metrics
+  assert set(metrics) == set(ref_metrics) | {'cost'}
+  assert metrics['client_work'] == ref_metrics['client_work']
+  num_params = at.D * at.C + at.C
+  cost = metrics['cost']
+  assert cost['upload_bits_per_client'] == 32 * 2 * num_params  # Δ and the full gradient
+  # x and TFF's whole SGDm state: momentum buffer, learning_rate and momentum.
+  assert cost['download_bits_per_client'] == 32 * (2 * num_params + 2)
+  assert cost['client_steps'] == K * len(SIZES)
+  examples = sum(len(y) for c in clients for _, y in at.np_batches(c, K))
+  # K steps + the full-gradient pass over the same K batches, + 5|x| per step.
+  assert cost['client_flops'] == pytest.approx(2 * 7.0 * examples + K * len(SIZES) * 5 * num_params)
+
+
+@pytest.fixture(scope='module')
+def mimexlite_process():
+  return mimexlite.build_mimexlite(at.model_fn, base_optimizer=_base_optimizer(),
+                                   client_learning_rate=MIME_LR, local_steps=1)
+
+
+def test_mimexlite_k1_equals_tff_mimelite(tff_mimelite, mimexlite_process):
+  # One batch per client (n_i ≤ B) and K = 1: the one-minibatch "full"
+  # gradient is the full gradient and TFF's Mimelite runs one step on it.
+  one_batch = at.make_clients((4, 3, 2), seed=3)
+  process = mimexlite_process
+  state, ref_state = process.initialize(), tff_mimelite.initialize()
+  data = at.datasets(one_batch)
+  for r in range(2):
+    state = process.next(state, data).state
+    ref_state = tff_mimelite.next(ref_state, data).state
+    at.assert_close(at.trainable(process, state), at.trainable(tff_mimelite, ref_state),
+                    rtol=1e-6, atol=1e-7, what=f'round {r + 1}')
+  # TFF's Mime keeps (base optimiser state, aggregator state) as client-work state.
+  ours_accumulator = at.flat(state['stats']['base']['accumulator'])
+  assert len(ours_accumulator) == 2
+  at.assert_close(ours_accumulator, at.flat(ref_state.client_work[0]['accumulator']), rtol=1e-5,
+                  atol=1e-7)
+  assert max(float(np.abs(a).max()) for a in ours_accumulator) > 1e-2
+
+
+def test_mimexlite_uploads_one_minibatch_gradient(clients, mimexlite_process):
+  process = mimexlite_process
+  state = composer.set_round_hparams(process.initialize(), local_steps=K)
+  x0 = at.trainable(process, state)
+  output = process.next(state, at.datasets(clients))
+  # Server base state after one round: momentum accumulator = 0.9·0 + ḡ, ḡ the
+  # example-weighted mean (weights: examples trained) of each client's FIRST
+  # minibatch gradient at x_t.
+  first = [at.np_grad(x0, *at.np_batches(c, K)[0]) for c in clients]
+  examples = [sum(len(y) for _, y in at.np_batches(c, K)) for c in clients]
+  expected = at.weighted_mean(first, examples)
+  accumulator = at.flat(output.state['stats']['base']['accumulator'])
+  at.assert_close(accumulator, expected, rtol=1e-5, atol=1e-7)
+  # Not the mean over all K batches at x_t (what a full-gradient Mime on the
+  # round's data would upload).
+  full = at.weighted_mean(
+      [at.weighted_mean([at.np_grad(x0, xb, yb) for xb, yb in at.np_batches(c, K)],
+                        [len(yb) for _, yb in at.np_batches(c, K)]) for c in clients], examples)
+  assert at.max_abs_diff(full, expected) > 1e-2
+  cost = output.metrics['cost']
+  num_params = at.D * at.C + at.C
+  assert cost['upload_bits_per_client'] == 32 * 2 * num_params
+  assert cost['client_steps'] == K * len(SIZES)
+
+
+# ---------------------------------------------------------------------------
+# FLOPs: seed 000 Table B.2's CIFAR100 row.
+# ---------------------------------------------------------------------------
+
+
+def test_cifar100_flops_table_row():
+  model = paper_cnns.create_cifar100_cnn()
+  counts = flops.model_counts(model)
+  assert (counts.num_params, counts.forward_flops) == (1_250_852, 5_163_072)
+  row = {('fedavg', None, None): 49.8, ('fedgbo', 'sgdm', None): 50.2,
+         ('mimelite', 'sgdm', 100): 65.7, ('mfl', 'adam', None): 50.9}
+  got = {key: flops.client_flops(key[0], key[1], model, K=10, B=32, n_i=key[2]) / 1e8
+         for key in row}
+  for key, expected in row.items():
+    assert flops.round_to_significant(got[key], 3) == pytest.approx(expected, abs=1e-9), key
+  # Eq. 22 by hand for two cells: K(B·fb + C|x|) with fb = 3·forward.
+  fb = 3 * 5_163_072
+  assert got[('fedavg', None, None)] * 1e8 == 10 * (32 * fb + 2 * 1_250_852)
+  assert got[('mfl', 'adam', None)] * 1e8 == 10 * (32 * fb + 11 * 1_250_852)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: bin/train exits 2 with one line naming the flag.
+# ---------------------------------------------------------------------------
+
+# Each class of bad input of issue 3, several flags each. `cli.validate` is
+# what bin/train runs first; one case per class also goes through the real
+# binary (each run imports TF and TFF: seconds).
+BAD_FLAGS = [
+    (['--algorithm=fedgbo', '--client_optimizer=sgd', '--local_steps=5'], '--client_optimizer'),
+    (['--algorithm=mfl', '--client_optimizer=yogi'], '--client_optimizer'),
+    (['--algorithm=fedadam', '--client_optimizer=adam'], '--client_optimizer'),
+    (['--algorithm=mimelite', '--client_optimizer=yogi'], '--client_optimizer'),
+    (['--algorithm=fedgbo', '--client_optimizer=adam', '--local_steps=5', '--client_beta_2=1.0'],
+     '--client_beta_2'),
+    (['--algorithm=mfl', '--client_optimizer=sgdm', '--client_beta_1=-0.5'], '--client_beta_1'),
+    (['--algorithm=fedadam', '--server_beta_1=-0.1'], '--server_beta_1'),
+    (['--algorithm=fedyogi', '--server_beta_2=1.5'], '--server_beta_2'),
+    (['--algorithm=mfl', '--client_optimizer=rmsprop', '--client_epsilon=0'], '--client_epsilon'),
+    (['--algorithm=fedgbo', '--client_optimizer=adam', '--local_steps=5',
+      '--client_epsilon=-1e-8'], '--client_epsilon'),
+    (['--algorithm=fedyogi', '--server_epsilon=-0.001'], '--server_epsilon'),
+    (['--algorithm=fedadam', '--server_epsilon=0'], '--server_epsilon'),
+    (['--algorithm=fedgbo', '--client_optimizer=sgdm'], '--local_steps'),
+    (['--algorithm=mimexlite', '--client_optimizer=sgdm'], '--local_steps'),
+]
+SUBPROCESS_CASES = (0, 4, 8, 13)  # optimiser, β, ε, local steps
+
+
+def _config(args):
+  cfg = dict(task='digits', algorithm='fedavg', client_optimizer='sgd', clients_per_round=10,
+             client_learning_rate=0.1, server_learning_rate=1.0, local_steps=0)
+  for arg in args:
+    name, value = arg[2:].split('=')
+    cfg[name] = value if name in ('algorithm', 'client_optimizer') else float(value)
+  cfg['local_steps'] = int(cfg['local_steps'])
+  return cfg
+
+
+@pytest.mark.parametrize('args, flag', BAD_FLAGS)
+def test_validate_names_the_flag(args, flag):
+  with pytest.raises(cli.UsageError) as error:
+    cli.validate(_config(args))
+  message = str(error.value)
+  assert flag in message and '\n' not in message
+
+
+def test_bin_train_bad_input_exits_2_naming_the_flag(tmp_path):
+  def run(i):
+    out = tmp_path / f'out{i}'
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'bin', 'train.py'), '--task=digits',
+         f'--root_output_dir={out}', '--show_progress=false', *BAD_FLAGS[i][0]],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return result, out
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(run, SUBPROCESS_CASES))
+  for i, (result, out) in zip(SUBPROCESS_CASES, results):
+    args, flag = BAD_FLAGS[i]
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert result.returncode == 2, (args, result.stderr[-2000:])
+    assert len(lines) == 1, (args, result.stderr)
+    assert 'error' in lines[0] and flag in lines[0], (args, lines[0])
+    assert not out.exists()  # failed before writing anything
+
+
+def test_builders_refuse_bad_input_naming_the_flag():
+  """The library path (no bin/train) gives the same errors."""
+  with pytest.raises(ValueError, match='--client_beta_1'):
+    biased_optimizers.BiasedOptimizer('sgdm', beta_1=1.0)
+  with pytest.raises(ValueError, match='--client_beta_2'):
+    biased_optimizers.BiasedOptimizer('adam', beta_2=-0.5)
+  with pytest.raises(ValueError, match='--client_epsilon'):
+    biased_optimizers.BiasedOptimizer('rmsprop', epsilon=0.0)
+  with pytest.raises(ValueError, match='--client_optimizer'):
+    biased_optimizers.BiasedOptimizer('sgd')
+  with pytest.raises(ValueError, match='--local_steps'):
+    fedgbo.build_fedgbo(at.model_fn, optimizer=biased_optimizers.BiasedOptimizer('adam'),
+                        client_learning_rate=0.1, local_steps=0)
+  with pytest.raises(ValueError, match='--local_steps'):
+    mimexlite.build_mimexlite(at.model_fn, base_optimizer=_base_optimizer(),
+                              client_learning_rate=0.1, local_steps=0)
