@@ -1,0 +1,450 @@
+"""Simulation round time against the raw compute it contains (issue 10).
+
+Example (the committed numbers; see bench/README.md):
+  .venv/bin/python bench/run.py --out_dir=bench/results
+
+Every measurement is a RATIO taken inside one process with interleaved
+repetitions (raw, A, B, ..., raw, A, B, ...) and medians, so that background
+load on a shared machine slows both sides of a ratio alike; the load average
+(`os.getloadavg`) is recorded next to each section.
+
+Sections (each writes `<out_dir>/<section>.json`; `results/README.md` is the
+markdown table of all of them):
+  overhead:  round time ÷ raw compute time for fedavg, fedadam, fedgbo-adam,
+             mfl-adam, fedada2 (SM3-Adam clients), mimelite and TFF's own
+             `build_weighted_fed_avg`, with client data passed from Python
+             (`python`) and built on the executor from client seeds (`ids`,
+             `tff.simulation.compose_dataset_computation_with_learning_process`).
+             Raw compute = one `tf.function` running the same C clients × K
+             SGD minibatch steps on the same model and the same (in-memory)
+             batches, resetting the weights per client.
+  scaling:   the same ratio for FedAvg (ours, TFF's) at 10/50/200 clients per
+             round and for three model sizes (synthetic linear, digits MLP,
+             EMNIST-shaped CNN).
+  memory:    resident memory after every round over many rounds; slope of the
+             second half (KiB/round) and peak.
+  first_round: seconds to build the process, to initialise it, and for the
+             first round (tracing + compilation) against a later round.
+  profile:   cProfile of `process.next` (top functions by cumulative time).
+
+The data is synthetic: client c's examples are `tf.random.stateless_*` draws
+seeded by c, so the executor can rebuild them from the seed alone.
+"""
+
+import argparse
+import collections
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import resource
+import statistics
+import sys
+import time
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# pylint: disable=g-import-not-at-top
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import digits
+from tasks import synthetic
+from tff_adaptive import runtime
+from tff_adaptive.algorithms import registry
+
+SCHEMA_VERSION = 1
+LEARNING_RATE = 0.02
+
+# Registry name and config per benchmarked algorithm (equal local work: K steps).
+ALGORITHMS = collections.OrderedDict([
+    ('fedavg', ('fedavg', {})),
+    ('fedadam', ('fedadam', {'server_learning_rate': 0.01})),
+    ('fedgbo-adam', ('fedgbo', {'client_optimizer': 'adam'})),
+    ('mfl-adam', ('mfl', {'client_optimizer': 'adam'})),
+    ('fedada2-sm3', ('fedada2', {'client_optimizer': 'sm3_adam'})),
+    ('mimelite', ('mimelite', {'client_optimizer': 'adam'})),
+])
+TFF_REFERENCE = 'tff_fedavg'
+
+
+# ---------------------------------------------------------------------------
+# Models and data.
+
+def _emnist_cnn() -> tf.keras.Model:
+  """EMNIST-shaped CNN: conv32-conv64-pool-FC128-FC62 (TFF's emnist_character)."""
+  layers = tf.keras.layers
+  init = lambda i: tf.keras.initializers.GlorotUniform(seed=i)
+  return tf.keras.Sequential([
+      layers.InputLayer(input_shape=(28, 28, 1)),
+      layers.Conv2D(32, 3, activation='relu', kernel_initializer=init(1)),
+      layers.Conv2D(64, 3, activation='relu', kernel_initializer=init(2)),
+      layers.MaxPool2D(2), layers.Flatten(),
+      layers.Dense(128, activation='relu', kernel_initializer=init(3)),
+      layers.Dense(62, kernel_initializer=init(4))])
+
+
+# name → (keras builder, example shape, classes)
+MODELS = {
+    'linear': (synthetic.build_keras_model, (synthetic.DIM,), synthetic.NUM_CLASSES),
+    'mlp': (lambda: digits.build_keras_model('mlp'), (8, 8, 1), digits.NUM_CLASSES),
+    'cnn': (_emnist_cnn, (28, 28, 1), 62),
+}
+
+
+class Setting:
+  """A model and a round shape: C clients × K steps × batch B."""
+
+  def __init__(self, model: str, clients: int, steps: int, batch: int):
+    self.model, self.clients, self.steps, self.batch = model, clients, steps, batch
+    self.keras_fn, self.shape, self.classes = MODELS[model]
+    self.input_spec = (tf.TensorSpec((None,) + self.shape, tf.float32),
+                       tf.TensorSpec((None,), tf.int32))
+
+  def model_fn(self) -> tff.learning.models.VariableModel:
+    return tff.learning.models.from_keras_model(
+        self.keras_fn(), input_spec=self.input_spec,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+  def task(self):
+    # The registry's builders read model_fn, keras_model_fn and name only.
+    return types.SimpleNamespace(name=f'bench_{self.model}', model_fn=self.model_fn,
+                                 keras_model_fn=self.keras_fn)
+
+  def client_tensors(self, seed):
+    """Client `seed`'s K·B examples (also traced inside the executor's dataset fn)."""
+    n = self.steps * self.batch
+    seed = tf.stack([tf.cast(seed, tf.int32), tf.constant(17, tf.int32)])
+    x = tf.random.stateless_uniform((n,) + self.shape, seed=seed)
+    y = tf.random.stateless_uniform((n,), seed=seed + 1, maxval=self.classes, dtype=tf.int32)
+    return x, y
+
+  def client_dataset(self, seed) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices(self.client_tensors(seed)).batch(self.batch)
+
+  def python_datasets(self):
+    return [self.client_dataset(c) for c in range(self.clients)]
+
+  def seeds(self):
+    return [np.int32(c) for c in range(self.clients)]
+
+
+def build_raw(setting: Setting):
+  """The compute limit: a plain tf.function doing the round's minibatch steps."""
+  model = setting.keras_fn()
+  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  variables = model.trainable_variables
+  initial = [tf.constant(v.numpy()) for v in variables]
+  xs, ys = zip(*(setting.client_tensors(c) for c in range(setting.clients)))
+  b = setting.batch
+  x = tf.reshape(tf.stack(xs), (setting.clients, setting.steps, b) + setting.shape)
+  y = tf.reshape(tf.stack(ys), (setting.clients, setting.steps, b))
+
+  @tf.function
+  def raw_round():
+    for c in tf.range(setting.clients):
+      for v, w in zip(variables, initial):
+        v.assign(w)
+      for k in tf.range(setting.steps):
+        with tf.GradientTape() as tape:
+          loss = loss_fn(y[c, k], model(x[c, k], training=True))
+        for v, g in zip(variables, tape.gradient(loss, variables)):
+          v.assign_sub(LEARNING_RATE * g)
+    return loss
+
+  return lambda: raw_round().numpy()
+
+
+def build_process(name: str, setting: Setting):
+  if name == TFF_REFERENCE:
+    return tff.learning.algorithms.build_weighted_fed_avg(
+        setting.model_fn,
+        client_optimizer_fn=tff.learning.optimizers.build_sgdm(LEARNING_RATE),
+        server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
+  algorithm, extra = ALGORITHMS[name]
+  cfg = dict(client_learning_rate=LEARNING_RATE, local_steps=setting.steps, **extra)
+  return registry.build(algorithm, setting.task(), cfg)
+
+
+class Runner:
+  """One process driven one way ('python' datasets or client 'ids')."""
+
+  def __init__(self, name: str, setting: Setting, data: str):
+    t0 = time.perf_counter()
+    process = build_process(name, setting)
+    if data == 'ids':
+      @tff.tensorflow.computation(tf.int32)
+      def dataset_fn(seed):
+        return setting.client_dataset(seed)
+      process = tff.simulation.compose_dataset_computation_with_learning_process(
+          dataset_fn, process)
+      self.client_data = setting.seeds
+    else:
+      datasets = setting.python_datasets()
+      self.client_data = lambda: datasets
+    self.build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    self.state = process.initialize()
+    self.init_s = time.perf_counter() - t0
+    self.process = process
+    self.first_round_s = None
+
+  def __call__(self):
+    out = self.process.next(self.state, self.client_data())
+    self.state = out.state
+    return out.metrics
+
+  def first(self):
+    t0 = time.perf_counter()
+    self()
+    self.first_round_s = time.perf_counter() - t0
+
+
+def interleaved(fns: dict, reps: int) -> dict:
+  """Times each callable `reps` times, interleaved and rotated; returns lists."""
+  names = list(fns)
+  times = {n: [] for n in names}
+  for r in range(reps):
+    order = names[r % len(names):] + names[:r % len(names)]
+    for n in order:
+      t0 = time.perf_counter()
+      fns[n]()
+      times[n].append(time.perf_counter() - t0)
+  return times
+
+
+def _load():
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def _finite_ratio(a, b):
+  return float(a / b) if b > 0 else float('nan')
+
+
+def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0):
+  """Ratios to raw compute for `names` under each data mode, all interleaved."""
+  load_before = _load()
+  fns = {'raw': build_raw(setting)}
+  fns['raw']()  # trace
+  runners = {}
+  for name in names:
+    for mode in data_modes:
+      runner = Runner(name, setting, mode)
+      runner.first()
+      runners[f'{name}/{mode}'] = runner
+      fns[f'{name}/{mode}'] = runner
+  times = interleaved(fns, reps)
+  raw = statistics.median(times['raw'])
+  rows = []
+  for key, runner in runners.items():
+    name, mode = key.split('/')
+    med = statistics.median(times[key])
+    per_rep = [t / r for t, r in zip(times[key], times['raw'])]
+    rows.append(collections.OrderedDict(
+        algorithm=name, data=mode, round_s=med, raw_s=raw, ratio=_finite_ratio(med, raw),
+        ratio_per_rep_median=statistics.median(per_rep),
+        build_s=runner.build_s, init_s=runner.init_s, first_round_s=runner.first_round_s,
+        first_round_over_round=_finite_ratio(runner.first_round_s, med)))
+  for row in rows:
+    base = [r for r in rows if r['algorithm'] == 'fedavg' and r['data'] == row['data']]
+    row['ratio_to_fedavg'] = _finite_ratio(row['round_s'], base[0]['round_s']) if base else None
+  profiles = {}
+  if profile_rounds:
+    for key in runners:
+      if key.startswith(('fedavg/', TFF_REFERENCE + '/')):
+        profiles[key] = profile(runners[key], profile_rounds)
+  return collections.OrderedDict(
+      setting=vars_of(setting), reps=reps, load_before=load_before, load_after=_load(),
+      raw_times_s=times['raw'], rows=rows, times_s=times, profiles=profiles)
+
+
+def vars_of(setting):
+  return collections.OrderedDict(model=setting.model, clients=setting.clients,
+                                 local_steps=setting.steps, batch=setting.batch)
+
+
+def profile(runner, rounds: int, top: int = 25) -> str:
+  prof = cProfile.Profile()
+  prof.enable()
+  for _ in range(rounds):
+    runner()
+  prof.disable()
+  s = io.StringIO()
+  pstats.Stats(prof, stream=s).sort_stats('cumulative').print_stats(top)
+  return s.getvalue()
+
+
+def _rss_kib() -> float:
+  with open('/proc/self/statm') as f:
+    return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1024
+
+
+def memory_section(setting: Setting, name: str, data: str, rounds: int):
+  load_before = _load()
+  runner = Runner(name, setting, data)
+  rss = []
+  t0 = time.perf_counter()
+  for _ in range(rounds):
+    runner()
+    rss.append(_rss_kib())
+  half = rss[len(rss) // 2:]
+  slope = float(np.polyfit(np.arange(len(half)), half, 1)[0]) if len(half) > 1 else 0.0
+  return collections.OrderedDict(
+      setting=vars_of(setting), algorithm=name, data=data, rounds=rounds,
+      seconds=time.perf_counter() - t0, rss_kib=rss, rss_first_kib=rss[0], rss_last_kib=rss[-1],
+      peak_rss_kib=float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss),
+      slope_second_half_kib_per_round=slope, load_before=load_before, load_after=_load())
+
+
+def machine():
+  cpu = platform.processor() or 'unknown'
+  try:
+    with open('/proc/cpuinfo') as f:
+      cpu = next(l.split(':', 1)[1].strip() for l in f if l.startswith('model name'))
+  except (OSError, StopIteration):
+    pass
+  mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
+  return collections.OrderedDict(
+      nproc=os.cpu_count(), sched_affinity=len(os.sched_getaffinity(0)), cpu_model=cpu,
+      memory_gib=round(mem, 1), python=platform.python_version(), tensorflow=tf.__version__,
+      tff=tff.__version__, load_average=_load())
+
+
+def write(out_dir, section, payload):
+  os.makedirs(out_dir, exist_ok=True)
+  payload = collections.OrderedDict(schema_version=SCHEMA_VERSION, section=section,
+                                    machine=machine(), **payload)
+  path = os.path.join(out_dir, f'{section}.json')
+  with open(path, 'w') as f:
+    json.dump(payload, f, indent=1)
+  return path
+
+
+def markdown(out_dir) -> str:
+  """results/README.md from every section JSON in `out_dir`."""
+  lines = ['# Benchmark results', '',
+           'Generated by `bench/run.py` (see `bench/README.md`). Ratios are medians of',
+           'interleaved repetitions in one process; load average = 1/5/15-minute',
+           '`os.getloadavg()` before and after each section.', '']
+  loaded = {}
+  for fname in sorted(os.listdir(out_dir)):
+    if fname.endswith('.json'):
+      with open(os.path.join(out_dir, fname)) as f:
+        data = json.load(f)
+      if data.get('schema_version') == SCHEMA_VERSION and 'section' in data:
+        loaded[fname[:-5]] = data
+  if loaded:
+    m = next(iter(loaded.values()))['machine']
+    lines += ['Machine: ' + ', '.join(f'{k}={v}' for k, v in m.items()), '']
+  for key, data in loaded.items():
+    lines.append(f'## {key}')
+    lines.append('')
+    if 'rows' in data:
+      s = data['setting']
+      lines.append(f"{s['model']}, {s['clients']} clients × {s['local_steps']} steps × batch "
+                   f"{s['batch']}; {data['reps']} interleaved reps; raw compute "
+                   f"{statistics.median(data['raw_times_s']):.3f} s; load "
+                   f"{data['load_before']} → {data['load_after']}")
+      lines.append('')
+      lines.append('| algorithm | data | round s | ÷ raw | ÷ FedAvg (same data) | build s | '
+                   'init s | first round s | first ÷ later |')
+      lines.append('|---|---|---|---|---|---|---|---|---|')
+      for r in data['rows']:
+        fa = f"{r['ratio_to_fedavg']:.2f}" if r.get('ratio_to_fedavg') else '–'
+        lines.append(f"| {r['algorithm']} | {r['data']} | {r['round_s']:.3f} | "
+                     f"{r['ratio']:.2f} | {fa} | {r['build_s']:.1f} | {r['init_s']:.1f} | "
+                     f"{r['first_round_s']:.1f} | {r['first_round_over_round']:.1f} |")
+    elif 'rss_kib' in data:
+      s = data['setting']
+      lines.append(f"{data['algorithm']} ({data['data']}), {s['model']}, {s['clients']} clients, "
+                   f"{data['rounds']} rounds in {data['seconds']:.0f} s: RSS "
+                   f"{data['rss_first_kib'] / 1024:.0f} → {data['rss_last_kib'] / 1024:.0f} MiB, "
+                   f"peak {data['peak_rss_kib'] / 1024:.0f} MiB, slope over the second half "
+                   f"{data['slope_second_half_kib_per_round']:.1f} KiB/round; load "
+                   f"{data['load_before']} → {data['load_after']}")
+    elif 'entries' in data:
+      lines.append('| ' + ' | '.join(data['columns']) + ' |')
+      lines.append('|' + '---|' * len(data['columns']))
+      for e in data['entries']:
+        lines.append('| ' + ' | '.join(
+            f'{e[c]:.2f}' if isinstance(e[c], float) else str(e[c]) for c in data['columns']) + ' |')
+    lines.append('')
+  text = '\n'.join(lines) + '\n'
+  with open(os.path.join(out_dir, 'README.md'), 'w') as f:
+    f.write(text)
+  return text
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--out_dir', default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                   'results'))
+  p.add_argument('--sections', default='overhead,scaling,memory',
+                 help='comma list of overhead, scaling, memory')
+  p.add_argument('--model', default='cnn', choices=sorted(MODELS))
+  p.add_argument('--clients', type=int, default=10)
+  p.add_argument('--local_steps', type=int, default=10)
+  p.add_argument('--batch', type=int, default=20)
+  p.add_argument('--reps', type=int, default=5)
+  p.add_argument('--algorithms', default=','.join(list(ALGORITHMS) + [TFF_REFERENCE]))
+  p.add_argument('--data', default='python,ids', help='client data modes: python, ids')
+  p.add_argument('--profile_rounds', type=int, default=2, help='0: no profile')
+  p.add_argument('--scaling_clients', default='10,50,200')
+  p.add_argument('--scaling_models', default='linear,mlp,cnn')
+  p.add_argument('--scaling_max_steps', type=int, default=2000,
+                 help='skip scaling points with more than this many minibatch steps per round')
+  p.add_argument('--memory_rounds', type=int, default=300)
+  p.add_argument('--memory_model', default='mlp', choices=sorted(MODELS))
+  p.add_argument('--execution_concurrency', type=int, default=-1,
+                 help="TFF C++ executor's max_concurrent_computation_calls (-1: unlimited)")
+  p.add_argument('--tag', default='', help='suffix of the JSON file names')
+  args = p.parse_args(argv)
+  runtime.use_local_cpp_context(max_concurrent_computation_calls=args.execution_concurrency)
+  sections = [s for s in args.sections.split(',') if s]
+  modes = [m for m in args.data.split(',') if m]
+  names = [a for a in args.algorithms.split(',') if a]
+  tag = f'_{args.tag}' if args.tag else ''
+  written = []
+  if 'overhead' in sections:
+    setting = Setting(args.model, args.clients, args.local_steps, args.batch)
+    result = overhead_section(setting, names, modes, args.reps, args.profile_rounds)
+    written.append(write(args.out_dir, f'overhead{tag}', result))
+    print(json.dumps(result['rows'], indent=1), flush=True)
+  if 'scaling' in sections:
+    entries = []
+    load_before = _load()
+    for model in args.scaling_models.split(','):
+      for clients in (int(c) for c in args.scaling_clients.split(',')):
+        if clients * args.local_steps > args.scaling_max_steps:
+          continue
+        setting = Setting(model, clients, args.local_steps, args.batch)
+        res = overhead_section(setting, ['fedavg', TFF_REFERENCE], modes,
+                               max(2, args.reps // 2))
+        for r in res['rows']:
+          entries.append(collections.OrderedDict(
+              model=model, clients=clients, algorithm=r['algorithm'], data=r['data'],
+              raw_s=r['raw_s'], round_s=r['round_s'], ratio=r['ratio'],
+              load=res['load_after'][0]))
+        print(entries[-len(res['rows']):], flush=True)
+    written.append(write(args.out_dir, f'scaling{tag}', collections.OrderedDict(
+        columns=['model', 'clients', 'algorithm', 'data', 'raw_s', 'round_s', 'ratio', 'load'],
+        entries=entries, load_before=load_before, load_after=_load())))
+  if 'memory' in sections:
+    setting = Setting(args.memory_model, args.clients, args.local_steps, args.batch)
+    for mode in modes:
+      result = memory_section(setting, 'fedavg', mode, args.memory_rounds)
+      written.append(write(args.out_dir, f'memory_{mode}{tag}', result))
+  markdown(args.out_dir)
+  runtime.shutdown_workers()
+  print('wrote', *written)
+  return written
+
+
+if __name__ == '__main__':
+  main()
