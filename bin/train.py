@@ -110,6 +110,17 @@ flags.DEFINE_bool('data_on_workers', False, 'Workers build client datasets from 
                   '(the task\'s serializable dataset function) instead of receiving them; '
                   'file-based tasks need their data at the same --data_dir on every worker.')
 
+# ---- Workers (docs/workers.md) ----
+flags.DEFINE_string('workers', '', 'Comma-separated host:port of TFF workers started with '
+                    'bin/worker.py; each round\'s clients are split across them. Empty: run '
+                    'locally. --execution_concurrency does not apply (pass '
+                    '--max_concurrent_computation_calls to each worker).')
+flags.DEFINE_bool('worker_retry', False, 'When a worker is lost mid-round, re-run the round on '
+                  'the remaining workers instead of failing.')
+flags.DEFINE_bool('data_on_workers', False, 'Workers build client datasets from client ids '
+                  '(the task\'s serializable dataset function) instead of receiving them; '
+                  'file-based tasks need their data at the same --data_dir on every worker.')
+
 FLAGS = flags.FLAGS
 
 

@@ -15,7 +15,10 @@ from absl import logging
 
 # Flags whose change does not alter the computation: allowed on resume.
 RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
-                               'show_progress', 'execution_concurrency', 'root_output_dir'})
+                               'show_progress', 'execution_concurrency', 'root_output_dir',
+                               # Where rounds run, not what they compute: a run
+                               # may resume on other or fewer workers.
+                               'workers', 'worker_retry', 'data_on_workers'})
 TRAIN_FLAG_NAMES = (
     'task', 'partition', 'num_clients', 'dirichlet_alpha', 'digits_model', 'synthetic_alpha',
     'synthetic_beta', 'data_dir', 'max_client_examples', 'cifar100_image_model',
@@ -27,7 +30,8 @@ TRAIN_FLAG_NAMES = (
     'server_learning_rate', 'server_optimizer_semantics', 'server_beta_1', 'server_beta_2',
     'server_epsilon', 'fedgbo_upload', 'mfl_bias_correction', 'fedprox_mu', 'fedmax_beta',
     'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
-    'root_output_dir', 'experiment_name', 'seed', 'execution_concurrency', 'show_progress')
+    'root_output_dir', 'experiment_name', 'seed', 'execution_concurrency', 'show_progress',
+    'workers', 'worker_retry', 'data_on_workers')
 POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_round',
                  'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint')
 NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples')
@@ -92,6 +96,13 @@ def validate(cfg: Mapping[str, Any]) -> None:
                      f'--algorithm={cfg["algorithm"]}; it takes {", ".join(entry.client_optimizers)}')
   if entry.needs_local_steps and not cfg.get('local_steps'):
     raise UsageError(f'--algorithm={cfg["algorithm"]} needs exactly K local steps: set --local_steps')
+  from tff_adaptive import workers  # pylint: disable=g-import-not-at-top
+  try:
+    addresses = workers.parse_addresses(cfg.get('workers') or '')
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  if cfg.get('worker_retry') and len(addresses) < 2:
+    raise UsageError('--worker_retry needs at least two --workers')
 
 
 def experiment_dir(cfg: Mapping[str, Any]) -> str:
@@ -136,25 +147,49 @@ def run_training(cfg: Mapping[str, Any]):
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_adaptive import program  # pylint: disable=g-import-not-at-top
   from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive import workers  # pylint: disable=g-import-not-at-top
   from tff_adaptive.algorithms import registry as algorithm_registry  # pylint: disable=g-import-not-at-top
+  addresses = workers.parse_addresses(cfg.get('workers') or '')
+  if addresses:
+    # Before building anything: an unreachable worker should fail in seconds.
+    try:
+      workers.set_workers_context(addresses, retry=cfg.get('worker_retry', False))
+    except workers.WorkerError as e:
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(1)
   try:
     task = task_registry.create_task(cfg['task'], cfg)
     process = algorithm_registry.build(cfg['algorithm'], task, cfg)
+    client_data_fn = None
+    if cfg.get('data_on_workers'):
+      process, data_steps = workers.compose_data_on_workers(
+          process, task, cfg.get('local_steps') or None)
+      client_data_fn = workers.client_ids_fn(data_steps)
     out = prepare_output_dir(cfg)
   except (UsageError, ValueError) as e:
     fail(str(e))
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO
-  runtime.use_local_cpp_context(cfg.get('execution_concurrency', -1))
+  if not addresses:
+    runtime.use_local_cpp_context(cfg.get('execution_concurrency', -1))
   loop = program.LoopConfig(
       total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],
       rounds_per_eval=cfg['rounds_per_eval'], rounds_per_checkpoint=cfg['rounds_per_checkpoint'],
       output_dir=out, seed=cfg['seed'], local_steps=cfg.get('local_steps') or None,
       show_progress=cfg.get('show_progress', True))
-  print(f'Training {cfg["algorithm"]} on {cfg["task"]}: output in {out}', file=sys.stderr)
+  where = f' on {len(addresses)} workers ({", ".join(addresses)})' if addresses else ''
+  print(f'Training {cfg["algorithm"]} on {cfg["task"]}{where}: output in {out}', file=sys.stderr)
   try:
-    result = program.run(process, task, loop)
+    result = program.run(process, task, loop, client_data_fn=client_data_fn)
   except program.TrainingDiverged as e:
     print(f'error: {e}', file=sys.stderr)
+    sys.exit(1)
+  except workers.WorkerError as e:
+    # One readable message, no TFF traceback: the fix is operational.
+    print(f'error: {e}', file=sys.stderr)
+    for note in getattr(e, '__notes__', ()):
+      print(note, file=sys.stderr)
+    print('Rerun the same command once the worker is back (or without it in --workers) to '
+          'resume from the last checkpoint.', file=sys.stderr)
     sys.exit(1)
   finally:
     runtime.shutdown_workers()

@@ -116,21 +116,28 @@ class _Releases:
 
 def run(process: tff.learning.templates.LearningProcess, task: task_base.FederatedTask,
         config: LoopConfig,
-        round_metrics_fn: Optional[Callable[[int, Any], Mapping[str, float]]] = None):
+        round_metrics_fn: Optional[Callable[[int, Any], Mapping[str, float]]] = None,
+        client_data_fn: Optional[Callable[[list[str], Optional[int]], Any]] = None):
   """Runs (or resumes) training; returns (final state, last metrics row).
 
   Args:
     process: any `tff.learning.templates.LearningProcess` taking a list of
-      client datasets.
+      client datasets (or what `client_data_fn` returns).
     task: the task supplying client data and evaluation.
     config: loop configuration.
     round_metrics_fn: optional `(round_num, output) -> metrics` adding rows
       (for example analytic costs) to each round's released metrics.
+    client_data_fn: optional `(sampled client ids, K or None) -> process
+      input`; default: the preprocessed datasets (`client_datasets`). A
+      process that builds datasets on the workers takes the ids themselves
+      (`workers.compose_data_on_workers`).
   """
-  return asyncio.run(_run(process, task, config, round_metrics_fn))
+  return asyncio.run(_run(process, task, config, round_metrics_fn, client_data_fn))
 
 
-async def _run(process, task, config, round_metrics_fn):
+async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
+  if client_data_fn is None:
+    client_data_fn = lambda ids, steps: client_datasets(task, ids, steps)
   state_manager = tff.program.FileProgramStateManager(
       os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
   releases = _Releases(config.output_dir)
@@ -161,7 +168,13 @@ async def _run(process, task, config, round_metrics_fn):
       sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
       # Composer-built processes run K steps themselves (K is in their state).
       data_steps = None if _has_round_hparams(state) else config.local_steps
-      output = process.next(state, client_datasets(task, sampled, data_steps))
+      try:
+        output = process.next(state, client_data_fn(sampled, data_steps))
+      except Exception as e:
+        # The caller (bin/train) reports where a rerun resumes; the type is kept.
+        e.add_note(f'Round {round_num} failed; the last checkpoint is after round '
+                   f'{last_checkpoint} in {config.output_dir}.')
+        raise
       row = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
       if round_metrics_fn is not None:
         row.update(round_metrics_fn(round_num, output))
