@@ -397,10 +397,12 @@ def main(argv=None):
   p.add_argument('--profile_rounds', type=int, default=2, help='0: no profile')
   p.add_argument('--scaling_clients', default='10,50,200')
   p.add_argument('--scaling_models', default='linear,mlp,cnn')
+  p.add_argument('--scaling_algorithms', default=f'fedavg,{TFF_REFERENCE}')
   p.add_argument('--scaling_max_steps', type=int, default=2000,
                  help='skip scaling points with more than this many minibatch steps per round')
   p.add_argument('--memory_rounds', type=int, default=300)
   p.add_argument('--memory_model', default='mlp', choices=sorted(MODELS))
+  p.add_argument('--memory_algorithm', default='fedavg')
   p.add_argument('--execution_concurrency', type=int, default=-1,
                  help="TFF C++ executor's max_concurrent_computation_calls (-1: unlimited)")
   p.add_argument('--tag', default='', help='suffix of the JSON file names')
@@ -424,7 +426,7 @@ def main(argv=None):
         if clients * args.local_steps > args.scaling_max_steps:
           continue
         setting = Setting(model, clients, args.local_steps, args.batch)
-        res = overhead_section(setting, ['fedavg', TFF_REFERENCE], modes,
+        res = overhead_section(setting, args.scaling_algorithms.split(','), modes,
                                max(2, args.reps // 2))
         for r in res['rows']:
           entries.append(collections.OrderedDict(
@@ -438,7 +440,7 @@ def main(argv=None):
   if 'memory' in sections:
     setting = Setting(args.memory_model, args.clients, args.local_steps, args.batch)
     for mode in modes:
-      result = memory_section(setting, 'fedavg', mode, args.memory_rounds)
+      result = memory_section(setting, args.memory_algorithm, mode, args.memory_rounds)
       written.append(write(args.out_dir, f'memory_{mode}{tag}', result))
   markdown(args.out_dir)
   runtime.shutdown_workers()

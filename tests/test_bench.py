@@ -23,8 +23,9 @@ def results(tmp_path_factory):
   written = bench.main([
       f'--out_dir={out}', '--sections=overhead,scaling,memory', '--model=linear', '--clients=2',
       '--local_steps=2', '--batch=4', '--reps=2', '--algorithms=fedavg,tff_fedavg',
-      '--data=python,ids', '--profile_rounds=1', '--scaling_models=linear',
-      '--scaling_clients=2', '--memory_rounds=4', '--memory_model=linear'])
+      '--data=ids', '--profile_rounds=1', '--scaling_models=linear',
+      '--scaling_algorithms=tff_fedavg', '--scaling_clients=2', '--memory_rounds=4',
+      '--memory_model=linear', '--memory_algorithm=tff_fedavg'])
   return out, written
 
 
@@ -36,7 +37,9 @@ def _load(path):
 def test_writes_every_section_and_the_table(results):
   out, written = results
   names = sorted(os.path.basename(p) for p in written)
-  assert names == ['memory_ids.json', 'memory_python.json', 'overhead.json', 'scaling.json']
+  # Kept small (few process builds): one data mode; the python-datasets mode
+  # shares every line but `Setting.python_datasets`, checked below.
+  assert names == ['memory_ids.json', 'overhead.json', 'scaling.json']
   table = open(os.path.join(out, 'README.md')).read()
   assert '## overhead' in table and 'tff_fedavg' in table and 'nproc=' in table
 
@@ -48,22 +51,22 @@ def test_overhead_schema_and_ratios(results):
   assert set(data['machine']) >= {'nproc', 'cpu_model', 'memory_gib', 'load_average'}
   assert len(data['load_before']) == 3 and len(data['load_after']) == 3
   rows = {(r['algorithm'], r['data']): r for r in data['rows']}
-  assert set(rows) == {(a, d) for a in ('fedavg', 'tff_fedavg') for d in ('python', 'ids')}
+  assert set(rows) == {('fedavg', 'ids'), ('tff_fedavg', 'ids')}
   for r in rows.values():
     for key in ('round_s', 'raw_s', 'ratio', 'ratio_per_rep_median', 'first_round_s',
                 'first_round_over_round', 'ratio_to_fedavg'):
       assert math.isfinite(r[key]) and r[key] > 0, (key, r)
     assert len(data['times_s'][f"{r['algorithm']}/{r['data']}"]) == 2
-  assert rows[('fedavg', 'python')]['ratio_to_fedavg'] == pytest.approx(1.0)
-  assert 'function calls' in data['profiles']['fedavg/python']
+  assert rows[('fedavg', 'ids')]['ratio_to_fedavg'] == pytest.approx(1.0)
+  assert 'function calls' in data['profiles']['fedavg/ids']
 
 
 def test_scaling_and_memory(results):
   out, _ = results
   scaling = _load(os.path.join(out, 'scaling.json'))
-  assert len(scaling['entries']) == 4
+  assert len(scaling['entries']) == 1
   assert all(math.isfinite(e['ratio']) and e['ratio'] > 0 for e in scaling['entries'])
-  memory = _load(os.path.join(out, 'memory_python.json'))
+  memory = _load(os.path.join(out, 'memory_ids.json'))
   assert memory['rounds'] == 4 and len(memory['rss_kib']) == 4
   assert memory['peak_rss_kib'] > 0 and math.isfinite(memory['slope_second_half_kib_per_round'])
 
@@ -76,3 +79,5 @@ def test_rounds_train_the_same_data_as_raw():
   assert len(batches) == 2 and batches[0][0].shape == (3, 60)
   assert (batches[1][1].numpy() == y.numpy()[3:]).all()
   assert (batches[0][0].numpy() == x.numpy()[:3]).all()
+  python = setting.python_datasets()
+  assert len(python) == 2 and (list(python[1])[0][0].numpy() == x.numpy()[:3]).all()
