@@ -1,0 +1,277 @@
+"""Aggregates a sweep's trials: tables with confidence intervals, costs to a target, curves.
+
+What the papers report, computed from bin/train's metrics.csv files:
+  * a score per configuration, mean ± 95% Student-t CI over seeds
+    (seed 000 Table 6.4; `tff_adaptive.stats`), with the selection rule of
+    `tff_adaptive.sweep` picking each group's best hyperparameters;
+  * the rounds, uploaded bits, client FLOPs and simulated minutes needed to
+    reach a target metric (seed 000 Table 6.4's right half; thesis Tables
+    3.1-3.3 "rounds required to reach target test accuracies"; thesis ch. 5's
+    runtime model), from the `round`, `cost/cumulative_upload_bits`,
+    `cost/cumulative_client_flops` and `sim/cumulative_minutes` columns;
+  * figures of the mean curve over seeds with its CI band against rounds,
+    bits, FLOPs or simulated time (thesis Figure 5.2).
+
+A seed reaches the target at the first logged evaluation at which the metric
+is ≥ target (≤ for `mode='min'`); the cost is that row's cumulative column.
+Seeds that never reach it are counted (k/N reached) and left out of the mean.
+Curves average the seeds row by row (same round); on a cost axis the x
+coordinate is the seeds' mean cumulative cost at that round (bits are equal
+across seeds; FLOPs differ by the examples each client holds).
+"""
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
+import numpy as np
+
+from tff_adaptive import stats
+from tff_adaptive import sweep
+
+import matplotlib  # pylint: disable=g-bad-import-order
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+# Columns that a target can be reached "in": name in metrics.csv -> label.
+COST_AXES = {
+    'round': 'rounds',
+    'cost/cumulative_upload_bits': 'upload bits (all clients)',
+    'cost/cumulative_client_flops': 'client FLOPs (all clients)',
+    'sim/cumulative_minutes': 'simulated minutes',
+}
+
+
+def first_reach(columns: Mapping[str, Sequence[float]], metric: str, target: float,
+                x: str = 'round', mode: str = 'max') -> float:
+  """`x` at the first row where `metric` reaches `target`; NaN if never (or no such column)."""
+  values, xs = columns.get(metric), columns.get(x)
+  if values is None or xs is None:
+    return math.nan
+  for value, at in zip(values, xs):
+    if math.isfinite(value) and (value >= target if mode == 'max' else value <= target):
+      return at
+  return math.nan
+
+
+@dataclasses.dataclass(frozen=True)
+class Reach:
+  """Cost to reach the target over the seeds that reached it."""
+  cost: stats.MeanCI
+  reached: int
+  seeds: int
+
+  def format(self, digits: int = 3, sci: bool = False) -> str:
+    if self.reached == 0:
+      return f'not reached (0/{self.seeds})'
+    text = format_sci(self.cost, digits) if sci else self.cost.format(digits)
+    return text + ('' if self.reached == self.seeds else f' ({self.reached}/{self.seeds})')
+
+
+def reach(results: Sequence[sweep.TrialResult], metric: str, target: float, x: str = 'round',
+          mode: str = 'max', confidence: float = 0.95) -> Reach:
+  values = [first_reach(r.columns, metric, target, x, mode) for r in results]
+  return Reach(stats.mean_ci(values, confidence), sum(math.isfinite(v) for v in values),
+               len(results))
+
+
+def format_sci(value: stats.MeanCI, digits: int = 3) -> str:
+  """'1.23e+08 ± 4.0e+06' style for costs spanning orders of magnitude."""
+  if value.n == 0:
+    return '—'
+  text = f'{value.mean:.{digits - 1}e}'
+  if math.isfinite(value.half_width):
+    text += f' ± {value.half_width:.1e}'
+  return text
+
+
+@dataclasses.dataclass
+class Curve:
+  x: np.ndarray
+  mean: np.ndarray
+  half_width: np.ndarray  # NaN with one seed.
+  seeds: int
+
+
+def mean_curve(results: Sequence[sweep.TrialResult], metric: str, x: str = 'round',
+               confidence: float = 0.95) -> Optional[Curve]:
+  """Seed-mean curve of `metric` over the rounds every seed logged it."""
+  per_seed = []
+  for r in results:
+    rounds, values, xs = (r.columns.get('round'), r.columns.get(metric), r.columns.get(x))
+    if rounds is None or values is None or xs is None:
+      continue
+    per_seed.append({int(rd): (xv, v) for rd, v, xv in zip(rounds, values, xs)
+                     if math.isfinite(v) and math.isfinite(xv)})
+  if not per_seed:
+    return None
+  common = sorted(set.intersection(*(set(s) for s in per_seed)))
+  if not common:
+    return None
+  xs, means, halves = [], [], []
+  for rd in common:
+    ci = stats.mean_ci([s[rd][1] for s in per_seed], confidence)
+    xs.append(float(np.mean([s[rd][0] for s in per_seed])))
+    means.append(ci.mean)
+    halves.append(ci.half_width)
+  return Curve(np.array(xs), np.array(means), np.array(halves), len(per_seed))
+
+
+def plot_mean_curves(curves: Mapping[str, Mapping[str, Curve]], metric: str, out: str,
+                     title: str = '') -> str:
+  """One panel per x axis (curves[x][label]); mean lines with CI bands."""
+  axes_names = [x for x in curves if curves[x]]
+  if not axes_names:
+    raise ValueError('no curves to plot')
+  fig, axes = plt.subplots(1, len(axes_names), figsize=(4.6 * len(axes_names), 3.8),
+                           squeeze=False)
+  for ax, x in zip(axes[0], axes_names):
+    for i, (label, c) in enumerate(curves[x].items()):
+      color = f'C{i % 10}'
+      ax.plot(c.x, c.mean, color=color, label=label, lw=1.5)
+      if np.any(np.isfinite(c.half_width)):
+        ax.fill_between(c.x, c.mean - c.half_width, c.mean + c.half_width, color=color,
+                        alpha=0.1, lw=0)
+    ax.set_xlabel(COST_AXES.get(x, x))
+    if x != 'round':
+      ax.set_xscale('log')
+    # With few seeds a t-interval is wide (±12.7 standard errors for 2): the
+    # axes follow the mean curves, and bands beyond them are cut off.
+    means = np.concatenate([c.mean for c in curves[x].values()])
+    low, high = float(np.min(means)), float(np.max(means))
+    pad = 0.15 * (high - low) or 0.05
+    low, high = low - pad, high + pad
+    if 'accuracy' in metric:
+      low, high = max(low, 0.0), min(high, 1.0)
+    ax.set_ylim(low, high)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# The sweep report.
+
+@dataclasses.dataclass
+class GroupResult:
+  """A group's best configuration and what it achieved."""
+  group: str
+  best: sweep.ConfigSummary
+  reaches: dict[str, Reach]  # COST_AXES key -> Reach
+  per_round_upload_bits: float  # Mean upload bits per client per round.
+
+  @property
+  def finished(self) -> list[sweep.TrialResult]:
+    return [r for r in self.best.results if r.finished]
+
+
+def group_results(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
+                  target: Optional[float], axes: Sequence[str] = tuple(COST_AXES),
+                  confidence: float = 0.95) -> dict[str, GroupResult]:
+  out = {}
+  for group, best in sweep.select_best(summaries, rule).items():
+    finished = [r for r in best.results if r.finished]
+    reaches = {}
+    if target is not None:
+      reaches = {x: reach(finished, rule.metric, target, x, rule.mode, confidence) for x in axes}
+    up = [v for r in finished for v in r.columns.get('cost/upload_bits_per_client', [])
+          if math.isfinite(v)]
+    out[group] = GroupResult(group, best, reaches, float(np.mean(up)) if up else math.nan)
+  return out
+
+
+def _cell(text: str) -> str:
+  return str(text).replace('|', '\\|')
+
+
+def _tuned(summary: sweep.ConfigSummary) -> str:
+  trial = summary.results[0].trial
+  return ', '.join(f'{k}={v}' for k, v in trial.tuned_values) or '—'
+
+
+def markdown_tables(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
+                    target: Optional[float], confidence: float = 0.95,
+                    all_configs: bool = True) -> str:
+  """The best-configuration table (with costs to target) and, optionally, every configuration."""
+  groups = group_results(summaries, rule, target, confidence=confidence)
+  pct = f'{confidence:.0%}'
+  head = ['group', 'best tuned flags', f'score (mean ± {pct} CI)', 'seeds',
+          'upload bits / client / round']
+  if target is not None:
+    head += [f'{COST_AXES[x]} to {rule.metric} {"≥" if rule.mode == "max" else "≤"} {target:g}'
+             for x in COST_AXES]
+  lines = [f'Score: {rule.describe()}; ± is the half-width of the {pct} Student-t interval '
+           'over seeds.', '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for group, g in groups.items():
+    row = [group, _tuned(g.best), g.best.score.format(4),
+           f'{len(g.finished)}/{len(g.best.results)}', f'{g.per_round_upload_bits:.4g}']
+    if target is not None:
+      row += [g.reaches[x].format(1 if x == 'round' else 3, sci=x != 'round')
+              for x in COST_AXES]
+    lines.append('| ' + ' | '.join(_cell(c) for c in row) + ' |')
+  if all_configs:
+    lines += ['', f'All configurations (✱ = selected):', '',
+              '| group | tuned flags | score | finished seeds |', '|---|---|---|---|']
+    for s in summaries:
+      mark = ' ✱' if groups.get(s.group) and groups[s.group].best is s else ''
+      lines.append('| ' + ' | '.join(_cell(c) for c in (
+          s.group + mark, _tuned(s), s.score.format(4),
+          f'{sum(r.finished for r in s.results)}/{len(s.results)}')) + ' |')
+  missing = [r for s in summaries for r in s.results if not r.finished]
+  if missing:
+    lines += ['', f'{len(missing)} trial(s) did not finish and are left out of the scores: ' +
+              ', '.join(f'`{r.trial.name}`' for r in missing) + '.']
+  return '\n'.join(lines)
+
+
+def best_curves(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
+                xs: Sequence[str], groups: Optional[Sequence[str]] = None,
+                confidence: float = 0.95) -> dict[str, dict[str, Curve]]:
+  best = sweep.select_best(summaries, rule)
+  curves = {}
+  for x in xs:
+    curves[x] = {}
+    for group, s in best.items():
+      if groups is not None and group not in groups:
+        continue
+      c = mean_curve([r for r in s.results if r.finished], rule.metric, x, confidence)
+      if c is not None:
+        curves[x][group] = c
+  return curves
+
+
+def write_sweep_report(sweep_dir: str, out_md: str, rule: sweep.Rule,
+                       target: Optional[float] = None,
+                       xs: Sequence[str] = ('round', 'cost/cumulative_upload_bits'),
+                       title: str = '', confidence: float = 0.95,
+                       all_configs: bool = True, command: str = '') -> str:
+  """Writes `out_md` and `<out_md stem>_<metric>.png`; returns the markdown."""
+  results, fixed = sweep.load_results(sweep_dir)
+  summaries = sweep.summarize(results, rule, confidence)
+  stem = os.path.splitext(out_md)[0]
+  figure = plot_mean_curves(best_curves(summaries, rule, xs, confidence=confidence),
+                            rule.metric, f'{stem}_curves.png', title)
+  parts = [f'# {title or "Sweep report"}', '']
+  if command:
+    parts += ['Regenerate with:', '', f'    {command}', '']
+  if fixed:
+    parts += ['Flags of every trial: `' + ' '.join(f'--{k}={v}' for k, v in fixed.items()) + '`',
+              '']
+  parts += [markdown_tables(summaries, rule, target, confidence, all_configs), '',
+            f'![mean curves]({os.path.relpath(figure, os.path.dirname(os.path.abspath(out_md)))})',
+            '', f'Curves: the selected configuration of each group, mean over seeds with a '
+            f'{confidence:.0%} CI band.', '']
+  text = '\n'.join(parts)
+  os.makedirs(os.path.dirname(os.path.abspath(out_md)), exist_ok=True)
+  with open(out_md, 'w') as f:
+    f.write(text)
+  return text
