@@ -6,7 +6,9 @@ writes bench/results/workers.json and bench/results/workers.md.
 
 Every configuration runs the same rounds (same clients, same data, same
 initial model) of FedAvg on the digits task; the first round, which includes
-TFF's compilation, is reported separately from the timed rounds. All workers
+TFF's compilation, is reported separately from the timed rounds, which are
+interleaved across configurations. Besides wall time, each round's CPU time
+of the trainer and of every worker process is read from /proc. All workers
 run on this machine (loopback), so they share its cores: the numbers show the
 overhead of the distributed path and how the work splits, not the speed-up of
 N machines (see the markdown report).
@@ -16,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -54,17 +55,24 @@ flags.DEFINE_string('out_dir', os.path.join(os.path.dirname(os.path.abspath(__fi
                     'Where workers.json and workers.md go.')
 FLAGS = flags.FLAGS
 
-NOTES = """How to read it: every worker here shares this machine's cores with the trainer
-and with the other workers, so N loopback workers cannot be faster than the
-cores allow; what the table measures is the cost of the distributed path
-(serialising client datasets and models over gRPC, the mergeable
-compilation's extra merge step) and whether the subrounds overlap. On N
-machines each worker brings its own cores, so the client training part of a
-round divides by N while the trainer-side part (building and sending client
-datasets, unless `--data_on_workers`; merging; the server update) does not.
-`N-sequential` is TFF's RemoteExecutor as shipped, whose blocking Compute
-call makes the mergeable context run the workers one after another; the
-default overlaps them."""
+NOTES = """Columns: CPU seconds are medians per round from /proc (trainer: this
+process, all threads; workers: the worker_binary processes; for `local`, TFF's
+own local worker). "Projected round on own cores" = trainer CPU + busiest
+worker's CPU: what a round would take if every worker had its own cores and
+the network were free. It is a model built from measured CPU time, not a
+measurement on several machines.
+
+How to read it: the workers here share this machine's cores with the trainer,
+each other and other users' jobs, so wall times cannot show the speed-up of
+N machines; they show the overhead of the distributed path (datasets and
+models serialised over gRPC, the mergeable compilation's extra merge step)
+under contention. CPU time is much less sensitive to the load: the total
+worker CPU shows the work is split, not duplicated; the busiest worker's
+share shrinking with N is what N machines turn into speed-up, while the
+trainer's part (building and sending client datasets unless
+`--data_on_workers`, merging, the server update) does not shrink.
+`2-sequential` is TFF's RemoteExecutor as shipped, whose blocking Compute
+call makes the mergeable context run the workers one after the other."""
 
 
 def _cpu_model() -> str:
@@ -86,80 +94,152 @@ def _machine() -> dict:
       'tensorflow_federated': tff.__version__, 'kernel': platform.release()}
 
 
-def _time_rounds(process, task, context, rounds: int, ids_only: bool = False):
-  """(warm-up round seconds, timed round seconds, final weights)."""
-  client_ids = list(task.train_data.client_ids)
-  with context_stack_impl.context_stack.install(context):
-    state = process.initialize()
-    times = []
-    for round_num in range(1, rounds + 2):
-      sampled = program.sample_clients(client_ids, FLAGS.clients_per_round, 0, round_num)
-      started = time.perf_counter()
-      data = sampled if ids_only else program.client_datasets(task, sampled, None)
-      state = process.next(state, data).state
-      times.append(time.perf_counter() - started)
-    weights = process.get_model_weights(state)
-  return times[0], times[1:], [np.asarray(w) for w in weights.trainable]
+_TICKS = os.sysconf('SC_CLK_TCK')
 
 
-def _run_config(name: str, task, rounds: int) -> dict:
-  process = fedopt_process.build_fedopt_process(
-      task.model_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      client_learning_rate=0.05, local_steps=FLAGS.local_steps)
-  load_before = os.getloadavg()
-  started = []
-  concurrent = workers._CONCURRENT_COMPUTE  # pylint: disable=protected-access
+def _cpu_seconds(pid: int) -> float:
+  """User + system CPU seconds of process `pid` (all its threads) so far."""
   try:
+    with open(f'/proc/{pid}/stat') as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+  except (OSError, IndexError, ValueError):
+    return float('nan')
+
+
+class _Config:
+  """One configuration: its process, context and worker processes, and its state."""
+
+  def __init__(self, name: str, task):
+    self.name = name
+    self.task = task
+    self.process = fedopt_process.build_fedopt_process(
+        task.model_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+        client_learning_rate=0.05, local_steps=FLAGS.local_steps)
+    self.started: list[workers.WorkerProcess] = []
+    self.ids_only = name.endswith('data_on_workers')
     if name == 'local':
       runtime._install_process_hooks()  # pylint: disable=protected-access
-      context = tff.backends.native.create_sync_local_cpp_execution_context()
-      num_workers, ids_only = 0, False
+      self.num_workers = 0
+      before = set(runtime.live_workers())
+      self.context = tff.backends.native.create_sync_local_cpp_execution_context()
+      self._local_before = before
     else:
-      num_workers = int(name.split('-')[0])
-      ids_only = name.endswith('data_on_workers')
-      if name.endswith('sequential'):
-        workers._CONCURRENT_COMPUTE = False  # pylint: disable=protected-access
-      started = workers.start_local_workers(num_workers)
-      context = workers.create_workers_context([w.address for w in started])
-      if ids_only:
-        process, _ = workers.compose_data_on_workers(process, task)
-    first, timed, weights = _time_rounds(process, task, context, rounds, ids_only)
-  finally:
-    workers._CONCURRENT_COMPUTE = concurrent  # pylint: disable=protected-access
-    workers.stop_workers(started)
+      self.num_workers = int(name.split('-')[0])
+      self.started = workers.start_local_workers(self.num_workers)
+      self.context = workers.create_workers_context(
+          [w.address for w in self.started],
+          concurrent_compute=not name.endswith('sequential'))
+      if self.ids_only:
+        self.process, _ = workers.compose_data_on_workers(self.process, task)
+    self.state = None
+    self.worker_pids: list[int] = [w.pid for w in self.started]
+    self.first_round_seconds = float('nan')
+    self.rounds: list[dict] = []
+
+  def run_round(self, round_num: int) -> dict:
+    """Runs one round (initialising first); returns its wall and CPU seconds."""
+    client_ids = list(self.task.train_data.client_ids)
+    with context_stack_impl.context_stack.install(self.context):
+      if self.state is None:
+        self.state = self.process.initialize()
+        if self.name == 'local':
+          self.worker_pids = sorted(set(runtime.live_workers()) - self._local_before)
+      sampled = program.sample_clients(client_ids, FLAGS.clients_per_round, 0, round_num)
+      cpu_workers = [_cpu_seconds(p) for p in self.worker_pids]
+      cpu_trainer = time.process_time()
+      started = time.perf_counter()
+      data = sampled if self.ids_only else program.client_datasets(self.task, sampled, None)
+      self.state = self.process.next(self.state, data).state
+      wall = time.perf_counter() - started
+      cpu_trainer = time.process_time() - cpu_trainer
+      cpu_workers = [_cpu_seconds(p) - c for p, c in zip(self.worker_pids, cpu_workers)]
+    return {'round': round_num, 'wall_seconds': wall, 'trainer_cpu_seconds': cpu_trainer,
+            'worker_cpu_seconds': cpu_workers, 'load_average_1min': os.getloadavg()[0]}
+
+  def weights(self) -> list[np.ndarray]:
+    with context_stack_impl.context_stack.install(self.context):
+      return [np.asarray(w) for w in self.process.get_model_weights(self.state).trainable]
+
+  def summary(self) -> dict:
+    walls = [r['wall_seconds'] for r in self.rounds]
+    trainer = [r['trainer_cpu_seconds'] for r in self.rounds]
+    worker_sum = [sum(r['worker_cpu_seconds']) for r in self.rounds]
+    worker_max = [max(r['worker_cpu_seconds'], default=0.0) for r in self.rounds]
+    return {
+        'config': self.name, 'workers': self.num_workers,
+        'first_round_seconds': self.first_round_seconds,
+        'median_round_seconds': statistics.median(walls),
+        'mean_round_seconds': statistics.fmean(walls),
+        'median_trainer_cpu_seconds': statistics.median(trainer),
+        'median_worker_cpu_seconds_total': statistics.median(worker_sum),
+        'median_worker_cpu_seconds_max': statistics.median(worker_max),
+        # The round time N machines would give if each worker had its own
+        # cores and the trainer never waited on the network: the trainer's part
+        # plus the busiest worker's. A model, not a measurement.
+        'projected_round_seconds_own_cores': statistics.median(
+            [t + m for t, m in zip(trainer, worker_max)]),
+        'rounds': self.rounds}
+
+  def close(self):
+    workers.stop_workers(self.started)
+
+
+def _run(names: list[str], task, rounds: int) -> list[_Config]:
+  """Warm-up round per configuration, then `rounds` rounds interleaved.
+
+  Interleaving (configuration order rotated every round) spreads the load of
+  a shared machine over all configurations instead of favouring whichever
+  ran while it was quiet.
+  """
+  configs = []
+  try:
+    for name in names:
+      configs.append(_Config(name, task))
+    for config in configs:
+      print(f'warm-up {config.name} ...', file=sys.stderr, flush=True)
+      config.first_round_seconds = config.run_round(1)['wall_seconds']
+    for i in range(rounds):
+      order = configs[i % len(configs):] + configs[:i % len(configs)]
+      for config in order:
+        config.rounds.append(config.run_round(i + 2))
+      print(f'round {i + 2}: ' + ', '.join(
+          f'{c.name} {c.rounds[-1]["wall_seconds"]:.2f}s' for c in configs),
+            file=sys.stderr, flush=True)
+  except BaseException:
+    for config in configs:
+      config.close()
     runtime.shutdown_workers()
-  return {'config': name, 'workers': num_workers, 'first_round_seconds': first,
-          'round_seconds': timed, 'median_round_seconds': statistics.median(timed),
-          'mean_round_seconds': statistics.fmean(timed),
-          'load_average_before': load_before, 'load_average_after': os.getloadavg(),
-          'weights': weights}
+    raise
+  return configs
 
 
 def _markdown(report: dict) -> str:
-  m = report['machine']
-  s = report['setup']
+  m, s = report['machine'], report['setup']
+  loads = [r['load_average_1min'] for res in report['results'] for r in res['rounds']]
   lines = [
       '# Round time on TFF workers (bench/workers_bench.py)', '',
       f'Machine: {m["cpu"]}, {m["cores"]} cores, {m["memory_gib"]} GiB; Python {m["python"]}, '
-      f'TF {m["tensorflow"]}, TFF {m["tensorflow_federated"]}. The machine is shared: the load '
-      'average (1 min) around each configuration is listed, and numbers taken under load are '
-      'noisy.', '',
+      f'TF {m["tensorflow"]}, TFF {m["tensorflow_federated"]}. Shared with other jobs: the '
+      f'1-minute load average during the timed rounds was {min(loads):.0f}–{max(loads):.0f} '
+      f'on {m["cores"]} cores.', '',
       f'Setup: FedAvg on digits ({s["model"]}), {s["num_clients"]} clients, '
       f'{s["clients_per_round"]} per round, {s["local_steps"]} local steps of batch '
-      f'{s["batch_size"]}; {s["rounds"]} timed rounds after a warm-up round (which includes '
-      'compilation). All workers on this machine, over loopback.', '',
-      '| configuration | workers | warm-up round (s) | median round (s) | mean round (s) | '
-      'speed-up vs 1 worker | max weight diff vs local | load avg before → after |',
+      f'{s["batch_size"]}; a warm-up round (includes compilation), then {s["rounds"]} timed '
+      'rounds with the configurations interleaved. All workers on this machine, over loopback.',
+      '',
+      '| configuration | warm-up (s) | median round, wall (s) | trainer CPU (s) | '
+      'workers CPU, total (s) | busiest worker CPU (s) | projected round on own cores (s) | '
+      'max weight diff vs local |',
       '|---|---|---|---|---|---|---|---|']
-  base = next((r['median_round_seconds'] for r in report['results'] if r['config'] == '1'), None)
   for r in report['results']:
-    speedup = f'{base / r["median_round_seconds"]:.2f}×' if base and r['workers'] else '–'
     diff = r.get('max_abs_weight_diff_vs_local')
     lines.append(
-        f'| {r["config"]} | {r["workers"] or "local"} | {r["first_round_seconds"]:.1f} | '
-        f'{r["median_round_seconds"]:.2f} | {r["mean_round_seconds"]:.2f} | {speedup} | '
-        f'{"–" if diff is None else f"{diff:.1e}"} | '
-        f'{r["load_average_before"][0]:.1f} → {r["load_average_after"][0]:.1f} |')
+        f'| {r["config"]} | {r["first_round_seconds"]:.1f} | {r["median_round_seconds"]:.2f} | '
+        f'{r["median_trainer_cpu_seconds"]:.2f} | {r["median_worker_cpu_seconds_total"]:.2f} | '
+        f'{r["median_worker_cpu_seconds_max"]:.2f} | '
+        f'{r["projected_round_seconds_own_cores"]:.2f} | '
+        f'{"–" if diff is None else f"{diff:.1e}"} |')
   lines += ['', NOTES, '']
   return '\n'.join(lines)
 
@@ -169,29 +249,24 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # TFF logs each graph optimisation at INFO
   task = digits.create_task(num_clients=FLAGS.num_clients, model=FLAGS.model,
                             batch_size=FLAGS.batch_size)
-  results = []
-  for name in FLAGS.configs:
-    print(f'running {name} ...', file=sys.stderr, flush=True)
-    result = _run_config(name, task, FLAGS.rounds)
-    print(f'  {name}: warm-up {result["first_round_seconds"]:.1f} s, median round '
-          f'{result["median_round_seconds"]:.2f} s', file=sys.stderr, flush=True)
-    results.append(result)
-  local = next((r['weights'] for r in results if r['config'] == 'local'), None)
-  for r in results:
-    if local is not None:
+  configs = _run(list(FLAGS.configs), task, FLAGS.rounds)
+  results = [c.summary() for c in configs]
+  weights = {c.name: c.weights() for c in configs}
+  for config in configs:
+    config.close()
+  runtime.shutdown_workers()
+  if 'local' in weights:
+    for r in results:
       r['max_abs_weight_diff_vs_local'] = float(max(
-          np.max(np.abs(a - b)) for a, b in zip(r['weights'], local)))
-    del r['weights']
-  leftover = runtime.find_orphan_workers(parent_pid=os.getpid())
+          np.max(np.abs(a - b)) for a, b in zip(weights[r['config']], weights['local'])))
   report = {
       'machine': _machine(),
       'setup': {'task': 'digits', 'model': FLAGS.model, 'num_clients': FLAGS.num_clients,
                 'clients_per_round': FLAGS.clients_per_round, 'local_steps': FLAGS.local_steps,
-                'batch_size': FLAGS.batch_size, 'rounds': FLAGS.rounds, 'algorithm': 'fedavg'},
+                'batch_size': FLAGS.batch_size, 'rounds': FLAGS.rounds, 'algorithm': 'fedavg',
+                'interleaved': True},
       'results': results,
-      'leftover_worker_processes': leftover,
-      'git_commit': subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                                   cwd=os.path.dirname(FLAGS.out_dir)).stdout.strip(),
+      'leftover_worker_processes': runtime.find_orphan_workers(parent_pid=os.getpid()),
   }
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   with open(os.path.join(FLAGS.out_dir, 'workers.json'), 'w') as f:

@@ -4,11 +4,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tasks import base
+from tasks import cifar10_lda
 from tasks import digits
+from tasks import gld
 from tasks import leaf
 from tasks import synthetic
 from tasks import thesis
 from tasks import tff_native
+from tasks import vit_tasks
 
 
 def _digits(cfg: Mapping[str, Any]) -> base.FederatedTask:
@@ -44,6 +47,13 @@ TASKS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
     **{name: _file_task(builder) for name, builder in leaf.TASK_BUILDERS.items()},
     **{name: _file_task(builder) for name, builder in thesis.TASK_BUILDERS.items()},
 }
+# Seed 002's ViT-S/16 tasks and seed 003's CIFAR-10 split (docs/tasks_vit.md).
+TASKS.update({
+    'cifar100_image': _file_task(vit_tasks.cifar100_image_or_vit(
+        tff_native.TASK_BUILDERS['cifar100_image'])),
+    'cifar10': _file_task(cifar10_lda.cifar10_or_lda(thesis.TASK_BUILDERS['cifar10'])),
+    'gld23k': _file_task(gld.create_gld23k),
+})
 
 
 def create_task(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask:

@@ -23,21 +23,33 @@ TRAIN_FLAG_NAMES = (
     'task', 'partition', 'num_clients', 'dirichlet_alpha', 'digits_model', 'synthetic_alpha',
     'synthetic_beta', 'data_dir', 'max_client_examples', 'cifar100_image_model',
     'emnist_character_model', 'shakespeare_character_model', 'femnist_model',
-    'shakespeare_leaf_model', 'mnist_model', 'cifar10_model',
+    'shakespeare_leaf_model', 'mnist_model', 'cifar10_model', 'finetune', 'pretrained_weights',
+    'allow_random_init', 'measure_client_drift',
     'clients_per_round', 'client_batch_size', 'client_epochs_per_round',
     'local_steps', 'client_optimizer', 'client_learning_rate', 'client_beta_1', 'client_beta_2',
     'client_epsilon', 'client_weighting', 'algorithm', 'server_optimizer',
     'server_learning_rate', 'server_optimizer_semantics', 'server_beta_1', 'server_beta_2',
     'server_epsilon', 'fedgbo_upload', 'mfl_bias_correction', 'fedprox_mu', 'fedmax_beta',
-    'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
+    'preconditioner', 'client_lr_warmup', 'sm3_variant', 'sm3_delay', 'client_bias_correction',
+    'upload_compression', 'sparsity', 'dp', 'dp_clip_norm', 'dp_noise_multiplier', 'dp_delta', 'local_steps_schedule',
+    'local_steps_decay', 'local_steps_theory_b', 'schedule_window', 'plateau_patience',
+    'plateau_min_delta', 'client_lr_schedule', 'client_lr_decay_rate', 'client_lr_decay_steps',
+    'client_lr_staircase', 'client_lr_warmup_rounds', 'server_lr_schedule',
+    'server_lr_decay_rate', 'server_lr_decay_steps', 'server_lr_staircase',
+    'server_lr_warmup_rounds', 'step_time_seconds', 'measure_step_time', 'download_mbps',
+    'upload_mbps', 'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
     'root_output_dir', 'experiment_name', 'seed', 'execution_concurrency', 'show_progress',
-    'workers', 'worker_retry', 'data_on_workers')
+    'workers', 'worker_retry', 'data_on_workers',
+    # Personalised FL (thesis ch. 4): MTFL, Per-FedAvg, pFedMe.
+    'private', 'mtfl_strategy', 'perfedavg_beta', 'pfedme_lambda', 'pfedme_personal_learning_rate',
+    'pfedme_inner_steps', 'pfedme_beta', 'noisy_client_fraction', 'noise_stddev',
+    'client_state_dir')
 POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_round',
                  'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint')
 NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples')
 POSITIVE_FLOATS = ('client_learning_rate', 'server_learning_rate', 'server_epsilon',
-                   'client_epsilon', 'dirichlet_alpha')
-NON_NEGATIVE_FLOATS = ('fedprox_mu', 'fedmax_beta')
+                   'client_epsilon', 'dirichlet_alpha', 'download_mbps', 'upload_mbps')
+NON_NEGATIVE_FLOATS = ('fedprox_mu', 'fedmax_beta', 'step_time_seconds')
 UNIT_INTERVAL = ('server_beta_1', 'server_beta_2', 'client_beta_1', 'client_beta_2')  # [0, 1)
 
 
@@ -90,6 +102,26 @@ def validate(cfg: Mapping[str, Any]) -> None:
   if cfg.get('server_optimizer') and cfg['server_optimizer'] not in fedopt.SERVER_OPTIMIZERS:
     raise UsageError(f'--server_optimizer must be one of {", ".join(fedopt.SERVER_OPTIMIZERS)}; '
                      f'got {cfg["server_optimizer"]!r}')
+  if cfg.get('dp'):
+    if not cfg.get('dp_clip_norm') or cfg['dp_clip_norm'] <= 0:
+      raise UsageError('--dp needs --dp_clip_norm, a positive L2 clip norm C')
+    if cfg.get('dp_noise_multiplier') is None or cfg['dp_noise_multiplier'] < 0:
+      raise UsageError('--dp needs --dp_noise_multiplier, a non-negative noise multiplier σ')
+  if cfg.get('sm3_delay', 1) < 1:
+    raise UsageError(f'--sm3_delay must be a positive integer; got {cfg["sm3_delay"]}')
+  if (cfg.get('upload_compression') or 'none') != 'none':
+    if cfg['algorithm'] in algorithm_registry.NOT_COMPRESSIBLE:
+      raise UsageError(f'--upload_compression is not available for --algorithm={cfg["algorithm"]}'
+                       ' (its upload is aggregated inside TFF\'s own builder)')
+    if cfg.get('dp'):
+      raise UsageError('--upload_compression cannot be combined with --dp')
+  if not 0 <= cfg.get('sparsity', 0.0) < 1:
+    raise UsageError(f'--sparsity must be in [0, 1); got {cfg["sparsity"]}')
+  from tff_adaptive import round_schedules  # pylint: disable=g-import-not-at-top
+  try:
+    round_schedules.from_config(cfg)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
   entry = algorithm_registry.ALGORITHMS[cfg['algorithm']]
   if cfg['client_optimizer'] not in entry.client_optimizers:
     raise UsageError(f'--client_optimizer={cfg["client_optimizer"]} is not supported by '
@@ -103,6 +135,11 @@ def validate(cfg: Mapping[str, Any]) -> None:
     raise UsageError(str(e)) from None
   if cfg.get('worker_retry') and len(addresses) < 2:
     raise UsageError('--worker_retry needs at least two --workers')
+  from tff_adaptive import personalization  # pylint: disable=g-import-not-at-top
+  try:
+    personalization.validate(cfg)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
 
 
 def experiment_dir(cfg: Mapping[str, Any]) -> str:
@@ -138,6 +175,56 @@ def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
   return out
 
 
+def _round_schedules(cfg, task, process):
+  """The K/η/η_s schedule driver; ValueError (naming the flag) if `process` cannot follow it."""
+  from tff_adaptive import round_schedules  # pylint: disable=g-import-not-at-top
+  driver = round_schedules.from_config(cfg)
+  driver.check_process(process, data_on_workers=bool(cfg.get('data_on_workers')))
+  if cfg.get('measure_step_time'):
+    driver.step_seconds = measure_step_seconds(task)
+    print(f'Measured β = {driver.step_seconds * 1e3:.2f} ms per minibatch step', file=sys.stderr)
+  return driver
+
+
+def measure_step_seconds(task, repeats: int = 30) -> float:
+  """Seconds of one minibatch SGD step of the task's Keras model on this machine."""
+  import time  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model = task.keras_model_fn()
+  loss_fn = task.keras_evaluation().loss_fn()  # the loss the task trains with
+  optimizer = tf.keras.optimizers.SGD(0.0)
+  cid = task.train_data.client_ids[0]
+  batch = next(iter(task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))))
+  # Tasks batch as {'x', 'y'} dicts or (x, y) tuples.
+  x, y = (batch['x'], batch['y']) if isinstance(batch, Mapping) else batch
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      loss = loss_fn(y, model(x, training=True))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+
+  step()
+  start = time.perf_counter()
+  for _ in range(repeats):
+    step()
+  return (time.perf_counter() - start) / repeats
+
+
+def _dp_metrics_fn(cfg, task):
+  """ε spent so far (RDP accountant), added to each round's metrics."""
+  if not cfg.get('dp'):
+    return None
+  from tff_adaptive.accounting import privacy  # pylint: disable=g-import-not-at-top
+  population = len(task.train_data.client_ids)
+  rate = min(1.0, cfg['clients_per_round'] / population)
+  delta = cfg.get('dp_delta') or 1.0 / population
+  return lambda round_num, output: {
+      'dp/epsilon': privacy.epsilon(cfg['dp_noise_multiplier'], rate, round_num, delta),
+      'dp/delta': delta}
+
+
 def run_training(cfg: Mapping[str, Any]):
   """Validates `cfg`, builds task and algorithm, trains; returns (state, last metrics)."""
   try:
@@ -157,29 +244,39 @@ def run_training(cfg: Mapping[str, Any]):
     except workers.WorkerError as e:
       print(f'error: {e}', file=sys.stderr)
       sys.exit(1)
+  # Before building: TFF logs at INFO while it wraps Keras models, which would
+  # bury the one-line error of a flag that only the built process can refute.
+  logging.set_verbosity(logging.WARNING)
   try:
     task = task_registry.create_task(cfg['task'], cfg)
     process = algorithm_registry.build(cfg['algorithm'], task, cfg)
+    schedules = _round_schedules(cfg, task, process)
     client_data_fn = None
     if cfg.get('data_on_workers'):
       process, data_steps = workers.compose_data_on_workers(
           process, task, cfg.get('local_steps') or None)
       client_data_fn = workers.client_ids_fn(data_steps)
     out = prepare_output_dir(cfg)
+    # Personalised algorithms: noisy clients, the per-client state store
+    # (a ClientStateError, a ValueError, names a foreign directory).
+    from tff_adaptive import personalization  # pylint: disable=g-import-not-at-top
+    task, client_state = personalization.setup(cfg, task, process, out, RESUMABLE_CHANGES)
   except (UsageError, ValueError) as e:
     fail(str(e))
-  logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO
+  logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
     runtime.use_local_cpp_context(cfg.get('execution_concurrency', -1))
   loop = program.LoopConfig(
       total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],
       rounds_per_eval=cfg['rounds_per_eval'], rounds_per_checkpoint=cfg['rounds_per_checkpoint'],
       output_dir=out, seed=cfg['seed'], local_steps=cfg.get('local_steps') or None,
-      show_progress=cfg.get('show_progress', True))
+      show_progress=cfg.get('show_progress', True),
+      schedules=schedules, client_state=client_state)
   where = f' on {len(addresses)} workers ({", ".join(addresses)})' if addresses else ''
   print(f'Training {cfg["algorithm"]} on {cfg["task"]}{where}: output in {out}', file=sys.stderr)
   try:
-    result = program.run(process, task, loop, client_data_fn=client_data_fn)
+    result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(cfg, task),
+                         client_data_fn=client_data_fn)
   except program.TrainingDiverged as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)

@@ -11,6 +11,7 @@ than the rounds since the last checkpoint and never duplicates a round.
 import asyncio
 import collections
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -39,7 +40,11 @@ class LoopConfig:
   output_dir: str
   seed: int = 0
   local_steps: Optional[int] = None  # None: the task's epochs
+  schedules: Optional[Any] = None  # a round_schedules.RoundSchedules
   show_progress: bool = True
+  # Per-client state kept across rounds (personalised FL, e.g. MTFL's private
+  # patches): a `personalization.PersonalizationHook`. None: no client state.
+  client_state: Optional[Any] = None
 
 
 def sample_clients(client_ids: list[str], num: int, seed: int, round_num: int) -> list[str]:
@@ -144,17 +149,34 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
   evaluate = KerasEvaluator(task)
 
   initial = process.initialize()
-  program_state = {'state': initial, 'totals': {}}
+  sched = config.schedules
+  # Schedules' state is JSON text: feedback windows and plateau counters are
+  # small Python structures that a SavedModel does not hold natively.
+  # Running totals are JSON text too: their keys (the process's cost metrics)
+  # are unknown before the checkpoint is read, and loading needs a structure.
+  program_state = {'state': initial, 'totals': '{}',
+                   'schedules': sched.to_json() if sched else ''}
   start_round = 0
   versions = await state_manager.get_versions()
   if versions:
     start_round = versions[-1]
-    program_state = await state_manager.load(start_round, {'state': initial, 'totals': {}})
+    program_state = await state_manager.load(start_round, dict(program_state))
     program_state['state'] = tf.nest.pack_sequence_as(
         initial, tf.nest.flatten(program_state['state']))
     print(f'Resuming from the checkpoint after round {start_round}.', file=sys.stderr)
+  hook = config.client_state
+  if hook is not None:
+    # The client-state snapshot saved with this server checkpoint (0: none).
+    hook.restore(start_round)
   state = program_state['state']
-  totals = collections.defaultdict(float, {k: float(v) for k, v in program_state['totals'].items()})
+  if sched is not None and program_state.get('schedules'):
+    saved = program_state['schedules']
+    sched.restore(saved.decode() if isinstance(saved, bytes) else str(saved))
+  saved_totals = program_state['totals']
+  if isinstance(saved_totals, (bytes, str)):
+    saved_totals = json.loads(saved_totals.decode() if isinstance(saved_totals, bytes)
+                              else saved_totals)
+  totals = collections.defaultdict(float, {k: float(v) for k, v in saved_totals.items()})
   last_checkpoint = start_round
 
   client_ids = list(task.train_data.client_ids)
@@ -168,14 +190,24 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
       sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
       # Composer-built processes run K steps themselves (K is in their state).
       data_steps = None if _has_round_hparams(state) else config.local_steps
+      schedule_row = {}
+      if sched is not None:
+        state, scheduled_steps, schedule_row = sched.apply(state, round_num)
+        data_steps = scheduled_steps if scheduled_steps is not None else data_steps
       try:
-        output = process.next(state, client_data_fn(sampled, data_steps))
+        data = client_data_fn(sampled, data_steps)
+        if hook is not None:  # pair each client's data with its own state
+          data = hook.client_data(round_num, sampled, data)
+        output = process.next(state, data)
       except Exception as e:
         # The caller (bin/train) reports where a rerun resumes; the type is kept.
         e.add_note(f'Round {round_num} failed; the last checkpoint is after round '
                    f'{last_checkpoint} in {config.output_dir}.')
         raise
-      row = {f'train/{k}': v for k, v in flatten_metrics(output.metrics).items()}
+      # Process measurements: costs keep their `cost/` names (and get running
+      # totals below); everything else is a training metric.
+      row = {(k if k.startswith('cost/') else f'train/{k}'): v
+             for k, v in flatten_metrics(output.metrics).items()}
       if round_metrics_fn is not None:
         row.update(round_metrics_fn(round_num, output))
       train_loss = next((v for k, v in row.items() if k.endswith('train/loss')), 0.0)
@@ -187,17 +219,26 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
             f'try a smaller --client_learning_rate or --server_learning_rate. The last good '
             f'checkpoint (round {last_checkpoint}) is kept in {config.output_dir}.')
       state = output.state
+      is_eval_round = round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds
+      if hook is not None:  # store what the clients returned; user accuracy
+        row.update(hook.after_round(round_num, sampled, output, is_eval_round))
       for key, value in list(row.items()):
-        if key.startswith('cost/') and not key.startswith('cost/cumulative'):
+        if key.startswith('cost/') and not key.endswith('state_floats'):
           totals[key] += value
       row.update({f'cost/cumulative_{k[len("cost/"):]}': v for k, v in totals.items()})
       row['round_seconds'] = time.monotonic() - started
       if round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds:
         last_eval = {f'eval/{k}': v for k, v in evaluate(weights).items()}
         row.update(last_eval)
+      if sched is not None:
+        row.update(schedule_row)
+        row.update(sched.observe(round_num, row, len(sampled)))
       await releases.release(row, round_num)
       if round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds:
-        await state_manager.save({'state': state, 'totals': dict(totals)}, round_num)
+        if hook is not None:  # first: a server checkpoint always has its client state
+          hook.save(round_num)
+        await state_manager.save({'state': state, 'totals': json.dumps(dict(totals)),
+                                  'schedules': sched.to_json() if sched else ''}, round_num)
         last_checkpoint = round_num
       bar.update(1)
       bar.set_postfix(_progress_postfix(row, last_eval), refresh=False)

@@ -1,34 +1,137 @@
 """Drives the per-round schedules of K, η (client) and η_s (server) in the loop.
 
-One mechanism for every algorithm (SPEC §5): before round t the driver asks
-each schedule for its value and writes it where the round will read it —
-K_t and η_t into the composer state's `hparams` (broadcast to clients with the
-model), η_s into the server optimiser state's `learning_rate`. Processes built
-by TFF's own builders (Mimelite, FedProx) get K_t through their data (exactly
-K_t batches); they have no broadcast η, so only a constant η works for them.
+Seed 001 ("Faster Federated Learning with Decaying Number of Local SGD
+Steps") and the thesis (seed 004, ch. 5), SPEC §5: K_t and the client
+learning rate γ_t are server state, broadcast every round; η_s is the server
+optimiser's learning rate.
 
-After the round, feedback-driven schedules observe what they need (the mean
-first-minibatch loss, or the validation accuracy). The driver's whole state is
-a JSON string saved with every checkpoint, so a resumed run continues the
-exact same sequence.
+One mechanism for every algorithm: before round t the driver asks each
+schedule for its value and writes it into the server state at a fixed place,
+which the round then reads:
+
+  * composer-built processes (FedAvg/FedSGD, the FedOpt family, FedGBO, MFL,
+    FedAda2, MimeXlite, FedMAX, CE-FedAvg): K_t and γ_t into
+    `state['hparams']`, broadcast to clients with the model (FedGBO's server
+    inverse step reads the same K_t and γ_t); η_s into the server optimiser
+    state, `state['stats']['learning_rate']` (MimeXlite:
+    `state['stats']['server']['learning_rate']`). FedGBO, MFL and CE-FedAvg
+    have no server learning rate (x ← x − Δ̄).
+  * processes built by TFF's own builders (Mimelite, FedProx): K_t through the
+    data (each client gets exactly K_t batches, `program.client_datasets`),
+    η_s into `state.finalizer['learning_rate']`, γ_t into Mimelite's client
+    optimiser state (`state.client_work[0]['learning_rate']`; FedProx keeps
+    its client learning rate inside the computation, so it cannot be
+    scheduled).
+
+`check_process` finds those places in the process's state type before
+training, so an impossible combination is a usage error naming the flag, not
+a failure at round 1.
+
+After the round, feedback-driven schedules observe what they need: the mean
+loss that the sampled clients report on their FIRST local minibatch
+(`train/first_minibatch_loss`, which composer-built processes report), or the
+validation accuracy on the loop's regular evaluation rounds only. The
+driver's whole state is a JSON string saved with every checkpoint, so a
+resumed run continues the exact same sequence.
 
 It also keeps seed 001's accounting (client steps against constant K_0) and
-the thesis's runtime model (ch. 5): a round lasts download + K_t·β + upload
-seconds for the slowest client (all clients equal here).
+the thesis's runtime model (eqs. 5.3-5.5): a round lasts, for the slowest
+client, download + K_t·β + upload seconds, with the per-client bits that the
+process itself measured from the real model.
 """
 
 import collections
 import json
+import math
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from tff_adaptive import schedules
 
+# Where each scheduled quantity lives in a process's server state, in order of
+# preference. A path is a sequence of field names (str) and positions (int).
+Path = tuple[Union[str, int], ...]
+LOCAL_STEPS_PATHS: tuple[Path, ...] = (('hparams', 'local_steps'),)
+CLIENT_LR_PATHS: tuple[Path, ...] = (
+    ('hparams', 'client_learning_rate'),  # composer
+    ('client_work', 0, 'learning_rate'),  # TFF's Mimelite: the base optimiser's state
+)
+SERVER_LR_PATHS: tuple[Path, ...] = (
+    ('stats', 'learning_rate'),  # composer, server optimiser state (FedOpt, FedAda2, FedMAX)
+    ('stats', 'server', 'learning_rate'),  # MimeXlite
+    ('finalizer', 'learning_rate'),  # TFF's builders (Mimelite, FedProx)
+)
+FIRST_MINIBATCH_LOSS = 'train/first_minibatch_loss'
+# The step schedules watch validation accuracy; tasks without one (the EMNIST
+# autoencoder, StackOverflow tags) are watched through −eval/loss instead.
+VALIDATION_ACCURACY = 'eval/accuracy'
+VALIDATION_LOSS = 'eval/loss'
+_FLAGS = {'local_steps': '--local_steps_schedule', 'client_lr': '--client_lr_schedule',
+          'server_lr': '--server_lr_schedule'}
+
 
 class ScheduleError(ValueError):
   pass
+
+
+# ---- finding and replacing a scalar inside a (type of a) server state ----
+
+def _type_child(type_spec, key):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  if not isinstance(type_spec, tff.StructType):
+    return None
+  elements = list(tff.structure.iter_elements(type_spec))
+  if isinstance(key, int):
+    return elements[key][1] if key < len(elements) else None
+  return next((member for name, member in elements if name == key), None)
+
+
+def _type_has_scalar(type_spec, path: Path) -> bool:
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  for key in path:
+    type_spec = _type_child(type_spec, key)
+    if type_spec is None:
+      return False
+  return isinstance(type_spec, tff.TensorType) and not type_spec.shape
+
+
+def _child(structure, key):
+  if isinstance(key, int):
+    return structure[key] if isinstance(structure, (list, tuple)) and key < len(structure) else None
+  if isinstance(structure, Mapping):
+    return structure.get(key)
+  return getattr(structure, key, None) if hasattr(structure, '_fields') else None
+
+
+def _get(structure, path: Path):
+  for key in path:
+    structure = _child(structure, key)
+    if structure is None:
+      return None
+  return structure if np.ndim(structure) == 0 else None
+
+
+def _replace(structure, path: Path, value):
+  """A copy of `structure` with the scalar at `path` replaced, dtype kept."""
+  key, rest = path[0], path[1:]
+  old = _child(structure, key)
+  new = _replace(old, rest, value) if rest else np.asarray(value, np.asarray(old).dtype)[()]
+  if isinstance(key, int):
+    items = list(structure)
+    items[key] = new
+    return items if isinstance(structure, list) else type(structure)(items)
+  if isinstance(structure, Mapping):
+    copy = collections.OrderedDict(structure) if isinstance(
+        structure, collections.OrderedDict) else dict(structure)
+    copy[key] = new
+    return copy
+  return structure._replace(**{key: new})  # a NamedTuple (TFF's LearningAlgorithmState)
+
+
+def _first(paths, has) -> Optional[Path]:
+  return next((p for p in paths if has(p)), None)
 
 
 class RoundSchedules:
@@ -38,49 +141,100 @@ class RoundSchedules:
                client_lr: Optional[schedules.Schedule] = None,
                server_lr: Optional[schedules.Schedule] = None,
                step_seconds: float = 0.0, down_mbps: float = schedules.DEFAULT_DOWN_MBPS,
-               up_mbps: float = schedules.DEFAULT_UP_MBPS):
+               up_mbps: float = schedules.DEFAULT_UP_MBPS,
+               rounds_per_eval: Optional[int] = None):
+    """Args:
+      local_steps, client_lr, server_lr: the schedules (None: not scheduled).
+      step_seconds: β, compute seconds per minibatch step (runtime model).
+      down_mbps, up_mbps: client bandwidths D and U in Mbit/s.
+      rounds_per_eval: the loop's regular evaluation period. Step schedules
+        only observe evaluations on rounds that are multiples of it, not the
+        extra evaluation the loop makes after its last round, so a run cut in
+        two and resumed sees the same evaluations as one uninterrupted run.
+        None: every evaluation counts.
+    """
     self.local_steps, self.client_lr, self.server_lr = local_steps, client_lr, server_lr
     self.step_seconds, self.down_mbps, self.up_mbps = step_seconds, down_mbps, up_mbps
+    self.rounds_per_eval = rounds_per_eval
     self.steps_total = 0.0
     self.constant_k_steps_total = 0.0
     self.sim_seconds_total = 0.0
 
-  def _all(self):
+  def _all(self) -> dict[str, Optional[schedules.Schedule]]:
     return {'local_steps': self.local_steps, 'client_lr': self.client_lr,
             'server_lr': self.server_lr}
 
+  @property
+  def needs_first_minibatch_loss(self) -> bool:
+    return any(s is not None and s.feedback == schedules.FEEDBACK_FIRST_MINIBATCH_LOSS
+               for s in self._all().values())
+
+  # ---- before training ----
+  def check_process(self, process, *, data_on_workers: bool = False) -> None:
+    """Raises ScheduleError (naming the flag) if `process` cannot follow the schedules.
+
+    Args:
+      process: the `tff.learning.templates.LearningProcess` to be trained.
+      data_on_workers: client datasets are built on workers with a K fixed at
+        build time (`workers.compose_data_on_workers`).
+    """
+    state_type = process.initialize.type_signature.result
+    state_type = getattr(state_type, 'member', state_type)
+    has = lambda p: _type_has_scalar(state_type, p)
+    if self.local_steps is not None and not _first(LOCAL_STEPS_PATHS, has):
+      if data_on_workers and not isinstance(self.local_steps, schedules.ConstantSchedule):
+        raise ScheduleError(
+            f'{_FLAGS["local_steps"]}={self.local_steps.TAG}: with --data_on_workers this '
+            'algorithm gets a K fixed when the data computation is built; use a constant K '
+            'or drop --data_on_workers')
+    if self.client_lr is not None and not _first(CLIENT_LR_PATHS, has):
+      raise ScheduleError(f'{_FLAGS["client_lr"]}: this algorithm keeps its client learning '
+                          'rate inside its computation (FedProx), so it cannot be scheduled')
+    if self.server_lr is not None and not _first(SERVER_LR_PATHS, has):
+      raise ScheduleError(f'{_FLAGS["server_lr"]}: this algorithm has no server learning rate '
+                          '(its server step is x − mean Δ: FedGBO, MFL, CE-FedAvg)')
+    if self.needs_first_minibatch_loss:
+      metrics_type = process.next.type_signature.result[1]
+      metrics_type = getattr(metrics_type, 'member', metrics_type)
+      if _type_child(metrics_type, FIRST_MINIBATCH_LOSS.split('/', 1)[1]) is None:
+        flag = next(_FLAGS[n] for n, s in self._all().items()
+                    if s is not None and s.feedback == schedules.FEEDBACK_FIRST_MINIBATCH_LOSS)
+        raise ScheduleError(f'{flag}=error needs the loss of each client\'s first minibatch, '
+                            'which this algorithm (built by TFF, not the package composer: '
+                            'mimelite, fedprox) does not report')
+
   # ---- before a round ----
   def apply(self, state: Any, round_num: int) -> tuple[Any, Optional[int], dict[str, float]]:
-    """Returns (state for round `round_num` (1-based), K for the data, metrics)."""
+    """Returns (state for round `round_num` (1-based), K for the data, metrics).
+
+    The K for the data is None when the process runs K_t itself (it is in
+    its state) or when K is not scheduled.
+    """
     t = round_num - 1
+    has = lambda p: _get(state, p) is not None
     row = {}
-    k = None if self.local_steps is None else int(self.local_steps.value(t))
-    lr = None if self.client_lr is None else float(self.client_lr.value(t))
-    server_lr = None if self.server_lr is None else float(self.server_lr.value(t))
-    composed = isinstance(state, Mapping) and 'hparams' in state
-    if composed:
-      state = collections.OrderedDict(state)
-      hparams = collections.OrderedDict(state['hparams'])
-      if k is not None:
-        hparams['local_steps'] = np.int32(k)
-      if lr is not None:
-        hparams['client_learning_rate'] = np.float32(lr)
-      state['hparams'] = hparams
-      if server_lr is not None:
-        stats = state['stats']
-        if not (isinstance(stats, Mapping) and 'learning_rate' in stats):
-          raise ScheduleError('--server_lr_schedule: this algorithm has no server learning rate')
-        stats = collections.OrderedDict(stats)
-        stats['learning_rate'] = np.asarray(server_lr, np.asarray(stats['learning_rate']).dtype)
-        state['stats'] = stats
-    elif lr is not None or server_lr is not None:
-      raise ScheduleError('--client_lr_schedule/--server_lr_schedule need an algorithm built by '
-                          'the package composer (not mimelite/fedprox)')
-    for name, value in (('local_steps', k), ('client_learning_rate', lr),
-                        ('server_learning_rate', server_lr)):
+    data_k = None
+    values = {name: (None if s is None else s.value(t)) for name, s in self._all().items()}
+    for name, paths in (('local_steps', LOCAL_STEPS_PATHS), ('client_lr', CLIENT_LR_PATHS),
+                        ('server_lr', SERVER_LR_PATHS)):
+      path = _first(paths, has)
+      value = values[name]
       if value is not None:
-        row[f'schedule/{name}'] = float(value)
-    return state, (None if composed else k), row
+        if path is not None:
+          state = _replace(state, path, value)
+        elif name == 'local_steps':
+          data_k = int(value)  # TFF-built processes: exactly K_t batches of data
+        else:
+          raise ScheduleError(f'{_FLAGS[name]}: this algorithm\'s state has no '
+                              f'{"client" if name == "client_lr" else "server"} learning rate')
+      current = value if value is not None else (None if path is None else _get(state, path))
+      if name == 'local_steps' and current is not None and current < 1:
+        current = None  # K = 0: the process runs epochs, not a step count
+      if current is not None:
+        key = {'local_steps': 'local_steps', 'client_lr': 'client_learning_rate',
+               'server_lr': 'server_learning_rate'}[name]
+        row[f'schedule/{key}'] = float(current)
+    return state, data_k, row
 
   # ---- after a round ----
   def observe(self, round_num: int, row: Mapping[str, float], num_clients: int) -> dict[str, float]:
@@ -90,9 +244,13 @@ class RoundSchedules:
       if schedule is None or schedule.feedback is None:
         continue
       if schedule.feedback == schedules.FEEDBACK_FIRST_MINIBATCH_LOSS:
-        schedule.observe(t, float(row.get('train/first_minibatch_loss', float('nan'))))
-      elif 'eval/accuracy' in row:
-        schedule.observe(t, float(row['eval/accuracy']))
+        # The process reports the clients' (unweighted) mean; one copy per
+        # client makes the schedule's pooled window mean the thesis' 1/(sN) ΣΣ
+        # even when a round has fewer clients.
+        loss = float(row.get(FIRST_MINIBATCH_LOSS, math.nan))
+        schedule.observe(t, [loss] * max(num_clients, 1))
+      elif self._is_regular_eval(round_num, row):
+        schedule.observe(t, self._validation_score(row))
     out = {}
     steps = float(row.get('cost/client_steps', 0.0))
     self.steps_total += steps
@@ -100,6 +258,8 @@ class RoundSchedules:
       self.constant_k_steps_total += num_clients * self.local_steps.base
       out['schedule/step_fraction_vs_constant_k0'] = (
           self.steps_total / max(self.constant_k_steps_total, 1.0))
+    # Every client runs K_t steps when K is scheduled; otherwise (epochs) the
+    # mean per client stands in for the slowest client's steps.
     k = row.get('schedule/local_steps', steps / max(num_clients, 1))
     round_seconds = (row.get('cost/download_bits_per_client', 0.0) / 1e6 / self.down_mbps +
                      k * self.step_seconds +
@@ -109,12 +269,27 @@ class RoundSchedules:
     out['sim/cumulative_minutes'] = self.sim_seconds_total / 60.0
     return out
 
+  def _is_regular_eval(self, round_num: int, row: Mapping[str, float]) -> bool:
+    if VALIDATION_ACCURACY not in row and VALIDATION_LOSS not in row:
+      return False
+    return self.rounds_per_eval is None or round_num % self.rounds_per_eval == 0
+
+  @staticmethod
+  def _validation_score(row: Mapping[str, float]) -> float:
+    """Higher is better: the accuracy, or −loss for tasks without one."""
+    if VALIDATION_ACCURACY in row:
+      return float(row[VALIDATION_ACCURACY])
+    return -float(row[VALIDATION_LOSS])
+
   # ---- checkpointing ----
   def to_json(self) -> str:
     return json.dumps({
         'schedules': {k: (None if s is None else s.state()) for k, s in self._all().items()},
         'steps_total': self.steps_total, 'constant_k_steps_total': self.constant_k_steps_total,
-        'sim_seconds_total': self.sim_seconds_total})
+        'sim_seconds_total': self.sim_seconds_total,
+        # A measured β (--measure_step_time) is kept, so the resumed run's
+        # simulated time continues at the same rate.
+        'step_seconds': self.step_seconds})
 
   def restore(self, text: str) -> None:
     saved = json.loads(text)
@@ -123,6 +298,7 @@ class RoundSchedules:
     self.steps_total = saved['steps_total']
     self.constant_k_steps_total = saved['constant_k_steps_total']
     self.sim_seconds_total = saved['sim_seconds_total']
+    self.step_seconds = saved.get('step_seconds', self.step_seconds)
 
 
 def from_config(cfg: Mapping[str, Any]) -> RoundSchedules:
@@ -130,25 +306,51 @@ def from_config(cfg: Mapping[str, Any]) -> RoundSchedules:
   total = cfg.get('total_rounds')
   shared = dict(window=cfg.get('schedule_window'), patience=cfg.get('plateau_patience'),
                 min_delta=cfg.get('plateau_min_delta'))
-
-  def only(keys):
-    return {k: v for k, v in shared.items() if k in keys}
-
   feedback_params = {'error': ('window',), 'step': ('patience', 'min_delta')}
+  names = [cfg.get('local_steps_schedule') or 'constant',
+           cfg.get('client_lr_schedule') or 'constant',
+           cfg.get('server_lr_schedule') or 'constant']
+  # --schedule_window / --plateau_* belong to whichever schedules are
+  # feedback-driven; given with none of them, they are an error.
+  for param, flag in (('window', '--schedule_window'), ('patience', '--plateau_patience'),
+                      ('min_delta', '--plateau_min_delta')):
+    if shared[param] is not None and not any(param in feedback_params.get(n, ()) for n in names):
+      users = 'error' if param == 'window' else 'step'
+      raise ScheduleError(f'{flag} is only used by a {users} schedule (--local_steps_schedule, '
+                          f'--client_lr_schedule or --server_lr_schedule={users}); got '
+                          f'{flag}={shared[param]!r}')
+
+  def only(name):
+    return {k: v for k, v in shared.items() if k in feedback_params.get(name, ())}
 
   local = None
-  k_name = cfg.get('local_steps_schedule') or 'constant'
-  if cfg.get('local_steps'):
+  k_name = names[0]
+  k0 = cfg.get('local_steps')
+  if k0 is not None and k0 < 1 and k_name != 'constant':
+    raise ScheduleError(f'--local_steps (K_0) must be an integer >= 1 for '
+                        f'--local_steps_schedule={k_name}; got {k0}')
+  if k0:
     local = schedules.make_local_steps_schedule(
-        k_name, cfg['local_steps'], decay=cfg.get('local_steps_decay'),
-        b=cfg.get('local_steps_theory_b'), total_rounds=total,
-        **only(feedback_params.get(k_name, ())))
+        k_name, k0, decay=cfg.get('local_steps_decay'),
+        b=cfg.get('local_steps_theory_b'), total_rounds=total, **only(k_name))
   elif k_name != 'constant':
-    raise ScheduleError(f'--local_steps_schedule={k_name} needs --local_steps (K_0)')
+    raise ScheduleError(f'--local_steps_schedule={k_name} needs --local_steps (K_0 >= 1)')
+  else:
+    for param in ('local_steps_decay', 'local_steps_theory_b'):
+      if cfg.get(param) is not None:
+        raise ScheduleError(f'--{param} is not used by --local_steps_schedule=constant; '
+                            f'got --{param}={cfg[param]!r}')
   lrs = {}
-  for prefix in ('client', 'server'):
-    name = cfg.get(f'{prefix}_lr_schedule') or 'constant'
+  for prefix, name in (('client', names[1]), ('server', names[2])):
     if name == 'constant' and not cfg.get(f'{prefix}_lr_warmup_rounds'):
+      # Constant: nothing to write each round, but parameters for another
+      # schedule are still a mistake.
+      base = cfg.get(f'{prefix}_learning_rate')
+      schedules.make_lr_schedule(
+          'constant', 1.0 if base is None else base,
+          decay_rate=cfg.get(f'{prefix}_lr_decay_rate'),
+          decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
+          staircase=cfg.get(f'{prefix}_lr_staircase'), flag_prefix=prefix)
       lrs[prefix] = None
       continue
     lrs[prefix] = schedules.make_lr_schedule(
@@ -156,9 +358,10 @@ def from_config(cfg: Mapping[str, Any]) -> RoundSchedules:
         decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
         staircase=cfg.get(f'{prefix}_lr_staircase'),
         warmup_rounds=cfg.get(f'{prefix}_lr_warmup_rounds'), total_rounds=total,
-        flag_prefix=prefix,
-        **only(feedback_params.get(name, ())))
+        flag_prefix=prefix, **only(name))
   return RoundSchedules(local_steps=local, client_lr=lrs['client'], server_lr=lrs['server'],
                         step_seconds=cfg.get('step_time_seconds') or 0.0,
                         down_mbps=cfg.get('download_mbps') or schedules.DEFAULT_DOWN_MBPS,
-                        up_mbps=cfg.get('upload_mbps') or schedules.DEFAULT_UP_MBPS)
+                        up_mbps=cfg.get('upload_mbps') or schedules.DEFAULT_UP_MBPS,
+                        rounds_per_eval=cfg.get('rounds_per_eval'))
+

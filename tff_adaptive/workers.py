@@ -391,11 +391,7 @@ def _stub_class():
   return NamedWorkerStub
 
 
-# False only to measure TFF's RemoteExecutor as shipped (bench/workers_bench.py).
-_CONCURRENT_COMPUTE = True
-
-
-def _executor_class():
+def _executor_class(concurrent_compute: bool = True):
   """`RemoteExecutor` whose Compute RPC runs in a thread.
 
   TFF's RemoteExecutor makes blocking gRPC calls inside coroutines, so the
@@ -405,7 +401,7 @@ def _executor_class():
   """
   from tensorflow_federated.proto.v0 import executor_pb2  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.executors import remote_executor  # pylint: disable=g-import-not-at-top
-  if not _CONCURRENT_COMPUTE:
+  if not concurrent_compute:  # TFF's as shipped, for comparison (bench/workers_bench.py)
     return remote_executor.RemoteExecutor
   from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.types import computation_types  # pylint: disable=g-import-not-at-top
@@ -424,7 +420,8 @@ def _executor_class():
   return ConcurrentRemoteExecutor
 
 
-def _remote_context(address: str, default_num_clients: int, stream_structs: bool):
+def _remote_context(address: str, default_num_clients: int, stream_structs: bool,
+                    concurrent_compute: bool = True):
   """(async context on the worker at `address`, its gRPC channel)."""
   from tensorflow_federated.python.core.backends.native import compiler  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation  # pylint: disable=g-import-not-at-top
@@ -434,7 +431,7 @@ def _remote_context(address: str, default_num_clients: int, stream_structs: bool
 
   channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
   stub = _stub_class()(channel, address)
-  executor_cls = _executor_class()
+  executor_cls = _executor_class(concurrent_compute)
 
   def stack_fn(cardinalities):
     if cardinalities.get(placements.CLIENTS) is None:
@@ -511,11 +508,13 @@ def _workers_context_class():
     (which lets a caller retry once the worker is back).
     """
 
-    def __init__(self, addresses: Sequence[str], retry: bool, default_num_clients: int):
+    def __init__(self, addresses: Sequence[str], retry: bool, default_num_clients: int,
+                 concurrent_compute: bool):
       self.addresses = list(addresses)
       self.lost: list[str] = []
       self._retry = retry
       self._default_num_clients = default_num_clients
+      self._concurrent_compute = concurrent_compute
       self._mergeable = None
       self._attempt = _Attempt()
       self._channels = []
@@ -525,7 +524,8 @@ def _workers_context_class():
       self._attempt = _Attempt()
       contexts = []
       for address in self.addresses:
-        context, channel = _remote_context(address, self._default_num_clients, False)
+        context, channel = _remote_context(address, self._default_num_clients, False,
+                                           self._concurrent_compute)
         contexts.append(_WorkerContext(context, self._attempt))
         self._channels.append(channel)
       self._mergeable = tff.backends.native.create_mergeable_comp_execution_context(contexts)
@@ -562,7 +562,8 @@ def _workers_context_class():
 
 
 def create_workers_context(addresses: Sequence[str], *, retry: bool = False,
-                           connect_timeout: float = 10.0, default_num_clients: int = 0):
+                           connect_timeout: float = 10.0, default_num_clients: int = 0,
+                           concurrent_compute: bool = True):
   """A sync TFF context splitting each computation's clients across `addresses`.
 
   One remote async context per worker, combined by TFF's mergeable-comp
@@ -578,6 +579,9 @@ def create_workers_context(addresses: Sequence[str], *, retry: bool = False,
     connect_timeout: seconds each worker has to answer at start.
     default_num_clients: clients cardinality for computations without client
       arguments.
+    concurrent_compute: wait for each worker's Compute call in a thread so the
+      workers' subrounds overlap; False: TFF's RemoteExecutor as shipped, whose
+      blocking call runs them one after the other (kept for measurement).
 
   Raises:
     WorkerUnreachableError: naming the workers that do not answer.
@@ -586,7 +590,7 @@ def create_workers_context(addresses: Sequence[str], *, retry: bool = False,
   if not addresses:
     raise ValueError('no worker addresses')
   check_reachable(addresses, connect_timeout)
-  return _workers_context_class()(addresses, retry, default_num_clients)
+  return _workers_context_class()(addresses, retry, default_num_clients, concurrent_compute)
 
 
 def set_workers_context(addresses: Sequence[str], **kwargs):

@@ -23,9 +23,14 @@ The server state is a plain OrderedDict (easy to checkpoint and to inspect):
   global_model_weights, stats (the recipe's s), aggregator (model_aggregator's
   state), hparams (client_learning_rate, local_steps: set between rounds by
   schedules, see `set_round_hparams`), round_num.
+
+Optionally (`measure_client_drift`), each round also reports client drift,
+seed 000's Fig. 6.1 diagnostic (see `accounting/drift.py`).
 """
 
 import collections
+import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable
 from typing import Any, Optional
@@ -33,6 +38,8 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_adaptive.accounting import drift
 
 Structure = Any
 # Ops per parameter per local step of the optimiser, SPEC §8 (SGD: 2).
@@ -106,6 +113,7 @@ def build_process(
     client_weighting: Optional[tff.learning.ClientWeighting] = None,
     fb_flops_per_example: float = 0.0,
     upload_compression: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    measure_client_drift: Optional[bool] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds the `LearningProcess` of `recipe`.
 
@@ -127,7 +135,16 @@ def build_process(
       `aggregators.compression.SharedIndexCompressionFactory`, which encodes
       Δm, Δv at Δω's indices) and measures `upload_bits_per_client`; it
       replaces `model_aggregator`.
+    measure_client_drift: report `client_drift/{delta,model}_cosine_distance`
+      (mean pairwise cosine distance between the sampled clients' Δ_i, resp.
+      final trainable weights y_K^i) and `client_drift/num_clients` each
+      round. Each client sums in two float64 unit vectors of the model's
+      size (`tff.federated_sum`): a simulation-only diagnostic, not counted
+      in `cost/` bits. None: the default set by `measuring_client_drift`
+      (off).
   """
+  if measure_client_drift is None:
+    measure_client_drift = _MEASURE_CLIENT_DRIFT.get()
   if upload_compression is not None and model_aggregator is not None:
     raise ValueError('--upload_compression cannot be combined with another model aggregator '
                      '(e.g. --dp)')
@@ -217,6 +234,13 @@ def build_process(
     delta = tf.nest.pack_sequence_as(variables.trainable, delta)
     client_stats = collections.OrderedDict(
         first_minibatch_loss=first_loss, local_steps=step, num_examples=num_examples)
+    if measure_client_drift:
+      # Unit vectors only: their sum over clients gives the mean pairwise
+      # cosine (accounting/drift.py), so no per-client upload is collected.
+      client_stats['drift_delta_sum'], client_stats['drift_delta_n'] = drift.unit_vector(
+          tf.nest.flatten(delta))
+      client_stats['drift_model_sum'], client_stats['drift_model_n'] = drift.unit_vector(
+          [tf.identity(v) for v in trainable])
     return delta, extra, weight, model.report_local_unfinalized_metrics(), client_stats
 
   @tff.tensorflow.computation(weights_type, broadcast_type, hparams_type, data_type)
@@ -306,6 +330,17 @@ def build_process(
 
   state_type = initialize_fn.type_signature.result
 
+  if measure_client_drift:
+    client_stats_type = client_update_fn.type_signature.result[4]
+
+    @tff.tensorflow.computation(client_stats_type.drift_delta_sum, client_stats_type.drift_delta_n,
+                                client_stats_type.drift_model_sum, client_stats_type.drift_model_n)
+    def client_drift_fn(delta_sum, delta_n, model_sum, model_n):
+      return collections.OrderedDict(
+          delta_cosine_distance=drift.mean_cosine_distance_from_sum(delta_sum, delta_n),
+          model_cosine_distance=drift.mean_cosine_distance_from_sum(model_sum, model_n),
+          num_clients=delta_n)
+
   @tff.tensorflow.computation(np.int32)
   def add_one(n):
     return n + 1
@@ -352,12 +387,19 @@ def build_process(
         global_model_weights=new_weights, stats=new_stats, aggregator=agg.state,
         extra_aggregator=extra_state, hparams=state.hparams,
         round_num=tff.federated_map(add_one, state.round_num)))
-    metrics = tff.federated_zip(collections.OrderedDict(
+    metrics = collections.OrderedDict(
         client_work=tff.federated_zip(collections.OrderedDict(
             train=metrics_aggregation_fn(local_metrics))),
         aggregator=agg.measurements,
         first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss),
-        cost=cost))
+        cost=cost)
+    if measure_client_drift:
+      metrics['client_drift'] = tff.federated_map(client_drift_fn, (
+          tff.federated_sum(client_stats.drift_delta_sum),
+          tff.federated_sum(client_stats.drift_delta_n),
+          tff.federated_sum(client_stats.drift_model_sum),
+          tff.federated_sum(client_stats.drift_model_n)))
+    metrics = tff.federated_zip(metrics)
     return tff.learning.templates.LearningProcessOutput(new_state, metrics)
 
   @tff.tensorflow.computation(state_type.member)
@@ -373,6 +415,24 @@ def build_process(
   process = tff.learning.templates.LearningProcess(
       initialize_fn, next_fn, get_model_weights, set_model_weights)
   return process
+
+
+_MEASURE_CLIENT_DRIFT = contextvars.ContextVar('measure_client_drift', default=False)
+
+
+@contextlib.contextmanager
+def measuring_client_drift(enabled: bool = True):
+  """Within the block, `build_process` measures client drift by default.
+
+  Lets a caller (the algorithm registry, for `--measure_client_drift`) switch
+  the diagnostic on for every composer-built algorithm without threading an
+  argument through each algorithm's builder.
+  """
+  token = _MEASURE_CLIENT_DRIFT.set(bool(enabled))
+  try:
+    yield
+  finally:
+    _MEASURE_CLIENT_DRIFT.reset(token)
 
 
 def _tuples(structure):

@@ -19,6 +19,7 @@ from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import biased_optimizers
 from tff_adaptive.algorithms import ce_fedavg
+from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedmax
@@ -28,6 +29,9 @@ from tff_adaptive.algorithms import fedprox
 from tff_adaptive.algorithms import mfl
 from tff_adaptive.algorithms import mimelite
 from tff_adaptive.algorithms import mimexlite
+from tff_adaptive.algorithms import mtfl
+from tff_adaptive.algorithms import perfedavg
+from tff_adaptive.algorithms import pfedme
 
 
 class ConfigError(ValueError):
@@ -238,6 +242,61 @@ def _build_fedada2(task, cfg):
       fb_flops_per_example=fb_flops_per_example(task))
 
 
+def _personalized_checks(name, cfg):
+  """Flags the personalised processes (their own round, not the composer's) lack."""
+  for flag, unset in (('dp', False), ('upload_compression', 'none'),
+                      ('measure_client_drift', False)):
+    if (cfg.get(flag) or unset) != unset:
+      raise ConfigError(f'--{flag} is not available for --algorithm={name} (personalised round '
+                        'with private client state)')
+  return _weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES
+
+
+def _build_mtfl(task, cfg):
+  weighting = _personalized_checks('mtfl', cfg)
+  strategy = cfg.get('mtfl_strategy') or 'fedavg'
+  implied = 'adam' if strategy == 'fedadam' else 'sgd'
+  if cfg.get('server_optimizer') and cfg['server_optimizer'] != implied:
+    raise ConfigError(f'--server_optimizer={cfg["server_optimizer"]} contradicts '
+                      f'--mtfl_strategy={strategy} (which uses {implied}); leave it unset')
+  client_opt = cfg.get('client_optimizer', 'sgd')
+  if strategy != 'fedavg_adam' and client_opt != 'sgd':
+    raise ConfigError(f'--client_optimizer={client_opt} contradicts --mtfl_strategy={strategy} '
+                      '(SGD clients); --mtfl_strategy=fedavg_adam runs Adam clients')
+  client_optimizer = None
+  if strategy == 'fedavg_adam':
+    client_optimizer = biased_optimizers.BiasedOptimizer(
+        'adam', beta_1=cfg.get('client_beta_1', 0.9), beta_2=cfg.get('client_beta_2', 0.99),
+        epsilon=cfg.get('client_epsilon', 1e-8),
+        bias_correction=cfg.get('mfl_bias_correction', False))
+  return mtfl.build_mtfl(
+      task.model_fn, task.keras_model_fn, private=cfg.get('private') or 'all', strategy=strategy,
+      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
+      server_optimizer=_server_optimizer('fedadam' if strategy == 'fedadam' else 'fedavg', cfg),
+      client_optimizer=client_optimizer, client_weighting=weighting,
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_perfedavg(task, cfg):
+  weighting = _personalized_checks('perfedavg', cfg)
+  return perfedavg.build_perfedavg(
+      task.model_fn, client_learning_rate=cfg['client_learning_rate'],
+      beta=cfg.get('perfedavg_beta', 0.001), local_steps=cfg.get('local_steps', 0),
+      server_optimizer=_server_optimizer('perfedavg', cfg), client_weighting=weighting,
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
+def _build_pfedme(task, cfg):
+  weighting = _personalized_checks('pfedme', cfg)
+  return pfedme.build_pfedme(
+      task.model_fn, client_learning_rate=cfg['client_learning_rate'],
+      lam=cfg.get('pfedme_lambda', 15.0),
+      personal_learning_rate=cfg.get('pfedme_personal_learning_rate', 0.01),
+      inner_steps=cfg.get('pfedme_inner_steps', 1), beta=cfg.get('pfedme_beta', 1.0),
+      local_steps=cfg.get('local_steps', 0), client_weighting=weighting,
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     **{name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt, server {opt} (seed 003)')
        for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()},
@@ -254,7 +313,15 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                                 doc='MFL-Adam with compressed uploads (thesis ch. 3)'),
     'fedada2': AlgorithmEntry(_build_fedada2, fedada2.CLIENT_OPTIMIZERS,
                               doc='joint client+server adaptivity, SM3 clients (seed 002)'),
+    'mtfl': AlgorithmEntry(_build_mtfl, ('sgd', 'adam'),
+                           doc='private batch-norm patches, per-client state (thesis ch. 4)'),
+    'perfedavg': AlgorithmEntry(_build_perfedavg, doc='Per-FedAvg, first order (thesis ch. 4)'),
+    'pfedme': AlgorithmEntry(_build_pfedme, doc='pFedMe, Moreau envelopes (thesis ch. 4)'),
 }
+
+
+# Built by TFF's own templates, not the composer: no client-drift measurement.
+NO_CLIENT_DRIFT = ('mimelite', 'fedprox')
 
 
 def build(name: str, task: task_base.FederatedTask,
@@ -268,4 +335,11 @@ def build(name: str, task: task_base.FederatedTask,
                       f'it takes {", ".join(entry.client_optimizers)}')
   if entry.needs_local_steps and not cfg.get('local_steps'):
     raise ConfigError(f'--algorithm={name} needs exactly K local steps: set --local_steps')
-  return entry.build(task, cfg)
+  measure_drift = bool(cfg.get('measure_client_drift', False))
+  if measure_drift and name in NO_CLIENT_DRIFT:
+    raise ConfigError(f'--measure_client_drift is not available for --algorithm={name} (built by '
+                      f"TFF's own template); use an algorithm of the round composer")
+  # The composer reads the default from this context: every composer-built
+  # algorithm gets the flag without an argument in each builder.
+  with composer.measuring_client_drift(measure_drift):
+    return entry.build(task, cfg)

@@ -1,0 +1,267 @@
+"""Issue 7's "Show it works" report: MTFL vs FL, Per-FedAvg, pFedMe (thesis Table 4.2 style).
+
+Regenerate (from the repository root):
+
+  .venv/bin/python reports/mtfl_report.py
+
+On digits (scikit-learn's 8×8 images) split into 2 label shards per client
+(`--partition=shards`: train and test sorted by label into 2W shards, each
+client gets the same two shard ids for both), with the batch-norm CNN
+(`--digits_model=cnn_bn`: conv → BN → pool → dense → BN → dense), every round
+samples all W clients (C = 1.0) and each runs K local steps. It runs
+
+  FL(FedAvg | FedAdam | FedAvg-Adam)        --algorithm=mtfl --private=none
+  MTFL(same) × private (μ,σ,γ,β) | (μ,σ) | (γ,β)
+  Per-FedAvg (first order), pFedMe
+  the noisy-client variant (thesis Table 4.3) for FedAvg: 20% of clients get
+  fixed Gaussian noise on their training inputs; UA averages the others,
+
+and reports, like the thesis, the rounds until the mean user accuracy (UA:
+each client's accuracy on its own test split with the global model plus its
+patch, measured before local training) reaches TARGET, plus the final mean UA,
+its spread over clients, the global model's accuracy without patches and the
+upload bits per client. Learning rates are fixed (below), not tuned per cell
+as in the thesis: this is a small, quick reproduction of the table's shape.
+
+Every run is exactly a bin/train.py command line (listed in the report),
+parsed by bin/train's own flags and run in-process by `cli.run_training`.
+Run directories go to --runs_dir (default runs/mtfl_report, git-ignored).
+"""
+
+import argparse
+import importlib.util
+import math
+import multiprocessing
+import os
+import shlex
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+TRAIN = os.path.join(ROOT, 'bin', 'train.py')
+
+NUM_CLIENTS = 6
+ROUNDS = 8
+TARGET = 0.70
+LOCAL_STEPS = 5
+NOISE_STDDEV = 1.0  # digits pixels are in [0, 1]
+NOISY_FRACTION = 0.2
+COMMON = ['--task=digits', '--partition=shards', f'--num_clients={NUM_CLIENTS}',
+          '--digits_model=cnn_bn', f'--clients_per_round={NUM_CLIENTS}',
+          f'--local_steps={LOCAL_STEPS}', '--client_batch_size=10', '--seed=0',
+          f'--rounds_per_eval={ROUNDS}', f'--rounds_per_checkpoint={ROUNDS}',
+          '--show_progress=false']
+STRATEGIES = {  # name → (label, flags with learning rates)
+    'fedavg': ('FedAvg', ['--mtfl_strategy=fedavg', '--client_learning_rate=0.1']),
+    'fedadam': ('FedAdam', ['--mtfl_strategy=fedadam', '--client_learning_rate=0.1',
+                            '--server_learning_rate=0.01']),
+    'fedavg_adam': ('FedAvg-Adam', ['--mtfl_strategy=fedavg_adam',
+                                    '--client_learning_rate=0.1']),
+}
+PRIVATE = {'none': 'FL', 'all': 'MTFL (μ,σ,γ,β)', 'mu_sigma': 'MTFL (μ,σ)',
+           'gamma_beta': 'MTFL (γ,β)'}
+BASELINES = {
+    'perfedavg': ('Per-FedAvg (FO)', ['--algorithm=perfedavg', '--client_learning_rate=0.1',
+                                      '--perfedavg_beta=0.1']),
+    'pfedme': ('pFedMe', ['--algorithm=pfedme', '--client_learning_rate=0.05',
+                          '--pfedme_lambda=15', '--pfedme_personal_learning_rate=0.1',
+                          '--pfedme_inner_steps=1']),
+}
+NOISY = [f'--noisy_client_fraction={NOISY_FRACTION}', f'--noise_stddev={NOISE_STDDEV}']
+
+
+def _label(private, strategy_label):
+  if private == 'none':
+    return f'FL({strategy_label})'
+  return f'MTFL({strategy_label}) {PRIVATE[private].split(" ", 1)[1]}'
+
+
+def runs():
+  """name → (label, group, flags)."""
+  out = {}
+  for strategy, (s_label, s_flags) in STRATEGIES.items():
+    for private in PRIVATE:
+      out[f'{private}_{strategy}'] = (_label(private, s_label), 'table',
+                                      ['--algorithm=mtfl', f'--private={private}', *s_flags])
+  for name, (label, flags) in BASELINES.items():
+    out[name] = (label, 'table', flags)
+  for private in PRIVATE:
+    out[f'noisy_{private}_fedavg'] = (_label(private, 'FedAvg'), 'noisy',
+                                      ['--algorithm=mtfl', f'--private={private}',
+                                       *STRATEGIES['fedavg'][1], *NOISY])
+  return out
+
+
+def run_args(name, flags, runs_dir):
+  return [*COMMON, *flags, f'--total_rounds={ROUNDS}', f'--root_output_dir={runs_dir}',
+          f'--experiment_name={name}']
+
+
+def command_line(args):
+  return ' '.join(['bin/train.py', *map(shlex.quote, args)])
+
+
+# ---- Worker processes: bin/train's flags and run_training, imported once ----
+
+_FLAGS = None
+
+
+def _init_worker():
+  global _FLAGS
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  spec = importlib.util.spec_from_file_location('bin_train', TRAIN)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)  # defines bin/train's flags; main() is not run
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+  _FLAGS = module.FLAGS
+
+
+def _train(job):
+  name, args = job
+  from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
+  _FLAGS.unparse_flags()
+  _FLAGS(['bin/train.py', *args])
+  cfg = {k: _FLAGS[k].value for k in cli.TRAIN_FLAG_NAMES}
+  started = time.monotonic()
+  try:
+    cli.run_training(cfg)
+    status = 'ok'
+  except SystemExit as e:  # bin/train exits 1 on divergence, 2 on bad flags
+    status = 'diverged' if e.code == 1 else f'exit {e.code}'
+  return name, status, time.monotonic() - started
+
+
+# ---- Report ----
+
+
+def _fmt(value, digits=3):
+  return '–' if value is None or (isinstance(value, float) and math.isnan(value)) \
+      else f'{value:.{digits}f}'
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--runs_dir', default=os.path.join(ROOT, 'runs', 'mtfl_report'))
+  parser.add_argument('--out_dir', default=os.path.join(ROOT, 'reports'))
+  parser.add_argument('--jobs', type=int, default=2, help='worker processes')
+  parser.add_argument('--only', default='', help='comma-separated run names (smoke tests only)')
+  opts = parser.parse_args()
+  from tff_adaptive import personalization  # pylint: disable=g-import-not-at-top
+  from tff_adaptive import plotting  # pylint: disable=g-import-not-at-top
+
+  all_runs = runs()
+  if opts.only:
+    all_runs = {k: v for k, v in all_runs.items() if k in opts.only.split(',')}
+  jobs = [(name, run_args(name, flags, opts.runs_dir)) for name, (_, _, flags) in all_runs.items()]
+  os.makedirs(opts.runs_dir, exist_ok=True)
+  started = time.monotonic()
+  statuses = {}
+  ctx = multiprocessing.get_context('spawn')
+  with ctx.Pool(opts.jobs, initializer=_init_worker) as pool:
+    for name, status, seconds in pool.imap_unordered(_train, jobs):
+      print(f'  [{status}, {seconds:.0f}s] {name}', flush=True)
+      statuses[name] = status
+  minutes = (time.monotonic() - started) / 60
+
+  results = {}
+  for name in all_runs:
+    path = os.path.join(opts.runs_dir, name, 'metrics.csv')
+    rows = personalization.read_metrics(path) if os.path.exists(path) else []
+    last = rows[-1] if rows else {}
+    results[name] = dict(
+        status=statuses.get(name), rows=rows,
+        reach=personalization.rounds_to_target(rows, TARGET, 'ua/mean'),
+        best=max((r.get('ua/mean', math.nan) for r in rows), default=math.nan),
+        final=last.get('ua_all/mean'), spread=last.get('ua_all/std'),
+        global_acc=last.get('eval/accuracy'), up_bits=last.get('cost/upload_bits_per_client'),
+        private_floats=last.get('cost/client_private_state_floats'))
+
+  figures = os.path.join(opts.out_dir, 'figures')
+  os.makedirs(figures, exist_ok=True)
+  figure_files = []
+
+  def plot(names, file_name, title):
+    present = [n for n in names if n in results and results[n]['rows']]
+    if not present:
+      return
+    out = os.path.join(figures, file_name)
+    plotting.plot_runs([os.path.join(opts.runs_dir, n) for n in present], out,
+                       metrics=['ua/mean'], labels=[all_runs[n][0] for n in present], title=title)
+    figure_files.append((title, os.path.relpath(out, opts.out_dir)))
+
+  for strategy, (s_label, _) in STRATEGIES.items():
+    plot([f'{p}_{strategy}' for p in PRIVATE], f'mtfl_ua_{strategy}.png',
+         f'Mean UA, FL vs MTFL ({s_label})')
+  plot(['none_fedavg', 'gamma_beta_fedavg', 'perfedavg', 'pfedme'], 'mtfl_ua_personalised.png',
+       'Mean UA, personalised FL (thesis Fig. 4.5)')
+  plot([f'noisy_{p}_fedavg' for p in PRIVATE], 'mtfl_ua_noisy.png',
+       'Mean UA of the clean clients, 20% noisy clients (FedAvg)')
+
+  lines = ['# MTFL: private batch-norm patches (thesis ch. 4, issue 7)', '',
+           f'Regenerate: `.venv/bin/python reports/mtfl_report.py` ({len(all_runs)} runs, '
+           f'{minutes:.1f} min on this machine with --jobs={opts.jobs}).', '',
+           f'Setup: digits, W = {NUM_CLIENTS} clients with 2 label shards each (same shard ids '
+           f'for train and test), batch-norm CNN (`--digits_model=cnn_bn`), C = 1.0 (all clients '
+           f'every round), K = {LOCAL_STEPS} local steps of B = 10, {ROUNDS} rounds, seed 0, '
+           'one trial. UA = a client\'s accuracy on its own test split with the global model plus '
+           'its private patch, measured before local training; "mean UA" averages clients. '
+           f'Target mean UA: {TARGET:.0%}. Learning rates are fixed, not tuned per cell '
+           '(FedAvg η = 0.1; FedAdam η = 0.1, η_s = 0.01; FedAvg-Adam η = 0.1 with the '
+           'package\'s MFL-Adam; Per-FedAvg α = 0.1, β = 0.1; pFedMe η = 0.05, λ = 15, '
+           'η_p = 0.1, one inner step).', '',
+           '## Rounds to the target mean UA (thesis Table 4.2 style)', '',
+           f'"X": not reached within {ROUNDS} rounds. Best / final: the best per-round mean UA '
+           'of the sampled (= all) clients, and the mean ± std over all clients after the last '
+           'round (`ua_all/*`). Global acc.: the global model without patches on the pooled '
+           'test set (`eval/accuracy`). Upload: bits per client per round; private: floats each '
+           'client keeps.', '',
+           '| Strategy | ' + ' | '.join(PRIVATE[p] for p in PRIVATE) + ' |',
+           '|---|' + '---|' * len(PRIVATE)]
+
+  def cell(name):
+    r = results.get(name)
+    if not r or not r['rows']:
+      return 'not run'
+    reach = 'X' if r['reach'] is None else str(r['reach'])
+    return f'**{reach}** ({_fmt(r["best"], 2)} / {_fmt(r["final"], 2)})'
+
+  for strategy, (s_label, _) in STRATEGIES.items():
+    lines.append(f'| {s_label} | ' + ' | '.join(cell(f'{p}_{strategy}') for p in PRIVATE) + ' |')
+  lines += ['', 'Cells: **rounds to target** (best mean UA / final mean UA).', '',
+            '| Baseline | rounds to target | best mean UA | final mean UA ± std |',
+            '|---|---|---|---|']
+  for name in BASELINES:
+    r = results.get(name)
+    if r and r['rows']:
+      lines.append(f'| {all_runs[name][0]} | {"X" if r["reach"] is None else r["reach"]} | '
+                   f'{_fmt(r["best"])} | {_fmt(r["final"])} ± {_fmt(r["spread"])} |')
+  lines += ['', '## Details per run', '',
+            '| Run | status | best UA | final UA ± std | global acc. (no patch) | upload bits | '
+            'private floats |', '|---|---|---|---|---|---|---|']
+  for name, (label, group, _) in all_runs.items():
+    r = results[name]
+    lines.append(f'| {label}{" [noisy]" if group == "noisy" else ""} | {r["status"]} | '
+                 f'{_fmt(r["best"])} | {_fmt(r["final"])} ± {_fmt(r["spread"])} | '
+                 f'{_fmt(r["global_acc"])} | {_fmt(r["up_bits"], 0)} | '
+                 f'{_fmt(r["private_floats"], 0)} |')
+  lines += ['', '## Noisy clients (thesis Table 4.3 style, FedAvg)', '',
+            f'{NOISY_FRACTION:.0%} of the clients (seeded) train on inputs with fixed N(0, '
+            f'{NOISE_STDDEV}²) noise; UA averages the clean clients only.', '',
+            '| | ' + ' | '.join(PRIVATE[p] for p in PRIVATE) + ' |', '|---|' + '---|' * len(PRIVATE),
+            '| FedAvg | ' + ' | '.join(cell(f'noisy_{p}_fedavg') for p in PRIVATE) + ' |', '']
+  lines += ['## Curves', '']
+  for title, path in figure_files:
+    lines += [f'![{title}]({path})', '']
+  lines += ['## Commands', '', '```']
+  lines += [command_line(args) for _, args in jobs]
+  lines += ['```', '']
+  report = os.path.join(opts.out_dir, 'mtfl.md')
+  with open(report, 'w') as f:
+    f.write('\n'.join(lines))
+  print(report)
+
+
+if __name__ == '__main__':
+  main()

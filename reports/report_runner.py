@@ -1,0 +1,94 @@
+"""Runs bin/train command lines for the reports, in worker processes that import TF/TFF once.
+
+Each job is exactly a bin/train.py command line: its flags are parsed by
+bin/train's own flag definitions and handed to `tff_adaptive.cli.run_training`,
+which is all bin/train's `main()` does, so every run can be reproduced by
+pasting the printed command. Used by `fedada2_report.py` and
+`ce_fedavg_report.py`.
+"""
+
+import csv
+import importlib.util
+import math
+import multiprocessing
+import os
+import shlex
+import time
+from collections.abc import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, 'bin', 'train.py')
+
+_FLAGS = None
+
+
+def _init_worker():
+  global _FLAGS
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+  spec = importlib.util.spec_from_file_location('bin_train', TRAIN)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)  # defines bin/train's flags; main() is not run
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+  _FLAGS = module.FLAGS
+
+
+def _train(args: Sequence[str]):
+  from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
+  _FLAGS.unparse_flags()
+  _FLAGS(['bin/train.py', *args])
+  cfg = {k: _FLAGS[k].value for k in cli.TRAIN_FLAG_NAMES}
+  started, cpu = time.monotonic(), time.process_time()
+  try:
+    cli.run_training(cfg)
+    status = 'ok'
+  except SystemExit as e:  # bin/train exits 1 on divergence, 2 on bad flags
+    status = 'diverged' if e.code == 1 else f'exit {e.code}'
+  return tuple(args), status, time.monotonic() - started, time.process_time() - cpu
+
+
+def command_line(args: Sequence[str]) -> str:
+  return ' '.join(['.venv/bin/python bin/train.py', *map(shlex.quote, args)])
+
+
+def run_all(jobs: Sequence[Sequence[str]], processes: int = 2) -> dict[tuple, str]:
+  """Runs every job (a list of bin/train flags); returns {tuple(args): status}."""
+  results = {}
+  ctx = multiprocessing.get_context('spawn')
+  with ctx.Pool(processes, initializer=_init_worker, maxtasksperchild=8) as pool:
+    for args, status, seconds, cpu in pool.imap_unordered(_train, [list(j) for j in jobs]):
+      print(f'  [{status}, {seconds:.0f}s wall, {cpu:.0f}s CPU] {command_line(args)}', flush=True)
+      results[args] = status
+  return results
+
+
+def flag(args: Sequence[str], name: str) -> str:
+  return next(a.split('=', 1)[1] for a in args if a.startswith(f'--{name}='))
+
+
+def run_dir(args: Sequence[str]) -> str:
+  return os.path.join(flag(args, 'root_output_dir'), flag(args, 'experiment_name'))
+
+
+def read_columns(args: Sequence[str]) -> dict[str, list[float]]:
+  """metrics.csv as columns of floats (NaN where a round has no value)."""
+  with open(os.path.join(run_dir(args), 'metrics.csv'), newline='') as f:
+    rows = list(csv.DictReader(f))
+  columns = {}
+  for row in rows:
+    for key, value in row.items():
+      columns.setdefault(key, []).append(float(value) if value not in (None, '') else math.nan)
+  return columns
+
+
+def points(columns, x: str, y: str):
+  """(x, y) pairs where y is present (evaluations happen every few rounds)."""
+  return [(a, b) for a, b in zip(columns[x], columns[y]) if not math.isnan(b)]
+
+
+def first_round_reaching(columns, metric: str, target: float):
+  """The first evaluated round whose `metric` ≥ target, or None."""
+  for r, value in points(columns, 'round', metric):
+    if value >= target:
+      return int(r)
+  return None

@@ -1,0 +1,144 @@
+"""Seed 002's (FedAda2) ViT-S/16 fine-tuning tasks: shared plumbing and CIFAR-100.
+
+Seed 002 (Appendix H.2) fine-tunes an ImageNet-21k ViT-S/16 with images
+resized to 224x224 and client batch size 32, training either the new linear
+head (`--finetune=head`) or the whole network after the head is replaced
+(`--finetune=full`). Pretrained weights come from a local file
+(`--pretrained_weights`, Google's `.npz` layout, see `tasks/models/vit.py`).
+Without one, a task builds only with `--allow_random_init`, and warns: the
+papers' accuracies need the pretrained backbone.
+
+`cifar100_image` with `--cifar100_image_model=vit_s16` keeps TFF's federated
+CIFAR-100 (500 clients, `cifar100.sqlite`, read as `tasks/tff_native.py`
+reads it) and TFF's pipeline order (shuffle, repeat, take, map, batch), with
+seed 002's image map instead of the 24x24 crops: scale to [0, 1], bilinear
+resize 32 → 224, normalise with ImageNet's mean and standard deviation. No
+augmentation (the seed names none). The GLD-23K task is in `tasks/gld.py`.
+"""
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from absl import logging
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import base
+from tasks import data_files
+from tasks import tff_native
+from tasks.models import vit
+
+CIFAR100_CLASSES = 100
+CIFAR100_VIT_MODEL = 'vit_s16'
+RANDOM_INIT_WARNING = ('%s: the ViT starts from RANDOM initialisation (--allow_random_init). Seed '
+                       "002's numbers are for fine-tuning ImageNet-21k weights: pass "
+                       '--pretrained_weights=<ViT-S/16 .npz> to reproduce them.')
+
+
+def vit_config(cfg: Mapping[str, Any]) -> vit.ViTConfig:
+  """ViT-S/16; `cfg['vit_config']` (not a flag) lets tests use a tiny ViT."""
+  return cfg.get('vit_config') or vit.VIT_S16
+
+
+def vit_keras_model_fn(task: str, cfg: Mapping[str, Any],
+                       num_classes: int) -> Callable[[], tf.keras.Model]:
+  """`--finetune`, `--pretrained_weights` and `--allow_random_init` → a ViT builder.
+
+  Raises ValueError (a one-line usage error in bin/train) when there are no
+  weights and random initialisation was not allowed, or when the weights
+  file is not a ViT checkpoint of this architecture.
+  """
+  config = vit_config(cfg)
+  finetune = cfg.get('finetune') or 'head'
+  if finetune not in vit.FINETUNE_MODES:
+    raise ValueError(f'--finetune must be one of {", ".join(vit.FINETUNE_MODES)}; '
+                     f'got {finetune!r}')
+  path = cfg.get('pretrained_weights') or ''
+  if path:
+    pretrained = vit.PretrainedWeights(os.path.expanduser(path), config)
+  elif cfg.get('allow_random_init'):
+    logging.warning(RANDOM_INIT_WARNING, f'--task={task}')
+    pretrained = None
+  else:
+    raise ValueError(f'--task={task} fine-tunes a pretrained ViT-S/16: pass '
+                     '--pretrained_weights=<file.npz> (Google\'s ViT checkpoint layout, e.g. the '
+                     'ImageNet-21k AugReg ViT-S/16), or --allow_random_init to train from random '
+                     'initialisation (not what seed 002 measures)')
+  seed = cfg.get('seed', 0)
+  return lambda: vit.create_vit(num_classes, config, finetune=finetune, seed=seed,
+                                pretrained=pretrained)
+
+
+def vit_model_fn(keras_model_fn: Callable[[], tf.keras.Model], input_spec):
+  """TFF model of a logits ViT: sparse cross-entropy and accuracy."""
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        keras_model_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=input_spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+  return model_fn
+
+
+def logits_evaluation(datasets) -> base.KerasEvaluation:
+  return base.KerasEvaluation(
+      loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+      data_fn=datasets.get_centralized_test_data)
+
+
+def cifar100_vit_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, image_size: int):
+  """Seed 002's CIFAR-100 images (224x224, ImageNet-normalised), TFF's pipeline order."""
+  mean = tf.constant(vit.IMAGENET_MEAN)
+  std = tf.constant(vit.IMAGENET_STD)
+
+  def image_map(example):
+    image = tf.cast(example['image'], tf.float32) / 255.0
+    image = tf.image.resize(image, [image_size, image_size])
+    return (image - mean) / std, example['label']
+
+  def preprocess(dataset):
+    buffer = spec.shuffle_buffer_size or 500  # TFF's CIFAR-100 default
+    if buffer > 1:
+      dataset = dataset.shuffle(buffer)
+    if spec.num_epochs > 1:
+      dataset = dataset.repeat(spec.num_epochs)
+    if spec.max_elements is not None:
+      dataset = dataset.take(spec.max_elements)
+    return dataset.map(image_map, num_parallel_calls=tf.data.AUTOTUNE).batch(spec.batch_size)
+
+  return preprocess
+
+
+def create_cifar100_vit(cfg: Mapping[str, Any]) -> base.FederatedTask:
+  """`cifar100_image` with the ViT-S/16 (seed 002)."""
+  keras_model_fn = vit_keras_model_fn('cifar100_image', cfg, CIFAR100_CLASSES)
+  image_size = vit_config(cfg).image_size
+  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), tff_native.DEFAULT_CACHE_DIR)
+  # tff_native's loader: the same offline check and message as the other TFF tasks.
+  train, test = tff_native._load_sqlite('cifar100_image', 'cifar100', data_dir)  # pylint: disable=protected-access
+  train = tff_native._restrict_train_data(  # pylint: disable=protected-access
+      train, cfg.get('num_clients', 0), cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=cfg.get('num_epochs', 1),
+                                             batch_size=cfg.get('client_batch_size', 32))
+  eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
+                                                  shuffle_buffer_size=1)
+  datasets = tff.simulation.baselines.BaselineTaskDatasets(
+      train_data=train, test_data=test, validation_data=None,
+      train_preprocess_fn=cifar100_vit_preprocess_fn(spec, image_size),
+      eval_preprocess_fn=cifar100_vit_preprocess_fn(eval_spec, image_size))
+  baseline = tff.simulation.baselines.BaselineTask(
+      datasets, vit_model_fn(keras_model_fn, datasets.element_type_structure))
+  return base.FederatedTask(name='cifar100_image', baseline=baseline,
+                            keras_model_fn=keras_model_fn, num_classes=CIFAR100_CLASSES,
+                            evaluation=logits_evaluation(datasets))
+
+
+def cifar100_image_or_vit(
+    default: Callable[[Mapping[str, Any]], base.FederatedTask]
+) -> Callable[[Mapping[str, Any]], base.FederatedTask]:
+  """The `cifar100_image` builder: the ViT variant, else `default` (TFF's models)."""
+  def build(cfg: Mapping[str, Any]) -> base.FederatedTask:
+    if cfg.get('cifar100_image_model') == CIFAR100_VIT_MODEL:
+      return create_cifar100_vit(cfg)
+    return default(cfg)
+  return build

@@ -1,0 +1,62 @@
+"""Per-FedAvg, first-order (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020).
+
+The personalised-FL baseline of thesis ch. 4 (seed 004, §4.2.4; SPEC §7),
+first-order variant (FO, the paper's §5 (i)), as in the thesis's experiments.
+
+  client:  from y_0 = x_t, K meta-steps, each on two fresh minibatches D, D':
+             ỹ = y − α ∇f(y; D);   y ← y − β ∇f(ỹ; D')
+           Δ_i = x_t − y_K.
+  server:  x_{t+1} = x_t − η_s Σ w_i Δ_i (η_s = 1: the average).
+  personalised model (UA, measured before local training): ONE SGD step of
+  size α on ONE minibatch of the client's training data from x_t:
+           x_t − α ∇f(x_t; D_1).
+α is `client_learning_rate` (the round hparam), β `beta`.
+network per client: down |x|, up |x| (no private state).
+"""
+
+from collections.abc import Callable
+from typing import Optional
+
+import tensorflow_federated as tff
+
+from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms import personalized
+
+
+def perfedavg_recipe(beta: float) -> personalized.LocalRecipe:
+  if not beta > 0:
+    raise ValueError(f'--perfedavg_beta must be positive; got {beta}')
+
+  def train_step(ctx, opt, batches, alpha, step):
+    del step
+    first, second = batches
+    y = ctx.values()
+    grads, _ = ctx.grad(first)
+    ctx.assign([w - alpha * g for w, g in zip(y, grads)])
+    meta_grads, _ = ctx.grad(second)  # first order: ∇f at ỹ, no Hessian term
+    ctx.assign([w - beta * g for w, g in zip(y, meta_grads)])
+    return opt
+
+  def personalize(ctx, batch, alpha):
+    grads, _ = ctx.grad(batch)
+    ctx.assign([w - alpha * g for w, g in zip(ctx.values(), grads)])
+
+  return personalized.LocalRecipe(
+      name='perfedavg_fo', train_step=train_step, personalize=personalize, batches_per_step=2,
+      # Two SGD updates per meta-step.
+      optimizer_ops_per_param=4.0)
+
+
+def build_perfedavg(model_fn: Callable[[], tff.learning.models.VariableModel], *,
+                    client_learning_rate: float, beta: float, local_steps: int = 0,
+                    server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+                    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+                    fb_flops_per_example: float = 0.0) -> personalized.PersonalizedProcess:
+  """Per-FedAvg (FO): α = `client_learning_rate`, meta rate `beta`, K meta-steps."""
+  return personalized.build_personalized_process(
+      model_fn, name='perfedavg', layout=personalized.PatchLayout(),
+      local=perfedavg_recipe(beta),
+      server_optimizer=server_optimizer or fedopt.build_server_optimizer('sgd', 1.0),
+      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
+      fingerprint={'beta': beta})
