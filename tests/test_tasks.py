@@ -66,9 +66,11 @@ def test_synthetic_shapes_determinism_and_heterogeneity():
     assert len(train[k]['y']) >= 40 and len(test[k]['y']) >= 10
   sizes = [len(c['y']) for c in train.values()]
   assert max(sizes) > 3 * min(sizes)  # lognormal sizes
-  hetero = _label_skew(train)
-  homo = _label_skew(synthetic.generate(0.0, 0.0, 30, seed=0)[0])
-  assert hetero > homo
+  # β spreads the clients' input means (v_k ~ N(B_k, 1), B_k ~ N(0, β)).
+  def input_mean_spread(clients):
+    return np.std([c['x'].mean() for c in clients.values()])
+  assert (input_mean_spread(synthetic.generate(0.0, 5.0, 30, seed=0)[0]) >
+          2 * input_mean_spread(synthetic.generate(0.0, 0.0, 30, seed=0)[0]))
 
 
 def test_tasks_are_tff_baseline_tasks():
