@@ -166,9 +166,10 @@ flags.DEFINE_string('client_state_dir', '', 'Where personalised algorithms keep 
 # ---- Diagnostics ----
 flags.DEFINE_bool('measure_client_drift', False, 'Report client_drift/{delta,model}_cosine_'
                   'distance each round: mean pairwise cosine distance between the sampled '
-                  'clients\' updates Δ_i (delta) or final weights (model), seed 000 Fig. 6.1. Costs '
-                  'two extra float64 sums of model size per client per round (simulation only, '
-                  'not counted in cost/ bits). Not for mimelite, fedprox.')
+                  'clients\' updates Δ_i (delta) or final weights (model), seed 000 Fig. 6.1. '
+                  'Costs two extra float64 sums of model size per client per round (simulation '
+                  'only, not counted in cost/ bits). Round-composer algorithms only (not '
+                  'mimelite, fedprox, mtfl, perfedavg, pfedme).')
 
 # ---- Training loop ----
 flags.DEFINE_integer('total_rounds', 100, 'Total rounds (may be raised when resuming).')

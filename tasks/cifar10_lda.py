@@ -136,7 +136,8 @@ def _saved_split(cfg: Mapping[str, Any], make: Callable[[], dict[str, np.ndarray
     np.savez(path + '.tmp.npz', **result)
     os.replace(path + '.tmp.npz', path)
   except OSError as e:
-    raise ValueError(f'cannot save the CIFAR-10 split with the run ({e.strerror}: {path})') from None
+    raise ValueError(
+        f'cannot save the CIFAR-10 split with the run ({e.strerror}: {path})') from None
   return result
 
 

@@ -200,8 +200,11 @@ def google_variables(model: tf.keras.Model) -> list[tuple[str, tf.Variable]]:
       pairs += [(f'{prefix}/{part}/scale', norm.gamma), (f'{prefix}/{part}/bias', norm.beta)]
     attention = model.get_layer(_block_name(i, 'MultiHeadDotProductAttention_1'))
     # Keras' sublayers of MultiHeadAttention (its private attributes).
-    for name, dense in (('query', attention._query_dense), ('key', attention._key_dense),  # pylint: disable=protected-access
-                        ('value', attention._value_dense), ('out', attention._output_dense)):  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    sublayers = (('query', attention._query_dense), ('key', attention._key_dense),
+                 ('value', attention._value_dense), ('out', attention._output_dense))
+    # pylint: enable=protected-access
+    for name, dense in sublayers:
       pairs += [(f'{prefix}/MultiHeadDotProductAttention_1/{name}/kernel', dense.kernel),
                 (f'{prefix}/MultiHeadDotProductAttention_1/{name}/bias', dense.bias)]
     for j in (0, 1):

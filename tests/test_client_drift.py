@@ -1,0 +1,118 @@
+"""Client drift (seed 000 Fig. 6.1): the sum-of-unit-vectors identity and the round metric.
+
+The composer measures mean pairwise cosine distances from Σ u_i alone
+(`accounting/drift.py`); these tests compare it with a pair-by-pair NumPy
+computation, on random vectors and on one FedAvg round whose client updates
+are recomputed in NumPy on the tiny linear-softmax model of
+`algorithm_testing`.
+"""
+
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import algorithm_testing as at
+from tff_adaptive import runtime
+from tff_adaptive.accounting import drift
+from tff_adaptive.algorithms import composer
+from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import registry
+
+K = 3
+LR = 0.1
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _tff_context():
+  runtime.use_local_cpp_context()
+  yield
+  runtime.shutdown_workers()
+
+
+def _from_sum(vectors):
+  units, counts = zip(*[drift.unit_vector([tf.constant(v)]) for v in vectors])
+  return float(drift.mean_cosine_distance_from_sum(tf.add_n(units), tf.add_n(counts)))
+
+
+def test_identity_matches_pairwise_numpy_on_random_vectors():
+  rng = np.random.default_rng(0)
+  for n, dim in ((2, 3), (5, 40), (9, 7)):
+    vectors = [rng.normal(size=dim) + (0.5 if i % 2 else -0.2) for i in range(n)]
+    expected = drift.pairwise_cosine_distance_numpy(vectors)
+    assert 0.0 < expected < 2.0
+    np.testing.assert_allclose(_from_sum(vectors), expected, rtol=1e-12, atol=1e-13)
+
+
+def test_zero_vectors_are_left_out_and_too_few_clients_give_nan():
+  rng = np.random.default_rng(1)
+  vectors = [rng.normal(size=6) for _ in range(3)]
+  with_zero = vectors + [np.zeros(6)]
+  np.testing.assert_allclose(_from_sum(with_zero), drift.pairwise_cosine_distance_numpy(vectors),
+                             rtol=1e-12)
+  assert np.isnan(_from_sum([vectors[0], np.zeros(6)]))
+  # Opposite directions are at distance 2, the same direction at 0.
+  np.testing.assert_allclose(_from_sum([vectors[0], -3.0 * vectors[0]]), 2.0, rtol=1e-12)
+  assert abs(_from_sum([vectors[0], 2.0 * vectors[0], 7.0 * vectors[0]])) < 1e-12
+
+
+def _fedavg(measure_client_drift=None):
+  """FedAvg (server SGD, η_s = 1) with exactly K client steps."""
+  return composer.build_process(
+      at.model_fn, fedopt_process.fedopt_recipe(tff.learning.optimizers.build_sgdm(1.0)),
+      client_learning_rate=LR, local_steps=K, measure_client_drift=measure_client_drift)
+
+
+@pytest.fixture(scope='module')
+def drift_process():
+  return _fedavg(True)
+
+
+def _np_client_model(w0, client):
+  w = [a.astype(np.float64) for a in w0]
+  for x, y in at.np_batches(client, K):
+    w = [wi - LR * gi for wi, gi in zip(w, at.np_grad(w, x, y))]
+  return w
+
+
+def test_round_metric_matches_numpy(drift_process):
+  clients = at.make_clients((7, 12, 5, 9), seed=3)
+  state = drift_process.initialize()
+  w0 = [np.asarray(t) for t in state['global_model_weights'].trainable]
+  metrics = drift_process.next(state, at.datasets(clients)).metrics['client_drift']
+  models = [_np_client_model(w0, c) for c in clients]
+  flat = lambda ws: np.concatenate([a.reshape(-1) for a in ws])
+  deltas = [flat(w0) - flat(m) for m in models]
+  expected_delta = drift.pairwise_cosine_distance_numpy(deltas)
+  expected_model = drift.pairwise_cosine_distance_numpy([flat(m) for m in models])
+  assert metrics['num_clients'] == 4
+  # Clients train in float32: agreement to float32 accuracy of the updates.
+  np.testing.assert_allclose(metrics['delta_cosine_distance'], expected_delta, rtol=1e-5)
+  np.testing.assert_allclose(metrics['model_cosine_distance'], expected_model, rtol=1e-5)
+  assert expected_delta > 0.05  # heterogeneous clients: a non-trivial value
+  assert 0 < metrics['model_cosine_distance'] < metrics['delta_cosine_distance']
+
+
+def test_identical_uploads_have_zero_drift(drift_process):
+  same = at.make_clients((8,), seed=4) * 3
+  metrics = drift_process.next(drift_process.initialize(), at.datasets(same)).metrics
+  assert metrics['client_drift']['num_clients'] == 3
+  assert abs(metrics['client_drift']['delta_cosine_distance']) < 1e-12
+  assert abs(metrics['client_drift']['model_cosine_distance']) < 1e-12
+
+
+def test_off_by_default_and_the_registry_flag():
+  tf_type = lambda p: p.next.type_signature.result.metrics.member
+  assert 'client_drift' not in dir(tf_type(_fedavg()))
+  task = types.SimpleNamespace(name='tiny', model_fn=at.model_fn, keras_model_fn=at.keras_model)
+  cfg = dict(algorithm='fedgbo', client_optimizer='sgdm', client_learning_rate=LR, local_steps=K,
+             clients_per_round=3, measure_client_drift=True)
+  process = registry.build('fedgbo', task, cfg)
+  assert 'client_drift' in dir(tf_type(process))
+  # The context does not leak: a later build without the flag has no metric.
+  assert 'client_drift' not in dir(tf_type(registry.build('fedgbo', task, dict(
+      cfg, measure_client_drift=False))))
+  with pytest.raises(registry.ConfigError, match='measure_client_drift'):
+    registry.build('mimelite', task, dict(cfg, algorithm='mimelite', client_optimizer='sgd'))
