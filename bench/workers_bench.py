@@ -266,7 +266,7 @@ def main(argv):
                 'batch_size': FLAGS.batch_size, 'rounds': FLAGS.rounds, 'algorithm': 'fedavg',
                 'interleaved': True},
       'results': results,
-      'leftover_worker_processes': runtime.find_orphan_workers(parent_pid=os.getpid()),
+      'leftover_worker_processes': runtime.find_worker_processes(parent_pid=os.getpid()),
   }
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   with open(os.path.join(FLAGS.out_dir, 'workers.json'), 'w') as f:

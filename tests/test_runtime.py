@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent('''
       return x + 1
     assert add_one(1) == 2
     print('WORKERS', ' '.join(map(str, runtime.live_workers())), flush=True)
+    sys.stdin.readline()  # the test checks the workers are alive before we go on
     mode = sys.argv[1]
     if mode == 'raise':
       raise RuntimeError('boom')
@@ -43,11 +44,14 @@ def _alive(pid):
 
 def _start(mode):
   proc = subprocess.Popen([sys.executable, '-c', SCRIPT.format(root=ROOT), mode],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
   for line in proc.stdout:
     if line.startswith('WORKERS'):
       pids = [int(p) for p in line.split()[1:]]
       assert pids and all(_alive(p) for p in pids)
+      proc.stdin.write('go\n')
+      proc.stdin.close()
       return proc, pids
   raise AssertionError(f'child exited early: {proc.wait()}')
 
@@ -72,5 +76,17 @@ def test_worker_does_not_outlive_parent(how):
   assert _gone(pids), f'worker(s) {pids} still running after parent {how}'
 
 
-def test_find_orphan_workers_sees_none_of_ours():
-  assert runtime.find_orphan_workers(parent_pid=os.getpid()) == []
+def test_every_worker_child_is_tracked():
+  # Tests in this process may have started TFF's local context; any
+  # worker_binary child must be one `shutdown_workers()` knows about.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  runtime.use_local_cpp_context()
+
+  @tff.tensorflow.computation(tf.int32)
+  def add_one(x):
+    return x + 1
+
+  assert add_one(1) == 2
+  children = set(runtime.find_worker_processes(parent_pid=os.getpid()))
+  assert children and children <= set(runtime.live_workers())

@@ -94,8 +94,12 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
   v1, w1 = _final_weights(tmp_path / 'whole' / f'digits_{algorithm}')
   v2, w2 = _final_weights(tmp_path / 'cut' / f'digits_{algorithm}')
   assert v1 == v2 == 8
+  assert len(w1) == len(w2)
   for a, b in zip(w1, w2):
-    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    if a.dtype.kind in 'OSU':  # the round-schedule driver's JSON state
+      assert a == b
+    else:
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
   rows1 = _read_csv(tmp_path / 'whole' / f'digits_{algorithm}' / 'metrics.csv')
   rows2 = _read_csv(tmp_path / 'cut' / f'digits_{algorithm}' / 'metrics.csv')
   assert [r['round'] for r in rows2] == [str(i) for i in range(1, 9)]  # no lost/duplicated rows

@@ -155,6 +155,21 @@ def test_data_built_on_workers_matches_data_sent(live_pool, task):
     workers.client_ids_fn(2)(['a'], None)
 
 
+def test_data_built_in_computation_follows_trainer_global_seed(task):
+  # tf.random.set_seed changes eager (trainer-built) shuffles but not those
+  # built inside a TFF computation unless the composition carries it over.
+  process = tff.learning.algorithms.build_weighted_fed_avg(
+      task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1))
+  tf.random.set_seed(9)
+  composed, _ = workers.compose_data_on_workers(process, task, local_steps=2)
+  context = _local_context()
+  sent = _run_rounds(process, task, context, rounds=1,
+                     data_fn=lambda ids: program.client_datasets(task, ids, 2))
+  built = _run_rounds(composed, task, context, rounds=1,
+                      data_fn=lambda ids: workers.client_ids_fn(2)(ids, 2))
+  _assert_close(built, sent)
+
+
 def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
   dead = f'localhost:{portpicker.pick_unused_port()}'
   started = time.monotonic()
@@ -262,15 +277,15 @@ def test_worker_retry_reruns_round_on_remaining_workers(live_pool, task, capsys)
 
 
 def test_worker_processes_leave_nothing_behind():
-  before = set(runtime.find_orphan_workers(parent_pid=os.getpid()))
+  before = set(runtime.find_worker_processes(parent_pid=os.getpid()))
   started = workers.start_local_workers(2)
   pids = [w.pid for w in started]
   assert all(_alive(p) for p in pids)
-  assert set(pids) <= set(runtime.find_orphan_workers(parent_pid=os.getpid()))
+  assert set(pids) <= set(runtime.find_worker_processes(parent_pid=os.getpid()))
   assert all(workers.is_ready(w.address, 2.0) for w in started)
   workers.stop_workers(started)
   assert _gone(pids)
-  assert set(runtime.find_orphan_workers(parent_pid=os.getpid())) == before
+  assert set(runtime.find_worker_processes(parent_pid=os.getpid())) == before
 
 
 SCRIPT = '''
@@ -320,7 +335,7 @@ def test_bin_worker_logs_warning_and_stops_on_signal(sig):
   text = ''.join(log)
   assert f'listening on port {port}' in text, text
   assert 'executes ANY computation' in text and "trainer's hosts" in text
-  binary = [p for p in runtime.find_orphan_workers(parent_pid=proc.pid)]
+  binary = [p for p in runtime.find_worker_processes(parent_pid=proc.pid)]
   assert len(binary) == 1 and workers.is_ready(f'localhost:{port}', 2.0)
   proc.send_signal(sig)
   rest = proc.stdout.read()

@@ -148,7 +148,7 @@ def use_local_cpp_context(max_concurrent_computation_calls: int = -1,
       max_concurrent_computation_calls=max_concurrent_computation_calls)
 
 
-def find_orphan_workers(parent_pid: Optional[int] = None) -> list[int]:
+def find_worker_processes(parent_pid: Optional[int] = None) -> list[int]:
   """PIDs of running `worker_binary` processes (children of `parent_pid` if set)."""
   pids = []
   for entry in os.listdir('/proc'):

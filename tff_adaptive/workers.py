@@ -640,9 +640,16 @@ def compose_data_on_workers(process, task, local_steps: Optional[int] = None):
   if dataset_fn is None:
     raise ValueError(f'--data_on_workers: task {task.name} has no serializable dataset function')
   data_steps = None if has_round_hparams(process) else (local_steps or None)
+  # Seeded shuffles built eagerly in the trainer mix in the global seed
+  # (`tf.random.set_seed`); graphs built for TFF have their own, unset seed.
+  # Carry the trainer's over so both build the same shuffles.
+  from tensorflow.python.eager import context as eager_context  # pylint: disable=g-import-not-at-top
+  global_seed = eager_context.global_seed()
 
   @tff.tensorflow.computation(tf.string)
   def build_client_dataset(client_id):
+    if global_seed is not None:
+      tf.random.set_seed(global_seed)
     dataset = task.preprocess_train(dataset_fn(client_id))
     if data_steps is not None:
       dataset = dataset.repeat().take(data_steps)
