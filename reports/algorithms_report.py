@@ -28,6 +28,7 @@ import math
 import os
 import resource
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -81,17 +82,41 @@ def command_line(args, total_rounds):
 
 
 def _train(job):
-  """Runs one bin/train.py command; returns (job, status, seconds). Output → <run>.log."""
+  """Runs one bin/train.py command; returns (job, status, seconds). Output → <run>.log.
+
+  A run already complete with the same command (recorded in <run>.cmd) is not
+  rerun, so an interrupted report picks up where it stopped; an incomplete one
+  resumes from its last checkpoint (bin/train), or starts over if it has none.
+  """
   args, total_rounds = job
-  log = run_dir(args) + '.log'
-  os.makedirs(os.path.dirname(log), exist_ok=True)
+  directory = run_dir(args)
+  command = ' '.join(args)
+  recorded = directory + '.cmd'
+  same = os.path.exists(recorded) and open(recorded).read() == command
+  if same and _rounds_done(directory) >= total_rounds:
+    return job, 'ok', 0.0
+  checkpoints = os.path.join(directory, 'checkpoints')
+  has_checkpoint = os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
+  if os.path.isdir(directory) and not (same and has_checkpoint):
+    shutil.rmtree(directory)
+  os.makedirs(os.path.dirname(directory), exist_ok=True)
+  with open(recorded, 'w') as f:
+    f.write(command)
   started = time.monotonic()
-  with open(log, 'a') as f:
+  with open(directory + '.log', 'a') as f:
     rc = subprocess.run([sys.executable, TRAIN, *args, f'--total_rounds={total_rounds}'],
                         cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')).returncode
   status = {0: 'ok', 1: 'diverged'}.get(rc, f'exit {rc}')  # bin/train: 1 = diverged
   return job, status, time.monotonic() - started
+
+
+def _rounds_done(directory):
+  path = os.path.join(directory, 'metrics.csv')
+  if not os.path.exists(path):
+    return 0
+  rows = read_rows(directory)
+  return int(rows[-1]['round']) if rows else 0
 
 
 def _run_all(jobs, pool):

@@ -51,12 +51,31 @@ def command_line(args: Sequence[str]) -> str:
   return ' '.join(['.venv/bin/python bin/train.py', *map(shlex.quote, args)])
 
 
+def finished(args: Sequence[str]) -> bool:
+  """Whether the run's metrics.csv already holds its last round (bin/train would do nothing)."""
+  try:
+    rounds = read_columns(args).get('round', [])
+  except FileNotFoundError:
+    return False
+  return bool(rounds) and rounds[-1] >= int(flag(args, 'total_rounds'))
+
+
 def run_all(jobs: Sequence[Sequence[str]], processes: int = 2) -> dict[tuple, str]:
-  """Runs every job (a list of bin/train flags); returns {tuple(args): status}."""
-  results = {}
+  """Runs every job (a list of bin/train flags); returns {tuple(args): status}.
+
+  A job whose run directory already holds all its rounds is not started again
+  (bin/train would only resume it to the same end).
+  """
+  results = {tuple(j): 'ok' for j in jobs if finished(j)}
+  todo = [list(j) for j in jobs if tuple(j) not in results]
+  for args in results:
+    print(f'  [done before] {command_line(args)}', flush=True)
+  if not todo:
+    return results
   ctx = multiprocessing.get_context('spawn')
   with ctx.Pool(processes, initializer=_init_worker, maxtasksperchild=8) as pool:
-    for args, status, seconds, cpu in pool.imap_unordered(_train, [list(j) for j in jobs]):
+    # CPU seconds are this process's only; TFF's C++ worker runs in a child process.
+    for args, status, seconds, cpu in pool.imap_unordered(_train, todo):
       print(f'  [{status}, {seconds:.0f}s wall, {cpu:.0f}s CPU] {command_line(args)}', flush=True)
       results[args] = status
   return results

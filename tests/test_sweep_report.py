@@ -404,7 +404,21 @@ def test_report_table_and_figures(tmp_path, fake):
   assert '| 4.0 ± 0.0 |' in rows['avg'] and '4.00e+04 ± 0.0e+00' in rows['avg']
   assert '| 6.0 ± 0.0 |' in rows['mfl'] and '1.20e+05' in rows['mfl']
   assert 'did not finish' in text and 'bad' not in rows  # failed group has no score
+  # Both selected values are the largest of their grids.
+  assert '0.95 †' in rows['avg'] and '0.8 †' in rows['mfl'] and 'edge of its grid' in text
   assert '✱' in text and 'Regenerate with' in text
+
+
+def test_grid_edge_detection():
+  def summary(lr, opt='adam'):
+    trial = sweep.Trial('g', (('client_learning_rate', lr), ('client_optimizer', opt)), 0,
+                        ('client_learning_rate', 'client_optimizer'))
+    return sweep.ConfigSummary('g', trial.config, [sweep.TrialResult(trial, True, {})],
+                               stats.mean_ci([0.5]))
+  summaries = [summary(lr, opt) for lr in ('0.01', '0.1', '1') for opt in ('adam', 'sgdm')]
+  assert report.at_grid_edge(summaries[2], summaries) == []  # lr 0.1; optimiser not numeric
+  assert report.at_grid_edge(summaries[0], summaries) == ['client_learning_rate']
+  assert report.at_grid_edge(summaries[5], summaries) == ['client_learning_rate']
 
 
 def test_cli_dry_run_and_bad_usage(tmp_path):

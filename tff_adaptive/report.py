@@ -198,6 +198,31 @@ def _tuned(summary: sweep.ConfigSummary) -> str:
   return ', '.join(f'{k}={v}' for k, v in trial.tuned_values) or '—'
 
 
+def _as_number(value: str) -> Optional[float]:
+  try:
+    return float(value)
+  except ValueError:
+    return None
+
+
+def at_grid_edge(best: sweep.ConfigSummary,
+                 summaries: Sequence[sweep.ConfigSummary]) -> list[str]:
+  """Tuned flags whose selected value is the smallest or largest of the grid.
+
+  A best value on the edge means the optimum may lie outside the grid.
+  """
+  edge = []
+  group = [s for s in summaries if s.group == best.group]
+  for name, value in best.results[0].trial.tuned_values:
+    values = {_as_number(dict(s.config).get(name, '')) for s in group}
+    chosen = _as_number(value)
+    if chosen is None or None in values or len(values) < 2:
+      continue
+    if chosen in (min(values), max(values)):
+      edge.append(name)
+  return edge
+
+
 def markdown_tables(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
                     target: Optional[float], confidence: float = 0.95,
                     all_configs: bool = True) -> str:
@@ -211,15 +236,21 @@ def markdown_tables(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
              for x in COST_AXES]
   lines = [f'Score: {rule.describe()}; ± is the half-width of the {pct} Student-t interval '
            'over seeds.', '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  edges = []
   for group, g in groups.items():
-    row = [group, _tuned(g.best), g.best.score.format(4),
+    edge = at_grid_edge(g.best, summaries)
+    edges += [group] if edge else []
+    row = [group, _tuned(g.best) + (' †' if edge else ''), g.best.score.format(4),
            f'{len(g.finished)}/{len(g.best.results)}', f'{g.per_round_upload_bits:.4g}']
     if target is not None:
       row += [g.reaches[x].format(1 if x == 'round' else 3, sci=x != 'round')
               for x in COST_AXES]
     lines.append('| ' + ' | '.join(_cell(c) for c in row) + ' |')
+  if edges:
+    lines += ['', f'† selected at the edge of its grid ({", ".join(edges)}): the best value may '
+              'lie outside the grid.']
   if all_configs:
-    lines += ['', f'All configurations (✱ = selected):', '',
+    lines += ['', 'All configurations (✱ = selected):', '',
               '| group | tuned flags | score | finished seeds |', '|---|---|---|---|']
     for s in summaries:
       mark = ' ✱' if groups.get(s.group) and groups[s.group].best is s else ''

@@ -736,5 +736,6 @@ def selection_report(summaries: Sequence[ConfigSummary], rule: Rule) -> str:
     for s in ranked:
       mark = '*' if best.get(group) is s else ' '
       seeds = f'{sum(r.finished for r in s.results)}/{len(s.results)} seeds'
-      lines.append(f' {mark} {s.score.format(4):>18s}  ({seeds})  {format_config(s.config)}')
+      shown = s.results[0].trial.tuned_values or s.config  # the group label says the rest
+      lines.append(f' {mark} {s.score.format(4):>18s}  ({seeds})  {format_config(shown)}')
   return '\n'.join(lines)
