@@ -151,9 +151,8 @@ def build_process(
   if local_steps < 0 or (recipe.equal_local_steps and local_steps < 1):
     raise ValueError(f'--local_steps must be at least 1 for {recipe.name}; got {local_steps}')
   weighting = client_weighting or recipe.weighting
-  if model_aggregator is None:
-    model_aggregator = tff.aggregators.MeanFactory()
-  weighted = isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
+  weighted = model_aggregator is None or isinstance(
+      model_aggregator, tff.aggregators.WeightedAggregationFactory)
   if not weighted:
     # Δ is averaged uniformly: the extra uploads (MFL's optimiser states,
     # MimeXlite's gradients, FedGBO's ḡ) must be averaged the same way.
@@ -164,7 +163,8 @@ def build_process(
 
   with tf.Graph().as_default():
     model = model_fn()
-    metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(model.metric_finalizers())
+    finalizers = model.metric_finalizers()  # applied to the clients' summed metrics, as
+    # tff.learning.metrics.sum_then_finalize does
   element_type = tff.types.tensorflow_to_type(model.input_spec)
   data_type = tff.SequenceType(element_type)
   weights_type = tff.learning.models.weights_type_from_model(model)
@@ -252,6 +252,11 @@ def build_process(
   delta_type, extra_type = client_update_fn.type_signature.result[0:2]
   joint_type = tff.StructWithPythonType([('delta', delta_type), ('extra', extra_type)],
                                         collections.OrderedDict)
+  # The default aggregation (example-weighted mean) is fused into the round's
+  # single federated_sum; any other aggregator or compression is composed.
+  fused_mean = model_aggregator is None and upload_compression is None
+  if model_aggregator is None:
+    model_aggregator = tff.aggregators.MeanFactory()
   if upload_compression is not None:
     weighted = True
     delta_aggregator = upload_compression.create(joint_type, tff.TensorType(np.float32))
@@ -260,31 +265,12 @@ def build_process(
   else:
     delta_aggregator = model_aggregator.create(delta_type)
   extra_aggregator = tff.aggregators.MeanFactory().create(extra_type, tff.TensorType(np.float32))
-
-  # ---- server ----
-  @tff.tensorflow.computation(weights_type, stats_type, delta_type, extra_type, hparams_type,
-                              tff.TensorType(np.int32), tff.TensorType(np.int32))
-  def server_update_fn(model_weights, stats, mean_delta, mean_extra, hparams, min_steps, max_steps):
-    checks = []
-    if recipe.equal_local_steps:
-      checks.append(tf.debugging.assert_equal(
-          min_steps, max_steps,
-          message=f'{recipe.name} needs every client to run the same number of local steps K '
-                  '(its server step inverts K identical steps); a client ran fewer: '
-                  'check for clients with no data'))
-    with tf.control_dependencies(checks):
-      x = [tf.identity(t) for t in tf.nest.flatten(model_weights.trainable)]
-    new_x, new_stats = recipe.server_update(
-        x, stats, list(tf.nest.flatten(mean_delta)), mean_extra,
-        hparams['client_learning_rate'], hparams['local_steps'])
-    return tff.learning.models.ModelWeights(
-        trainable=tf.nest.pack_sequence_as(model_weights.trainable, list(new_x)),
-        non_trainable=model_weights.non_trainable), new_stats
+  has_extra = recipe.upload is not None
 
   # The whole ModelWeights is broadcast (non-trainable weights, e.g. BatchNorm
   # statistics, included); only trainable deltas come back.
   down_bits = _num_bits(weights_type) + _num_bits(broadcast_type) + _num_bits(hparams_type)
-  up_payload_bits = _num_bits(delta_type) + (_num_bits(extra_type) if recipe.upload else 0)
+  up_payload_bits = _num_bits(delta_type) + (_num_bits(extra_type) if has_extra else 0)
   local_state_type = tff.tensorflow.computation(
       lambda: recipe.init_local(
           _zeros_like_specs(tff.types.type_to_tf_tensor_specs(broadcast_type)),
@@ -295,24 +281,112 @@ def build_process(
                             if t.dtype in (np.float32, np.float64) and len(t.shape) >= 1)
   optimizer_flops_per_step = recipe.optimizer_ops_per_param * num_params
 
-  @tff.tensorflow.computation(tff.TensorType(np.int64), tff.TensorType(np.int32),
-                              tff.TensorType(np.int32), tff.TensorType(np.float64))
-  def cost_fn(examples, steps, clients, measured_upload_bits):
-    clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
+  server_message_type = tff.StructWithPythonType(
+      [('model_weights', weights_type), ('broadcast', broadcast_type),
+       ('hparams', hparams_type)], collections.OrderedDict)
+
+  # ---- one client's round: everything summed over clients in one intrinsic ----
+  # Per-client intrinsics dominate a simulated round's cost in TFF's executor,
+  # so the counters (steps, examples, first loss, clients; Σ steps² for
+  # FedGBO's equal-K check), the Keras metrics and, on the fused path, w·Δ,
+  # w·extra and w travel in one structure through one `federated_sum`.
+  def client_round(model, message, dataset):
+    delta, extra, weight, local_metrics, stats = client_update(
+        model, message['model_weights'], message['broadcast'], message['hparams'], dataset)
+    steps = tf.cast(stats['local_steps'], tf.int64)
+    sums = collections.OrderedDict(
+        metrics=local_metrics, first_minibatch_loss=stats['first_minibatch_loss'],
+        num_examples=stats['num_examples'], local_steps=steps,
+        local_steps_squared=steps * steps, clients=tf.constant(1, tf.int64))
+    for key in _DRIFT_KEYS if measure_client_drift else ():
+      sums[key] = stats[key]
+    if not fused_mean:
+      return delta, extra, weight, sums
+    sums['weighted_delta'] = tf.nest.map_structure(lambda t: t * weight, delta)
+    sums['weighted_extra'] = tf.nest.map_structure(lambda t: t * weight, extra)
+    sums['weight'] = weight
+    return sums
+
+  @tff.tensorflow.computation(server_message_type, data_type)
+  def client_round_fn(message, dataset):
+    model = model_fn()  # variables must be created outside the tf.function
+    return tf.function(lambda *args: client_round(model, *args))(message, dataset)
+
+  sums_type = (client_round_fn.type_signature.result if fused_mean
+               else client_round_fn.type_signature.result[3])
+
+  # ---- server ----
+  def server_round(model_weights, stats, hparams, round_num, sums, mean_delta, mean_extra,
+                   measured_upload_bits):
+    checks = []
+    if recipe.equal_local_steps:
+      # All K_i equal ⇔ n·ΣK_i² = (ΣK_i)² (Cauchy–Schwarz), exact in int64.
+      checks.append(tf.debugging.assert_equal(
+          sums['clients'] * sums['local_steps_squared'], sums['local_steps'] ** 2,
+          message=f'{recipe.name} needs every client to run the same number of local steps K '
+                  '(its server step inverts K identical steps); a client ran fewer: '
+                  'check for clients with no data'))
+    with tf.control_dependencies(checks):
+      x = [tf.identity(t) for t in tf.nest.flatten(model_weights.trainable)]
+    new_x, new_stats = recipe.server_update(
+        x, stats, list(tf.nest.flatten(mean_delta)), mean_extra,
+        hparams['client_learning_rate'], hparams['local_steps'])
+    new_weights = tff.learning.models.ModelWeights(
+        trainable=tf.nest.pack_sequence_as(model_weights.trainable, list(new_x)),
+        non_trainable=model_weights.non_trainable)
+
+    clients = tf.maximum(tf.cast(sums['clients'], tf.float64), 1.0)
     # A compressing aggregator measures the real encoded size (< 0: none).
     upload_bits = tf.where(measured_upload_bits >= 0, measured_upload_bits,
                            tf.constant(float(up_payload_bits), tf.float64))
-    flops = (tf.cast(examples, tf.float64) * fb_flops_per_example +
-             tf.cast(steps, tf.float64) * optimizer_flops_per_step)
-    return collections.OrderedDict(
+    steps = tf.cast(sums['local_steps'], tf.float64)
+    flops = (tf.cast(sums['num_examples'], tf.float64) * fb_flops_per_example +
+             steps * optimizer_flops_per_step)
+    cost = collections.OrderedDict(
         download_bits_per_client=tf.constant(float(down_bits), tf.float64),
         upload_bits_per_client=upload_bits,
         download_bits=tf.constant(float(down_bits), tf.float64) * clients,
         upload_bits=upload_bits * clients,
-        client_steps=tf.cast(steps, tf.float64),
+        client_steps=steps,
         client_flops=flops,
         client_flops_per_client=flops / clients,
         client_optimizer_state_floats=tf.constant(float(client_state_floats), tf.float64))
+    metrics = collections.OrderedDict(
+        train=collections.OrderedDict(
+            (name, finalizer(sums['metrics'][name])) for name, finalizer in finalizers.items()),
+        first_minibatch_loss=sums['first_minibatch_loss'] / tf.cast(clients, tf.float32),
+        cost=cost)
+    if measure_client_drift:
+      metrics['client_drift'] = collections.OrderedDict(
+          delta_cosine_distance=drift.mean_cosine_distance_from_sum(
+              sums['drift_delta_sum'], sums['drift_delta_n']),
+          model_cosine_distance=drift.mean_cosine_distance_from_sum(
+              sums['drift_model_sum'], sums['drift_model_n']),
+          num_clients=sums['drift_delta_n'])
+    return new_weights, new_stats, round_num + 1, metrics
+
+  if fused_mean:
+    @tff.tensorflow.computation(weights_type, stats_type, hparams_type, tff.TensorType(np.int32),
+                                sums_type)
+    def server_round_fn(model_weights, stats, hparams, round_num, sums):
+      weight_sum = sums['weight']
+      mean = lambda t: tf.math.divide_no_nan(t, weight_sum)  # as tff.aggregators.MeanFactory
+      return server_round(model_weights, stats, hparams, round_num, sums,
+                          tf.nest.map_structure(mean, sums['weighted_delta']),
+                          tf.nest.map_structure(mean, sums['weighted_extra']),
+                          tf.constant(-1.0, tf.float64))
+  else:
+    @tff.tensorflow.computation(weights_type, stats_type, hparams_type, tff.TensorType(np.int32),
+                                sums_type, delta_type, extra_type, tff.TensorType(np.float64))
+    def server_round_fn(model_weights, stats, hparams, round_num, sums, mean_delta, mean_extra,
+                        measured_upload_bits):
+      return server_round(model_weights, stats, hparams, round_num, sums, mean_delta,
+                          mean_extra, measured_upload_bits)
+
+  @tff.tensorflow.computation(weights_type, stats_type, hparams_type)
+  def server_message_fn(model_weights, stats, hparams):
+    return collections.OrderedDict(model_weights=model_weights, broadcast=recipe.broadcast(stats),
+                                   hparams=hparams)
 
   @tff.federated_computation
   def initialize_fn():
@@ -329,78 +403,54 @@ def build_process(
         round_num=tff.federated_value(np.int32(0), tff.SERVER)))
 
   state_type = initialize_fn.type_signature.result
-
-  if measure_client_drift:
-    client_stats_type = client_update_fn.type_signature.result[4]
-
-    @tff.tensorflow.computation(client_stats_type.drift_delta_sum, client_stats_type.drift_delta_n,
-                                client_stats_type.drift_model_sum, client_stats_type.drift_model_n)
-    def client_drift_fn(delta_sum, delta_n, model_sum, model_n):
-      return collections.OrderedDict(
-          delta_cosine_distance=drift.mean_cosine_distance_from_sum(delta_sum, delta_n),
-          model_cosine_distance=drift.mean_cosine_distance_from_sum(model_sum, model_n),
-          num_clients=delta_n)
-
-  @tff.tensorflow.computation(np.int32)
-  def add_one(n):
-    return n + 1
-
-  @tff.tensorflow.computation(np.int32)
-  def one_client(n):
-    del n
-    return np.int32(1)
+  if fused_mean:
+    # MeanFactory's (tensor-free) measurements, so every path reports the same structure.
+    no_measurements = _tensor_free_value(delta_aggregator.next.type_signature.result.measurements)
 
   @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, client_data):
-    weights_at_clients = tff.federated_broadcast(state.global_model_weights)
-    broadcast_at_clients = tff.federated_broadcast(tff.federated_map(broadcast_fn, state.stats))
-    hparams_at_clients = tff.federated_broadcast(state.hparams)
-    delta, extra, weight, local_metrics, client_stats = tff.federated_map(
-        client_update_fn, (weights_at_clients, broadcast_at_clients, hparams_at_clients,
-                           client_data))
-    if upload_compression is not None:
-      agg = delta_aggregator.next(
-          state.aggregator,
-          tff.federated_zip(collections.OrderedDict(delta=delta, extra=extra)), weight)
-      mean_delta, mean_extra = agg.result.delta, agg.result.extra
-      extra_state = state.extra_aggregator
-      measured_bits = agg.measurements.upload_bits_per_client
+    message = tff.federated_broadcast(tff.federated_map(
+        server_message_fn, (state.global_model_weights, state.stats, state.hparams)))
+    server_args = (state.global_model_weights, state.stats, state.hparams, state.round_num)
+    aggregator_state, extra_state = state.aggregator, state.extra_aggregator
+    if fused_mean:
+      sums = tff.federated_sum(tff.federated_map(client_round_fn, (message, client_data)))
+      server = tff.federated_map(server_round_fn, (*server_args, sums))
+      measurements = tff.federated_value(no_measurements, tff.SERVER)
     else:
-      if weighted:
-        agg = delta_aggregator.next(state.aggregator, delta, weight)
+      delta, extra, weight, client_sums = tff.federated_map(client_round_fn,
+                                                            (message, client_data))
+      if upload_compression is not None:
+        agg = delta_aggregator.next(
+            state.aggregator,
+            tff.federated_zip(collections.OrderedDict(delta=delta, extra=extra)), weight)
+        mean_delta, mean_extra = agg.result.delta, agg.result.extra
+        measured_bits = agg.measurements.upload_bits_per_client
       else:
-        agg = delta_aggregator.next(state.aggregator, delta)
-      extra_agg = extra_aggregator.next(state.extra_aggregator, extra, weight)
-      mean_delta, mean_extra = agg.result, extra_agg.result
-      extra_state = extra_agg.state
-      measured_bits = tff.federated_value(np.float64(-1.0), tff.SERVER)
-    min_steps = tff.federated_min(client_stats.local_steps)
-    max_steps = tff.federated_max(client_stats.local_steps)
-    new_weights, new_stats = tff.federated_map(
-        server_update_fn, (state.global_model_weights, state.stats, mean_delta, mean_extra,
-                           state.hparams, min_steps, max_steps))
-    num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
-    cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.num_examples),
-                                       tff.federated_sum(client_stats.local_steps), num_clients,
-                                       measured_bits))
+        agg = (delta_aggregator.next(state.aggregator, delta, weight) if weighted
+               else delta_aggregator.next(state.aggregator, delta))
+        mean_delta = agg.result
+        if has_extra:
+          extra_agg = extra_aggregator.next(state.extra_aggregator, extra, weight)
+          mean_extra, extra_state = extra_agg.result, extra_agg.state
+        else:  # nothing besides Δ goes up: no aggregation of an empty structure
+          mean_extra = tff.federated_value((), tff.SERVER)
+        measured_bits = tff.federated_value(np.float64(-1.0), tff.SERVER)
+      aggregator_state, measurements = agg.state, agg.measurements
+      server = tff.federated_map(server_round_fn, (
+          *server_args, tff.federated_sum(client_sums), mean_delta, mean_extra, measured_bits))
+    new_weights, new_stats, round_num, round_metrics = server
     new_state = tff.federated_zip(collections.OrderedDict(
-        global_model_weights=new_weights, stats=new_stats, aggregator=agg.state,
-        extra_aggregator=extra_state, hparams=state.hparams,
-        round_num=tff.federated_map(add_one, state.round_num)))
+        global_model_weights=new_weights, stats=new_stats, aggregator=aggregator_state,
+        extra_aggregator=extra_state, hparams=state.hparams, round_num=round_num))
     metrics = collections.OrderedDict(
-        client_work=tff.federated_zip(collections.OrderedDict(
-            train=metrics_aggregation_fn(local_metrics))),
-        aggregator=agg.measurements,
-        first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss),
-        cost=cost)
+        client_work=tff.federated_zip(collections.OrderedDict(train=round_metrics.train)),
+        aggregator=measurements,
+        first_minibatch_loss=round_metrics.first_minibatch_loss,
+        cost=round_metrics.cost)
     if measure_client_drift:
-      metrics['client_drift'] = tff.federated_map(client_drift_fn, (
-          tff.federated_sum(client_stats.drift_delta_sum),
-          tff.federated_sum(client_stats.drift_delta_n),
-          tff.federated_sum(client_stats.drift_model_sum),
-          tff.federated_sum(client_stats.drift_model_n)))
-    metrics = tff.federated_zip(metrics)
-    return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+      metrics['client_drift'] = round_metrics.client_drift
+    return tff.learning.templates.LearningProcessOutput(new_state, tff.federated_zip(metrics))
 
   @tff.tensorflow.computation(state_type.member)
   def get_model_weights(state):
@@ -447,6 +497,19 @@ def _tuples(structure):
 def _zero_if_non_finite(tensors):
   non_finite = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
   return [tf.where(non_finite, tf.zeros_like(t), t) for t in tensors], non_finite
+
+
+_DRIFT_KEYS = ('drift_delta_sum', 'drift_delta_n', 'drift_model_sum', 'drift_model_n')
+
+
+def _tensor_free_value(type_spec: tff.Type):
+  """The value of a type without tensors (nested empty structures)."""
+  if isinstance(type_spec, tff.FederatedType):
+    type_spec = type_spec.member
+  elements = list(tff.structure.iter_elements(type_spec))
+  if all(name for name, _ in elements) and elements:
+    return collections.OrderedDict((name, _tensor_free_value(t)) for name, t in elements)
+  return tuple(_tensor_free_value(t) for _, t in elements)
 
 
 def _initial_weights(model_fn):
