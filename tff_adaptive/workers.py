@@ -528,6 +528,7 @@ def _workers_context_class():
                                            self._concurrent_compute)
         contexts.append(_WorkerContext(context, self._attempt))
         self._channels.append(channel)
+      _keep_subround_order_of_client_results()
       self._mergeable = tff.backends.native.create_mergeable_comp_execution_context(contexts)
 
     def close(self):
@@ -603,6 +604,34 @@ def set_workers_context(addresses: Sequence[str], **kwargs):
 
 # ---------------------------------------------------------------------------
 # Data on workers.
+
+
+def _keep_subround_order_of_client_results() -> None:
+  """Makes TFF's mergeable context return `CLIENTS`-placed results in client order.
+
+  TFF 0.87's `_invoke_after_merge_in_async_pool` collects the subrounds'
+  results in the order the workers *finish* (`asyncio.wait(FIRST_COMPLETED)`)
+  and concatenates them, so a per-client output comes back permuted whenever a
+  later subround finishes first (observed: MTFL's private patches were
+  stored for the wrong clients with 5 clients on 2 workers). Aggregates are
+  unaffected (sums commute); per-client outputs are not. This replacement
+  runs subround i on context i mod n and keeps subround order.
+  """
+  from tensorflow_federated.python.core.impl.execution_contexts import mergeable_comp_execution_context as mcec  # pylint: disable=g-import-not-at-top
+  if getattr(mcec._invoke_after_merge_in_async_pool, '_tff_adaptive_ordered', False):  # pylint: disable=protected-access
+    return
+
+  async def ordered(comp, merge_result, arg_list, execution_contexts):
+    results = []
+    n = len(execution_contexts)
+    for start in range(0, len(arg_list), n):
+      results += await asyncio.gather(*[
+          mcec._compute_after_merged(comp, arg, merge_result, context)  # pylint: disable=protected-access
+          for arg, context in zip(arg_list[start:start + n], execution_contexts)])
+    return results
+
+  ordered._tff_adaptive_ordered = True  # pylint: disable=protected-access
+  mcec._invoke_after_merge_in_async_pool = ordered  # pylint: disable=protected-access
 
 
 def has_round_hparams(process) -> bool:
