@@ -289,8 +289,10 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       '',
       'Seed 001 ("Faster Federated Learning with Decaying Number of Local SGD Steps") and '
       'thesis ch. 5. Regenerate with `reports/make_schedules.sh` (runs go to '
-      f'`{runs_dir}`; this run of the script took {seconds / 60:.1f} minutes on a shared, '
-      'heavily loaded 2-core machine). Everything below is produced by that script.',
+      f'`{runs_dir}`; the last invocation took {seconds / 60:.1f} minutes on a 2-core machine '
+      f'with load average {os.getloadavg()[1]:.1f}, reusing the runs already in that directory; '
+      'from scratch, about 10 minutes on 2 idle cores). Everything below is produced by that '
+      'script.',
       '',
       '## Step fractions: seed 001 Table 1',
       '',
