@@ -44,6 +44,10 @@ from tff_adaptive.accounting import drift
 Structure = Any
 # Ops per parameter per local step of the optimiser, SPEC §8 (SGD: 2).
 DEFAULT_OPTIMIZER_OPS = 2.0
+# For the algorithms built by TFF's own templates (Mime, FedProx): the same
+# client loop as TFF's default (DATASET_REDUCE), ~3x cheaper per client in
+# TFF's C++ executor (docs/performance.md).
+TFF_CLIENT_LOOP = tff.learning.LoopImplementation.DATASET_ITERATOR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,11 +205,13 @@ def build_process(
     num_examples = tf.constant(0, tf.int64)
     step = tf.constant(0, tf.int32)
     # K > 0: exactly K batches, cycling the data; K <= 0: the dataset as given
-    # (the task's E epochs).
+    # (the task's E epochs). An iterator loop, not `for batch in dataset`
+    # (which autograph lowers to `dataset.reduce`): in TFF's C++ executor the
+    # reduce form costs ~3x more per client (bench/results, docs/performance.md).
     steps64 = tf.cast(steps, tf.int64)
     cycle = steps64 > 0
-    for batch in dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
-        tf.where(cycle, steps64, -1)):
+    for batch in iter(dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
+        tf.where(cycle, steps64, -1))):
       with tf.GradientTape() as tape:
         output = model.forward_pass(batch, training=True)
       grads = tape.gradient(output.loss, trainable)

@@ -17,6 +17,7 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_adaptive.accounting import costs
+from tff_adaptive.algorithms import composer
 
 
 def build_fedprox(model_fn: Callable[[], tff.learning.models.VariableModel], *,
@@ -30,7 +31,8 @@ def build_fedprox(model_fn: Callable[[], tff.learning.models.VariableModel], *,
   process = tff.learning.algorithms.build_weighted_fed_prox(
       model_fn, proximal_strength, tff.learning.optimizers.build_sgdm(client_learning_rate),
       server_optimizer or tff.learning.optimizers.build_sgdm(1.0),
-      client_weighting=client_weighting, model_aggregator=model_aggregator)
+      client_weighting=client_weighting, model_aggregator=model_aggregator,
+      loop_implementation=composer.TFF_CLIENT_LOOP)
   n = costs.num_trainable_params(process)
   return costs.with_cost_metrics(
       process, download_floats=costs.model_weights_bits(process) / 32, upload_floats=n,

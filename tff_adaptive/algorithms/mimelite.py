@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.accounting import costs
+from tff_adaptive.algorithms import composer
 
 
 def build_mimelite(model_fn: Callable[[], tff.learning.models.VariableModel], *,
@@ -35,11 +36,12 @@ def build_mimelite(model_fn: Callable[[], tff.learning.models.VariableModel], *,
   server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(1.0)
   if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
     process = tff.learning.algorithms.build_unweighted_mime_lite(
-        model_fn, base_optimizer, server_optimizer, model_aggregator=model_aggregator)
+        model_fn, base_optimizer, server_optimizer, model_aggregator=model_aggregator,
+        loop_implementation=composer.TFF_CLIENT_LOOP)
   else:
     process = tff.learning.algorithms.build_weighted_mime_lite(
         model_fn, base_optimizer, server_optimizer, client_weighting=client_weighting,
-        model_aggregator=model_aggregator)
+        model_aggregator=model_aggregator, loop_implementation=composer.TFF_CLIENT_LOOP)
   n = costs.num_trainable_params(process)
   state_floats = _state_floats(base_optimizer, model_fn)
   # TFF's Mime broadcasts the model weights and the whole base-optimiser state

@@ -386,7 +386,7 @@ def build_personalized_process(
     correct = tf.constant(0.0)
     loss_sum = tf.constant(0.0)
     examples = tf.constant(0, tf.int64)
-    for batch in data['test']:
+    for batch in iter(data['test']):  # iterator loop: see composer.client_update
       output = model.forward_pass(batch, training=False)
       labels = tf.reshape(batch['y'] if isinstance(batch, Mapping) else batch[1], [-1])
       logits = tf.reshape(output.predictions, [tf.shape(labels)[0], -1])
@@ -421,7 +421,7 @@ def build_personalized_process(
           repeated.shard(local.batches_per_step, j) for j in range(local.batches_per_step)))
     step = tf.constant(0, tf.int32)
     num_examples = tf.constant(0, tf.int64)
-    for batch in repeated.take(tf.where(cycle, steps64, -1)):
+    for batch in iter(repeated.take(tf.where(cycle, steps64, -1))):
       opt = composer._tuples(local.train_step(ctx, opt, batch, lr, step))  # pylint: disable=protected-access
       for b in (batch if local.batches_per_step > 1 else (batch,)):
         num_examples += tf.shape(tf.nest.flatten(b)[0], out_type=tf.int64)[0]
