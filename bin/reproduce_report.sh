@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates reports/reproduction.md and its figure (the one documented command).
-#   1. the qualitative sweep of reports/reproduction_grid.txt: 28 short trials on `digits`,
-#      2 seeds, 2 at a time (~20 minutes on 2 idle cores; resumable: rerun after Ctrl-C);
+#   1. the qualitative sweep of reports/reproduction_grid.txt: 25 configurations x 5 seeds of
+#      short `digits` runs, 2 at a time (~45 minutes on 2 idle cores; resumable: rerun after Ctrl-C);
 #   2. the report: every paper figure recomputed by the package, next to the paper's value,
 #      and the papers' claims checked on the sweep.
 # Usage: bin/reproduce_report.sh [sweep_dir]   (default runs/reproduction)
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 sweep_dir=${1:-runs/reproduction}
 start=$(date +%s)
 status=0
-.venv/bin/python bin/sweep.py --spec=reports/reproduction_grid.txt --num_seeds=2 \
+.venv/bin/python bin/sweep.py --spec=reports/reproduction_grid.txt --num_seeds=5 \
     --max_parallel=2 --sweep_dir="$sweep_dir" --select_rule=last_mean:3 || status=$?
 if [ "$status" -ne 0 ] && [ "$status" -ne 1 ]; then exit "$status"; fi  # 1: some trial failed
 minutes=$(( ($(date +%s) - start) / 60 ))

@@ -22,6 +22,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 # Keras 2.14 builds Sequential models from plain tensors and fails.
 import tensorflow as tf
 from tff_adaptive import cli
+from tff_adaptive import presets
 from tff_adaptive import runtime  # disarms TFF's noisy exit handlers
 
 # ---- Task ----
@@ -171,6 +172,12 @@ flags.DEFINE_bool('measure_client_drift', False, 'Report client_drift/{delta,mod
                   'only, not counted in cost/ bits). Round-composer algorithms only (not '
                   'mimelite, fedprox, mtfl, perfedavg, pfedme).')
 
+# ---- Paper presets (tff_adaptive/presets.py) ----
+flags.DEFINE_string('preset', '', 'Set a paper\'s published settings, <paper>:<task> (e.g. '
+                    'fedgbo:femnist, fedopt:emnist_character, decayk:femnist; the list is in '
+                    'tff_adaptive/presets.py). Flags given on the command line win; --data_dir '
+                    'is never set by a preset.')
+
 # ---- Training loop ----
 flags.DEFINE_integer('total_rounds', 100, 'Total rounds (may be raised when resuming).')
 flags.DEFINE_integer('rounds_per_eval', 5, 'Evaluate every this many rounds.')
@@ -199,6 +206,13 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
+  if FLAGS.preset:
+    try:
+      applied = presets.apply(FLAGS.preset, FLAGS)
+    except presets.UnknownPresetError as e:
+      cli.fail(str(e))
+    print(f'--preset={FLAGS.preset} sets {" ".join(applied) or "nothing (all given)"}',
+          file=sys.stderr, flush=True)
   cfg = FLAGS.flag_values_dict()
   cfg = {k: cfg[k] for k in cli.TRAIN_FLAG_NAMES if k in cfg}
   cli.run_training(cfg)
