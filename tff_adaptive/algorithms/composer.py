@@ -337,6 +337,9 @@ def build_process(
     new_x, new_stats = recipe.server_update(
         x, stats, list(tf.nest.flatten(mean_delta)), mean_extra,
         hparams['client_learning_rate'], hparams['local_steps'])
+    # The containers of s_0 (lists vs tuples): a checkpoint is restored into
+    # the structure `initialize` returns and must match it exactly.
+    new_stats = tf.nest.pack_sequence_as(stats, tf.nest.flatten(new_stats))
     new_weights = tff.learning.models.ModelWeights(
         trainable=tf.nest.pack_sequence_as(model_weights.trainable, list(new_x)),
         non_trainable=model_weights.non_trainable)

@@ -498,7 +498,9 @@ def build_personalized_process(
     new_weights = tff.learning.models.ModelWeights(
         trainable=tf.nest.pack_sequence_as(weights.trainable, t),
         non_trainable=tf.nest.pack_sequence_as(weights.non_trainable, n))
-    return new_weights, collections.OrderedDict(server=server_state, client_optimizer=client_state)
+    new_stats = collections.OrderedDict(server=server_state, client_optimizer=client_state)
+    # Same containers as the initial state: checkpoints restore into it.
+    return new_weights, tf.nest.pack_sequence_as(stats, tf.nest.flatten(new_stats))
 
   down_bits = composer._num_bits(broadcast_type) + composer._num_bits(hparams_type)  # pylint: disable=protected-access
   upload_bits = composer._num_bits(upload_type)  # pylint: disable=protected-access
