@@ -47,12 +47,13 @@ ROUNDS_PER_EVAL = 5
 COMMON = ['--local_steps=10', '--client_batch_size=10', '--clients_per_round=5', '--seed=0',
           f'--rounds_per_eval={ROUNDS_PER_EVAL}', f'--rounds_per_checkpoint={SEARCH_ROUNDS}',
           '--show_progress=false']
-CLIENT_LRS = (0.03, 0.1, 0.3)
+CLIENT_LRS = (0.01, 0.03, 0.1, 0.3, 1.0)
+SERVER_LRS = (0.01, 0.03, 0.1)  # FedAdam
 # name → (label, fixed flags, grid of (client lr, server lr or None)).
 ALGORITHMS = {
     'fedavg': ('FedAvg', ['--algorithm=fedavg'], [(lr, None) for lr in CLIENT_LRS]),
     'fedadam': ('FedAdam', ['--algorithm=fedadam'],
-                [(lr, slr) for lr in CLIENT_LRS for slr in (0.01, 0.03)]),
+                [(lr, slr) for lr in CLIENT_LRS for slr in SERVER_LRS]),
     'fedgbo_sgdm': ('FedGBO-SGDm', ['--algorithm=fedgbo', '--client_optimizer=sgdm'],
                     [(lr, None) for lr in CLIENT_LRS]),
     'fedgbo_adam': ('FedGBO-Adam', ['--algorithm=fedgbo', '--client_optimizer=adam'],
@@ -107,7 +108,11 @@ def _train(job):
     rc = subprocess.run([sys.executable, TRAIN, *args, f'--total_rounds={total_rounds}'],
                         cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')).returncode
-  status = {0: 'ok', 1: 'diverged'}.get(rc, f'exit {rc}')  # bin/train: 1 = diverged
+  status = 'ok' if rc == 0 else f'failed (exit {rc}, see {directory}.log)'
+  if rc == 1:  # bin/train: 1 = diverged (its message says so), or a crash
+    with open(directory + '.log') as f:
+      if 'error: training diverged at round' in f.read():
+        status = 'diverged'
   return job, status, time.monotonic() - started
 
 
@@ -248,7 +253,8 @@ def write_markdown(opts, chosen, scores, statuses, final_statuses, figure_paths,
       'rounds. Optimiser constants are bin/train\'s defaults (client β1 = 0.9, β2 = 0.99, '
       'ε = 1e-8; server β1 = 0.9, β2 = 0.99, τ = 1e-3, `tff` semantics).',
       f'- Search: client learning rate η ∈ {{{", ".join(f"{v:g}" for v in CLIENT_LRS)}}} for '
-      'every algorithm, and for FedAdam also server learning rate η_s ∈ {0.01, 0.03} (the other '
+      'every algorithm, and for FedAdam also server learning rate η_s ∈ '
+      f'{{{", ".join(f"{v:g}" for v in SERVER_LRS)}}} (the other '
       f'algorithms use server SGD with η_s = 1). Each configuration runs {SEARCH_ROUNDS} rounds; '
       'the score is the mean eval accuracy of the last 3 evaluations (rounds '
       f'{SEARCH_ROUNDS - 2 * ROUNDS_PER_EVAL}, {SEARCH_ROUNDS - ROUNDS_PER_EVAL}, {SEARCH_ROUNDS}); '
