@@ -45,8 +45,27 @@ def worker_log_path() -> str:
   return os.path.join(tempfile.gettempdir(), f'tff_adaptive_worker_{os.getpid()}.log')
 
 
+# Above any Linux pid_max (2**22): os.kill of it fails with ESRCH.
+_NO_SUCH_PID = 2**31 - 1
+
+
 class _TrackedPopen(subprocess.Popen):
-  """Popen for TFF's worker: own log file, dies with us, recorded for cleanup."""
+  """Popen for TFF's worker: own log file, dies with us, recorded for cleanup.
+
+  Once the worker has been reaped its `pid` reads as a pid that cannot exist:
+  TFF's ServiceManager.__del__ sends SIGINT to `self._process.pid` whenever a
+  context is dropped, long after the worker may have exited, and a reused pid
+  can by then be any process, or a thread of this one (thread ids share the
+  pid space): a pytest worker was observed to receive that KeyboardInterrupt.
+  """
+
+  @property
+  def pid(self):
+    return self._worker_pid if self.returncode is None else _NO_SUCH_PID
+
+  @pid.setter
+  def pid(self, value):
+    self._worker_pid = value
 
   def __init__(self, args, **kwargs):
     log = open(worker_log_path(), 'ab')  # pylint: disable=consider-using-with
