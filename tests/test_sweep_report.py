@@ -536,3 +536,14 @@ def test_communication_checks_read_multiples_of_x():
   bad = next(r for r in reproduction.communication_checks(costs)
              if r.item.startswith('FedGBO-Adam'))
   assert bad.status == reproduction.MISMATCH
+
+
+def test_parity_claims_hold_unless_significantly_worse():
+  high = stats.mean_ci([0.95, 0.96, 0.94])
+  tied = stats.mean_ci([0.949, 0.962, 0.941])
+  low = stats.mean_ci([0.70, 0.71, 0.69])
+  assert reproduction._verdict(tied, high, True, 'no_worse').startswith('holds')  # pylint: disable=protected-access
+  assert reproduction._verdict(high, low, True, 'no_worse').startswith('holds')  # pylint: disable=protected-access
+  assert reproduction._verdict(low, high, True, 'no_worse').startswith('does not hold')  # pylint: disable=protected-access
+  # "better" claims need the mean to win.
+  assert reproduction._verdict(low, high, True).startswith('does not hold')  # pylint: disable=protected-access
