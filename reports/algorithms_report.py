@@ -239,9 +239,11 @@ def write_markdown(opts, chosen, scores, statuses, final_statuses, figure_paths,
       '.venv/bin/python reports/algorithms_report.py',
       '```',
       '',
-      f'This run took {minutes:.0f} minutes wall clock and {cpu_minutes:.0f} CPU-minutes '
-      f'({opts.jobs} bin/train.py runs at a time, on a 2-core machine shared with other work; '
-      'about half the CPU-minutes in wall-clock minutes on an idle 2-core machine). Run '
+      f'The last invocation took {minutes:.0f} minutes wall clock and {cpu_minutes:.0f} '
+      f'CPU-minutes ({opts.jobs} bin/train.py runs at a time; runs already finished in the runs '
+      'directory are reused, so this counts only what it had left to run). From scratch: '
+      f'{sum(len(g) for _, _, g in ALGORITHMS.values()) * len(TASKS)} '
+      'search runs plus the final continuations, about 25 minutes on 2 idle cores. Run '
       'directories go to `runs/algorithms_report/` (git-ignored, not committed).',
       '',
       '## Protocol',
@@ -303,6 +305,17 @@ def write_markdown(opts, chosen, scores, statuses, final_statuses, figure_paths,
     mark = ' **chosen**' if chosen[(task, alg)] == key else ''
     lines.append(f'| {task} | {ALGORITHMS[alg][0]} | {lr:g} | '
                  f'{slr if slr is not None else 1:g} | {shown}{mark} |')
+  edges = []
+  for (task, alg), (_, _, lr, slr) in chosen.items():
+    grid = ALGORITHMS[alg][2]
+    lrs, slrs = {g[0] for g in grid}, {g[1] for g in grid if g[1] is not None}
+    if lr in (min(lrs), max(lrs)) or (slrs and slr in (min(slrs), max(slrs))):
+      edges.append(f'{ALGORITHMS[alg][0]} on {task}')
+  if edges:
+    lines += ['', f'Chosen at the edge of its grid: {", ".join(edges)}. The grid was widened '
+              'once (from η ∈ {0.03, 0.1, 0.3}, η_s ∈ {0.01, 0.03}) because the first pass chose '
+              'edge values; these remaining edge choices mean a better value may lie outside '
+              'the grid, so their curves are a lower bound on what the algorithm can do here.']
   lines += ['', '## The final runs as bin/train commands', '',
             'Each is one command (the search runs are the same with '
             f'`--total_rounds={SEARCH_ROUNDS}`):', '', '```']
