@@ -249,18 +249,51 @@ def build_process(
           [tf.identity(v) for v in trainable])
     return delta, extra, weight, model.report_local_unfinalized_metrics(), client_stats
 
-  @tff.tensorflow.computation(weights_type, broadcast_type, hparams_type, data_type)
-  def client_update_fn(model_weights, broadcast_value, hparams, dataset):
-    model = model_fn()  # variables must be created outside the tf.function
-    return tf.function(lambda *args: client_update(model, *args))(
-        model_weights, broadcast_value, hparams, dataset)
-
-  delta_type, extra_type = client_update_fn.type_signature.result[0:2]
-  joint_type = tff.StructWithPythonType([('delta', delta_type), ('extra', extra_type)],
-                                        collections.OrderedDict)
   # The default aggregation (example-weighted mean) is fused into the round's
   # single federated_sum; any other aggregator or compression is composed.
   fused_mean = model_aggregator is None and upload_compression is None
+
+  server_message_type = tff.StructWithPythonType(
+      [('model_weights', weights_type), ('broadcast', broadcast_type),
+       ('hparams', hparams_type)], collections.OrderedDict)
+
+  # ---- one client's round: everything summed over clients in one intrinsic ----
+  # Each per-client intrinsic is a call in TFF's executor, so the counters
+  # (steps, examples, first loss, clients; Σ steps² for FedGBO's equal-K
+  # check), the Keras metrics and, on the fused path, w·Δ, w·extra and w
+  # travel in one structure through one `federated_sum`. Traced once: the
+  # types of Δ and of the extra upload come from it.
+  def client_round(model, message, dataset):
+    delta, extra, weight, local_metrics, stats = client_update(
+        model, message['model_weights'], message['broadcast'], message['hparams'], dataset)
+    steps = tf.cast(stats['local_steps'], tf.int64)
+    sums = collections.OrderedDict(
+        metrics=local_metrics, first_minibatch_loss=stats['first_minibatch_loss'],
+        num_examples=stats['num_examples'], local_steps=steps,
+        local_steps_squared=steps * steps, clients=tf.constant(1, tf.int64))
+    for key in _DRIFT_KEYS if measure_client_drift else ():
+      sums[key] = stats[key]
+    if not fused_mean:
+      return delta, extra, weight, sums
+    sums['weighted_delta'] = tf.nest.map_structure(lambda t: t * weight, delta)
+    sums['weighted_extra'] = tf.nest.map_structure(lambda t: t * weight, extra)
+    sums['weight'] = weight
+    return sums
+
+  @tff.tensorflow.computation(server_message_type, data_type)
+  def client_round_fn(message, dataset):
+    model = model_fn()  # variables must be created outside the tf.function
+    return tf.function(lambda *args: client_round(model, *args))(message, dataset)
+
+  client_result = client_round_fn.type_signature.result
+  if fused_mean:
+    sums_type = client_result
+    delta_type, extra_type = client_result.weighted_delta, client_result.weighted_extra
+  else:
+    delta_type, extra_type, _, sums_type = client_result
+
+  joint_type = tff.StructWithPythonType([('delta', delta_type), ('extra', extra_type)],
+                                        collections.OrderedDict)
   if model_aggregator is None:
     model_aggregator = tff.aggregators.MeanFactory()
   if upload_compression is not None:
@@ -286,40 +319,6 @@ def build_process(
   client_state_floats = sum(int(np.prod(t.shape)) for t in _leaves(local_state_type)
                             if t.dtype in (np.float32, np.float64) and len(t.shape) >= 1)
   optimizer_flops_per_step = recipe.optimizer_ops_per_param * num_params
-
-  server_message_type = tff.StructWithPythonType(
-      [('model_weights', weights_type), ('broadcast', broadcast_type),
-       ('hparams', hparams_type)], collections.OrderedDict)
-
-  # ---- one client's round: everything summed over clients in one intrinsic ----
-  # Per-client intrinsics dominate a simulated round's cost in TFF's executor,
-  # so the counters (steps, examples, first loss, clients; Σ steps² for
-  # FedGBO's equal-K check), the Keras metrics and, on the fused path, w·Δ,
-  # w·extra and w travel in one structure through one `federated_sum`.
-  def client_round(model, message, dataset):
-    delta, extra, weight, local_metrics, stats = client_update(
-        model, message['model_weights'], message['broadcast'], message['hparams'], dataset)
-    steps = tf.cast(stats['local_steps'], tf.int64)
-    sums = collections.OrderedDict(
-        metrics=local_metrics, first_minibatch_loss=stats['first_minibatch_loss'],
-        num_examples=stats['num_examples'], local_steps=steps,
-        local_steps_squared=steps * steps, clients=tf.constant(1, tf.int64))
-    for key in _DRIFT_KEYS if measure_client_drift else ():
-      sums[key] = stats[key]
-    if not fused_mean:
-      return delta, extra, weight, sums
-    sums['weighted_delta'] = tf.nest.map_structure(lambda t: t * weight, delta)
-    sums['weighted_extra'] = tf.nest.map_structure(lambda t: t * weight, extra)
-    sums['weight'] = weight
-    return sums
-
-  @tff.tensorflow.computation(server_message_type, data_type)
-  def client_round_fn(message, dataset):
-    model = model_fn()  # variables must be created outside the tf.function
-    return tf.function(lambda *args: client_round(model, *args))(message, dataset)
-
-  sums_type = (client_round_fn.type_signature.result if fused_mean
-               else client_round_fn.type_signature.result[3])
 
   # ---- server ----
   def server_round(model_weights, stats, hparams, round_num, sums, mean_delta, mean_extra,
