@@ -2,6 +2,7 @@
 
 import asyncio
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -116,6 +117,28 @@ def test_resume_with_contradicting_flags_is_refused(tmp_path):
   again = _train([*SMALL, '--total_rounds=2', '--client_learning_rate=0.5', out])
   assert again.returncode == 2
   assert '--client_learning_rate' in again.stderr.strip().splitlines()[-1]
+
+
+def test_run_from_before_a_flag_existed_resumes_at_that_flags_default(tmp_path):
+  out = f'--root_output_dir={tmp_path}'
+  first = _train([*SMALL, '--total_rounds=1', out])
+  assert first.returncode == 0, first.stderr[-2000:]
+  flags_path = tmp_path / 'digits_fedavg' / 'flags.json'
+
+  def drop(*names):  # as written by a version of bin/train without these flags
+    saved = json.loads(flags_path.read_text())
+    for name in names:
+      del saved[name]
+    flags_path.write_text(json.dumps(saved))
+
+  drop('upload_mbps', 'fedmax_beta')
+  resumed = _train([*SMALL, '--total_rounds=2', out])
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert 'Resuming from the checkpoint after round 1' in resumed.stderr
+  drop('fedmax_beta')
+  changed = _train([*SMALL, '--total_rounds=3', '--fedmax_beta=2.0', out])
+  assert changed.returncode == 2
+  assert '--fedmax_beta' in changed.stderr.strip().splitlines()[-1]
 
 
 def test_divergence_stops_with_message_and_keeps_last_checkpoint(tmp_path):

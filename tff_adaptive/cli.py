@@ -147,6 +147,17 @@ def experiment_dir(cfg: Mapping[str, Any]) -> str:
   return os.path.join(cfg['root_output_dir'], name)
 
 
+_NO_DEFAULT = object()
+
+
+def _flag_default(name: str) -> Any:
+  """bin/train's default of flag `name` (a sentinel when bin/train's flags are not defined)."""
+  try:
+    return flags.FLAGS[name].default
+  except KeyError:
+    return _NO_DEFAULT
+
+
 def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
   """Checks writability and resume compatibility, then records the flags."""
   out = experiment_dir(cfg)
@@ -154,8 +165,11 @@ def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
   if os.path.exists(flags_path):
     with open(flags_path) as f:
       saved = json.load(f)
+    # A flag added to bin/train after the run was made is absent from its
+    # flags.json: at its default it changes nothing, so the run resumes.
     changed = sorted(k for k in set(saved) | set(cfg)
-                     if k not in RESUMABLE_CHANGES and saved.get(k) != cfg.get(k))
+                     if k not in RESUMABLE_CHANGES and saved.get(k) != cfg.get(k)
+                     and not (k not in saved and cfg.get(k) == _flag_default(k)))
     if changed:
       diffs = ', '.join(f'--{k}={cfg.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
       raise UsageError(f'{out} holds a run with different flags: {diffs}; use another '
