@@ -291,6 +291,8 @@ def run_training(cfg: Mapping[str, Any]):
   try:
     result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(cfg, task),
                          client_data_fn=client_data_fn)
+  except program.IncompatibleCheckpoint as e:
+    fail(str(e))
   except program.TrainingDiverged as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)

@@ -27,6 +27,37 @@ import tqdm
 from tasks import base as task_base
 
 
+class IncompatibleCheckpoint(ValueError):
+  """A checkpoint whose state cannot be this process's state."""
+
+
+async def _load_checkpoint(state_manager, output_dir: str, version: int, structure):
+  """Loads checkpoint `version` into `structure`.
+
+  Containers may differ (a list saved where the process now has a tuple, as
+  MFL's state did before it kept s_0's containers): the values are then
+  matched leaf by leaf, which needs the same number, order and shapes of
+  leaves. Anything else is a checkpoint of another program version or
+  configuration, reported in one line instead of TFF's structure dump.
+  """
+  from tensorflow_federated.python.program import file_utils  # pylint: disable=g-import-not-at-top
+  try:
+    return await state_manager.load(version, structure)
+  except (ValueError, TypeError):
+    pass
+  path = os.path.join(output_dir, 'checkpoints', f'program_state_{version}')
+  saved = tf.nest.flatten(await file_utils.read_saved_model(path))
+  expected = tf.nest.flatten(structure)
+  if len(saved) == len(expected) and all(
+      np.shape(a) == np.shape(b) for a, b in zip(saved, expected)):
+    return tf.nest.pack_sequence_as(structure, saved)
+  raise IncompatibleCheckpoint(
+      f'{path} (round {version}) does not hold this run\'s state ({len(saved)} saved values '
+      f'for {len(expected)} expected): it was written by another version of tff_adaptive. '
+      f'Use another --experiment_name or --root_output_dir, or delete {output_dir} to start '
+      'over.')
+
+
 class TrainingDiverged(RuntimeError):
   pass
 
@@ -160,7 +191,8 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
   versions = await state_manager.get_versions()
   if versions:
     start_round = versions[-1]
-    program_state = await state_manager.load(start_round, dict(program_state))
+    program_state = await _load_checkpoint(state_manager, config.output_dir, start_round,
+                                           dict(program_state))
     program_state['state'] = tf.nest.pack_sequence_as(
         initial, tf.nest.flatten(program_state['state']))
     print(f'Resuming from the checkpoint after round {start_round}.', file=sys.stderr)

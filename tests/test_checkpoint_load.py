@@ -1,0 +1,34 @@
+"""Checkpoints load across container changes; foreign ones fail in one line."""
+
+import asyncio
+import collections
+
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+
+from tff_adaptive import program
+from tff_adaptive import runtime  # pylint: disable=unused-import  (disarms TFF's noisy exit handler)
+
+
+def _save(tmp_path, value):
+  manager = tff.program.FileProgramStateManager(str(tmp_path / 'checkpoints'))
+  asyncio.run(manager.save(value, 1))
+  return manager
+
+
+def test_list_saved_tuple_expected_loads_by_leaves(tmp_path):
+  saved = collections.OrderedDict(m=[np.ones(3, np.float32), np.zeros(2, np.float32)], step=1.0)
+  manager = _save(tmp_path, saved)
+  wanted = collections.OrderedDict(m=(np.zeros(3, np.float32), np.zeros(2, np.float32)), step=0.0)
+  loaded = asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access
+  assert isinstance(loaded['m'], tuple)
+  np.testing.assert_array_equal(loaded['m'][0], np.ones(3))
+  assert float(loaded['step']) == 1.0
+
+
+def test_foreign_checkpoint_is_one_clear_error(tmp_path):
+  manager = _save(tmp_path, collections.OrderedDict(w=np.ones(4, np.float32)))
+  wanted = collections.OrderedDict(w=np.zeros(4, np.float32), v=np.zeros(4, np.float32))
+  with pytest.raises(program.IncompatibleCheckpoint, match='another version of tff_adaptive'):
+    asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access
