@@ -29,7 +29,6 @@ Run directories go to --runs_dir (default runs/mtfl_report, git-ignored).
 """
 
 import argparse
-import importlib.util
 import json
 import math
 import multiprocessing
@@ -40,6 +39,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report_runner as rr  # pylint: disable=g-import-not-at-top,wrong-import-position
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 
 NUM_CLIENTS = 6
@@ -103,35 +104,13 @@ def command_line(args):
   return ' '.join(['bin/train.py', *map(shlex.quote, args)])
 
 
-# ---- Worker processes: bin/train's flags and run_training, imported once ----
-
-_FLAGS = None
-
-
-def _init_worker():
-  global _FLAGS
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  spec = importlib.util.spec_from_file_location('bin_train', TRAIN)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)  # defines bin/train's flags; main() is not run
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.set_verbosity(logging.WARNING)
-  _FLAGS = module.FLAGS
+# ---- Worker processes: report_runner's (bin/train's flags, imported once) ----
 
 
 def _train(job):
   name, args = job
-  from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
-  _FLAGS.unparse_flags()
-  _FLAGS(['bin/train.py', *args])
-  cfg = {k: _FLAGS[k].value for k in cli.TRAIN_FLAG_NAMES}
-  started = time.monotonic()
-  try:
-    cli.run_training(cfg)
-    status = 'ok'
-  except SystemExit as e:  # bin/train exits 1 on divergence, 2 on bad flags
-    status = 'diverged' if e.code == 1 else f'exit {e.code}'
-  return name, status, time.monotonic() - started
+  _, status, seconds, _ = rr._train(args)  # pylint: disable=protected-access
+  return name, status, seconds
 
 
 # ---- Report ----
@@ -167,7 +146,7 @@ def main():
     started = time.monotonic()
     timings = {'runs': {}, 'jobs': opts.jobs, 'load_average': [os.getloadavg()[0]]}
     ctx = multiprocessing.get_context('spawn')
-    with ctx.Pool(opts.jobs, initializer=_init_worker) as pool:
+    with ctx.Pool(opts.jobs, initializer=rr._init_worker) as pool:
       for name, status, seconds in pool.imap_unordered(_train, jobs):
         print(f'  [{status}, {seconds:.0f}s] {name}', flush=True)
         timings['runs'][name] = {'status': status, 'seconds': seconds}
