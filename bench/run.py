@@ -360,6 +360,21 @@ def markdown(out_dir) -> str:
         lines.append(f"| {r['algorithm']} | {r['data']} | {r['round_s']:.3f} | "
                      f"{r['ratio']:.2f} | {fa} | {r['build_s']:.1f} | {r['init_s']:.1f} | "
                      f"{r['first_round_s']:.1f} | {r['first_round_over_round']:.1f} |")
+    elif data['section'].startswith('native_profile'):
+      s = data['setting']
+      lines.append(f"`perf` samples of this process and its worker_binary, {s['model']}, "
+                   f"{s['clients']} clients × {s['local_steps']} steps × batch {s['batch']}, "
+                   f"{data['rounds']} rounds each, concurrency "
+                   f"{data['execution_concurrency']}; load {data['load_before']} → "
+                   f"{data['load_after']}")
+      lines.append('')
+      lines.append('| measured | wall s/round | CPU s/round | cores used | CPU ÷ raw CPU | '
+                   'largest shares of CPU samples |')
+      lines.append('|---|---|---|---|---|---|')
+      for name, r in data['profiles'].items():
+        top = '; '.join(f'{k} {v:.0f}%' for k, v in list(r['categories_percent'].items())[:6])
+        lines.append(f"| {name} | {r['wall_s_per_round']:.3f} | {r['cpu_s_per_round']:.3f} | "
+                     f"{r['cores_used']:.2f} | {r['cpu_over_raw_cpu']:.2f} | {top} |")
     elif 'rss_kib' in data:
       s = data['setting']
       lines.append(f"{data['algorithm']} ({data['data']}), {s['model']}, {s['clients']} clients, "

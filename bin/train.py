@@ -185,8 +185,9 @@ flags.DEFINE_integer('rounds_per_checkpoint', 10, 'Checkpoint every this many ro
 flags.DEFINE_string('root_output_dir', 'runs', 'Root directory for experiment outputs.')
 flags.DEFINE_string('experiment_name', '', 'Experiment directory name (default: <task>_<algorithm>).')
 flags.DEFINE_integer('seed', 0, 'Seed for data splits, client sampling and shuffling.')
-flags.DEFINE_integer('execution_concurrency', -1, 'Max concurrent client computations in '
-                     'TFF\'s C++ runtime (-1: unlimited).')
+flags.DEFINE_integer('execution_concurrency', 0, 'Max concurrent client computations in '
+                     'TFF\'s C++ runtime. 0: two per CPU core (the fastest measured, '
+                     'docs/performance.md); -1: unlimited (TFF\'s default).')
 flags.DEFINE_bool('show_progress', True, 'Show a progress bar.')
 
 # ---- Workers (docs/workers.md) ----

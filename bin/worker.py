@@ -34,9 +34,10 @@ from tff_adaptive import workers
 
 flags.DEFINE_integer('port', 10000, 'Port the worker serves on (all interfaces). '
                      + workers.SECURITY_NOTE)
-flags.DEFINE_integer('max_concurrent_computation_calls', -1,
+flags.DEFINE_integer('max_concurrent_computation_calls', 0,
                      'Max parallel calls of a computation on this worker (clients trained at '
-                     'once; limits memory). Non-positive: no limit.')
+                     'once; limits memory). 0: two per CPU core of this machine (the fastest '
+                     'measured, docs/performance.md); -1: no limit.')
 flags.DEFINE_integer('grpc_max_message_length_megabytes', 10000,
                      'Largest gRPC message accepted (models and datasets travel in them).')
 flags.DEFINE_string('log_file', '', 'Where the binary\'s own output goes; empty: this '

@@ -279,7 +279,7 @@ def run_training(cfg: Mapping[str, Any]):
     fail(str(e))
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
-    runtime.use_local_cpp_context(cfg.get('execution_concurrency', -1))
+    runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0))
   loop = program.LoopConfig(
       total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],
       rounds_per_eval=cfg['rounds_per_eval'], rounds_per_checkpoint=cfg['rounds_per_checkpoint'],

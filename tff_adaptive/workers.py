@@ -47,6 +47,8 @@ from typing import Any, Optional
 from absl import logging
 import grpc
 
+from tff_adaptive import runtime
+
 
 SECURITY_NOTE = (
     'A TFF worker executes ANY computation sent to it (TensorFlow graphs can read and write '
@@ -176,14 +178,16 @@ class WorkerProcess:
   from a long-lived thread), and every live one is stopped at interpreter exit.
   """
 
-  def __init__(self, port: int = 0, *, max_concurrent_computation_calls: int = -1,
+  def __init__(self, port: int = 0, *, max_concurrent_computation_calls: int = 0,
                extra_args: Sequence[str] = (), log_path: Optional[str] = None,
                host: str = 'localhost'):
     """Configures (does not start) a worker.
 
     Args:
       port: port to serve on; 0 picks a free one.
-      max_concurrent_computation_calls: the binary's flag of the same name.
+      max_concurrent_computation_calls: the binary's flag of the same name;
+        0: two per CPU core of this machine, negative: no limit
+        (`runtime.resolve_concurrency`).
       extra_args: further `worker_binary` flags, passed verbatim.
       log_path: where its stdout/stderr go; None: a file in the temp dir;
         '-': inherit ours (for a foreground `bin/worker`).
@@ -196,7 +200,8 @@ class WorkerProcess:
     self.port = int(port)
     self.host = host
     self._args = [worker_binary_path(), f'--port={self.port}',
-                  f'--max_concurrent_computation_calls={max_concurrent_computation_calls}',
+                  '--max_concurrent_computation_calls='
+                  f'{runtime.resolve_concurrency(max_concurrent_computation_calls)}',
                   *extra_args]
     self.log_path = log_path if log_path is not None else os.path.join(
         tempfile.gettempdir(), f'tff_adaptive_worker_{os.getpid()}_{self.port}.log')

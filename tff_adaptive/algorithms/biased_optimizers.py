@@ -69,12 +69,29 @@ class BiasedOptimizer:
 
   def fixed_direction(self, state, grads):
     """U(g, s): s is not changed."""
-    if self.name == 'sgdm':
-      return [self.beta_1 * m + (1 - self.beta_1) * g for m, g in zip(state['m'], grads)]
-    if self.name == 'rmsprop':
-      return [g / d for g, d in zip(grads, self._denominator(state['v']))]
-    return [(self.beta_1 * m + (1 - self.beta_1) * g) / d
-            for m, g, d in zip(state['m'], grads, self._denominator(state['v']))]
+    return self.fixed_direction_from(self.fixed_factors(state), grads)
+
+  def fixed_factors(self, state) -> collections.OrderedDict:
+    """The parts of U that depend on s only: β1·m and √v + ε.
+
+    s is fixed for a whole FedGBO round, so a client computes them once and
+    not at every step (`fixed_direction_from`); the arithmetic is the same,
+    so the direction is bit-identical to `fixed_direction`.
+    """
+    factors = collections.OrderedDict()
+    if 'm' in state:
+      factors['beta_m'] = [self.beta_1 * m for m in state['m']]
+    if 'v' in state:
+      factors['denominator'] = self._denominator(state['v'])
+    return factors
+
+  def fixed_direction_from(self, factors, grads):
+    """U(g, s) from `fixed_factors(s)`."""
+    if 'beta_m' in factors:
+      grads = [bm + (1 - self.beta_1) * g for bm, g in zip(factors['beta_m'], grads)]
+    if 'denominator' in factors:
+      grads = [g / d for g, d in zip(grads, factors['denominator'])]
+    return list(grads)
 
   def track(self, state, g_tilde):
     """T(g̃, s)."""

@@ -68,6 +68,8 @@ class Recipe:
     equal_local_steps: the server step assumes every client ran exactly K
       steps (FedGBO's inverse step); a round violating it fails loudly.
     weighting: default client weighting.
+    uses_first_gradient: `upload` reads g_0 (MimeXlite); otherwise the client
+      loop does not keep it.
   """
   name: str
   init_stats: Callable[[list], Structure]
@@ -79,6 +81,7 @@ class Recipe:
   optimizer_ops_per_param: float = DEFAULT_OPTIMIZER_OPS
   equal_local_steps: bool = False
   weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+  uses_first_gradient: bool = False
 
 
 def _num_bits(type_spec: tff.Type) -> int:
@@ -200,7 +203,7 @@ def build_process(
     lr = hparams['client_learning_rate']
     steps = hparams['local_steps']
     local = _tuples(recipe.init_local(broadcast_value, x_t))
-    g0 = tuple(tf.zeros_like(v) for v in trainable)
+    g0 = tuple(tf.zeros_like(v) for v in trainable) if recipe.uses_first_gradient else ()
     first_loss = tf.constant(0.0)
     num_examples = tf.constant(0, tf.int64)
     step = tf.constant(0, tf.int32)
@@ -218,7 +221,9 @@ def build_process(
       grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                for g, v in zip(grads, trainable)]
       is_first = tf.equal(step, 0)
-      g0 = tuple(tf.where(is_first, g, old) for g, old in zip(grads, g0))
+      if recipe.uses_first_gradient:
+        # A cond, not tf.where: no copy of the model-sized gradient per step.
+        g0 = tf.cond(is_first, lambda grads=grads: tuple(grads), lambda g0=g0: g0)
       first_loss = tf.where(is_first, tf.cast(output.loss, tf.float32), first_loss)
       # Tuples throughout: the loop state is tupled (see _tuples) and TFF
       # optimisers insist that weights and state have the same structure.
@@ -282,7 +287,7 @@ def build_process(
 
   @tff.tensorflow.computation(server_message_type, data_type)
   def client_round_fn(message, dataset):
-    model = model_fn()  # variables must be created outside the tf.function
+    model = client_model(model_fn)  # variables must be created outside the tf.function
     return tf.function(lambda *args: client_round(model, *args))(message, dataset)
 
   client_result = client_round_fn.type_signature.result
@@ -518,6 +523,27 @@ def _tensor_free_value(type_spec: tff.Type):
   if all(name for name, _ in elements) and elements:
     return collections.OrderedDict((name, _tensor_free_value(t)) for name, t in elements)
   return tuple(_tensor_free_value(t) for _, t in elements)
+
+
+def client_model(model_fn: Callable[[], tff.learning.models.VariableModel]):
+  """`model_fn()` for a client computation: trainable variables start at zero.
+
+  A client overwrites its trainable variables with the broadcast weights
+  before using them, but TFF runs every variable initialiser at each call of
+  the client computation: random initialisers (Glorot etc.) cost ~8 ms per
+  client per round on the EMNIST CNN (Philox in `perf`, docs/performance.md)
+  for values nobody reads. Non-trainable variables (metrics, BatchNorm
+  statistics, RNG states) keep their initialisers.
+  """
+  def zero_trainable(next_creator, **kwargs):
+    shape, dtype = kwargs.get('shape'), kwargs.get('dtype')
+    if (kwargs.get('trainable') is not False and shape is not None and dtype is not None
+        and tf.TensorShape(shape).is_fully_defined()):
+      kwargs['initial_value'] = tf.zeros(shape, tf.as_dtype(dtype).base_dtype)
+    return next_creator(**kwargs)
+
+  with tf.variable_creator_scope(zero_trainable):
+    return model_fn()
 
 
 def _initial_weights(model_fn):

@@ -40,15 +40,19 @@ def fedgbo_recipe(optimizer: biased_optimizers.BiasedOptimizer,
   average_gradient = upload == 'average_gradient'
 
   def init_local(s, y0):
-    # The client holds s_t (fixed); the variant also keeps a gradient sum.
-    return {'s': s, 'grad_sum': [tf.zeros_like(w) for w in y0] if average_gradient else []}
+    # s_t is fixed for the round: the client keeps only the parts of U that
+    # depend on it (β1·m, √v + ε), computed once instead of at every step.
+    # The variant also keeps a gradient sum.
+    return {'factors': optimizer.fixed_factors(s),
+            'grad_sum': [tf.zeros_like(w) for w in y0] if average_gradient else []}
 
   def local_step(local, y, grads, lr, step):
     del step
-    direction = optimizer.fixed_direction(local['s'], grads)
+    direction = optimizer.fixed_direction_from(local['factors'], grads)
     grad_sum = ([a + g for a, g in zip(local['grad_sum'], grads)] if average_gradient
                 else local['grad_sum'])
-    return {'s': local['s'], 'grad_sum': grad_sum}, [w - lr * d for w, d in zip(y, direction)]
+    return ({'factors': local['factors'], 'grad_sum': grad_sum},
+            [w - lr * d for w, d in zip(y, direction)])
 
   def upload_fn(local, g0):
     del g0

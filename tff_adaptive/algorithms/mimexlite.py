@@ -61,7 +61,8 @@ def mimexlite_recipe(base_optimizer: tff.learning.optimizers.Optimizer,
   return composer.Recipe(
       name='mimexlite', init_stats=init_stats, broadcast=lambda stats: stats['base'],
       init_local=lambda s, y0: s, local_step=local_step, server_update=server_update,
-      upload=lambda s, g0: list(g0), optimizer_ops_per_param=ops_per_param)
+      upload=lambda s, g0: list(g0), optimizer_ops_per_param=ops_per_param,
+      uses_first_gradient=True)
 
 
 def build_mimexlite(model_fn: Callable[[], tff.learning.models.VariableModel], *,
