@@ -8,9 +8,10 @@ a category (oneDNN convolutions, element-wise Eigen kernels by operation,
 random-number generation, copies, allocation, kernel time, protobuf/gRPC
 serialisation, Python, ...).
 
-For each measured thing it writes CPU seconds per round (from /proc, exact),
-wall seconds per round, cores used (CPU ÷ wall) and each category's share of
-the samples, to `<out_dir>/native_profile[_TAG].json`; `bench/run.py`'s
+For each measured thing it writes CPU seconds per round (from /proc, in
+rounds run without sampling), wall seconds per round, cores used (CPU ÷
+wall) and each category's share of the samples (from as many further rounds
+under `perf`), to `<out_dir>/native_profile[_TAG].json`; `bench/run.py`'s
 markdown table generator lists it.
 
   .venv/bin/python bench/native_profile.py --algorithms=fedavg,fedgbo-adam --rounds=4
@@ -109,20 +110,30 @@ def _children(pid: int):
   return [int(p) for p in out.split()]
 
 
-def profile_rounds(fn, rounds: int, frequency: int, workdir: str, label: str):
-  """Runs `fn` `rounds` times under perf; returns the measurements."""
-  pids = [os.getpid()] + _children(os.getpid())
-  data = os.path.join(workdir, f'{label}.data')
-  perf = subprocess.Popen(
-      ['perf', 'record', '-F', str(frequency), '-p', ','.join(map(str, pids)), '-o', data],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  time.sleep(1.0)  # perf attaches asynchronously
+def _timed_rounds(fn, rounds: int, pids):
   cpu0, wall = sum(_cpu_seconds(p) for p in pids), []
   for _ in range(rounds):
     t0 = time.perf_counter()
     fn()
     wall.append(time.perf_counter() - t0)
-  cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
+  return wall, sum(_cpu_seconds(p) for p in pids) - cpu0
+
+
+def profile_rounds(fn, rounds: int, frequency: int, workdir: str, label: str):
+  """Times `rounds` calls of `fn`, then samples as many more under perf.
+
+  Wall and CPU seconds come from the unsampled calls (sampling slows the
+  sampled process, unevenly across workloads); the categories from the
+  sampled ones.
+  """
+  pids = [os.getpid()] + _children(os.getpid())
+  wall, cpu = _timed_rounds(fn, rounds, pids)
+  data = os.path.join(workdir, f'{label}.data')
+  perf = subprocess.Popen(
+      ['perf', 'record', '-F', str(frequency), '-p', ','.join(map(str, pids)), '-o', data],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  time.sleep(1.0)  # perf attaches asynchronously
+  _timed_rounds(fn, rounds, pids)
   perf.send_signal(signal.SIGINT)
   perf.wait(timeout=120)
   report = subprocess.run(

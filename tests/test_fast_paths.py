@@ -28,6 +28,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import native_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+@pytest.fixture(scope='module', autouse=True)
+def _tff_context():
+  runtime.use_local_cpp_context()
+  yield
+  runtime.shutdown_workers()
+
+
 def _keras_model():
   return tf.keras.Sequential([
       tf.keras.layers.InputLayer(input_shape=(3,)),

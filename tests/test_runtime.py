@@ -90,3 +90,28 @@ def test_every_worker_child_is_tracked():
   assert add_one(1) == 2
   children = set(runtime.find_worker_processes(parent_pid=os.getpid()))
   assert children and children <= set(runtime.live_workers())
+
+
+DEFAULT_CONTEXT_SCRIPT = textwrap.dedent('''
+    import sys
+    sys.path.insert(0, {root!r})
+    import tensorflow as tf
+    import tensorflow_federated as tff
+    from tff_adaptive.algorithms import composer  # tracks workers; no context set
+    from tff_adaptive import runtime
+    @tff.tensorflow.computation(tf.int32)
+    def add_one(x):
+      return x + 1
+    assert add_one(1) == 2  # TFF's own default context starts a worker
+    print('WORKERS', ' '.join(map(str, runtime.live_workers())), flush=True)
+''')
+
+
+def test_worker_of_tffs_default_context_does_not_outlive_parent():
+  """A program using our algorithms without `use_local_cpp_context`."""
+  proc = subprocess.run([sys.executable, '-c', DEFAULT_CONTEXT_SCRIPT.format(root=ROOT)],
+                        capture_output=True, text=True, timeout=300, check=True)
+  line = next(l for l in proc.stdout.splitlines() if l.startswith('WORKERS'))
+  pids = [int(p) for p in line.split()[1:]]
+  assert pids, 'TFF started no tracked worker'
+  assert _gone(pids), f'worker(s) {pids} of TFF\'s default context outlived the program'

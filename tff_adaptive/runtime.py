@@ -31,6 +31,7 @@ _PR_SET_PDEATHSIG = 1
 _lock = threading.Lock()
 _children: list[subprocess.Popen] = []
 _installed = False
+_tracking = False
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -137,13 +138,28 @@ def _raise_on_sigterm(signum, frame):
   raise SystemExit(128 + signum)
 
 
-def _install_process_hooks() -> None:
-  global _installed
-  if _installed:
+def track_tff_workers() -> None:
+  """Every worker_binary TFF starts from now on is tracked (see module doc).
+
+  Covers TFF's own default context too (a program that runs our processes
+  without calling `use_local_cpp_context`): its workers get a log file, die
+  with this process and are stopped at exit. Called when
+  `tff_adaptive.algorithms` is imported; changes no signal handler.
+  """
+  global _tracking
+  if _tracking:
     return
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
   executor_factory.subprocess = _SubprocessShim()
   atexit.register(shutdown_workers)
+  _tracking = True
+
+
+def _install_process_hooks() -> None:
+  global _installed
+  if _installed:
+    return
+  track_tff_workers()
   if threading.current_thread() is threading.main_thread():
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
       signal.signal(signal.SIGTERM, _raise_on_sigterm)
