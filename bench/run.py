@@ -285,21 +285,41 @@ def _rss_kib() -> float:
     return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1024
 
 
+def _worker_rss_kib() -> float:
+  """RSS of TFF's worker_binary children (where the executor holds values)."""
+  total = 0.0
+  for pid in runtime.live_workers():
+    try:
+      with open(f'/proc/{pid}/statm') as f:
+        total += int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1024
+    except OSError:
+      pass
+  return total
+
+
+def _second_half_slope(series) -> float:
+  half = series[len(series) // 2:]
+  return float(np.polyfit(np.arange(len(half)), half, 1)[0]) if len(half) > 1 else 0.0
+
+
 def memory_section(setting: Setting, name: str, data: str, rounds: int):
   load_before = _load()
   runner = Runner(name, setting, data)
-  rss = []
+  rss, worker_rss = [], []
   t0 = time.perf_counter()
   for _ in range(rounds):
     runner()
     rss.append(_rss_kib())
-  half = rss[len(rss) // 2:]
-  slope = float(np.polyfit(np.arange(len(half)), half, 1)[0]) if len(half) > 1 else 0.0
+    worker_rss.append(_worker_rss_kib())
   return collections.OrderedDict(
       setting=vars_of(setting), algorithm=name, data=data, rounds=rounds,
       seconds=time.perf_counter() - t0, rss_kib=rss, rss_first_kib=rss[0], rss_last_kib=rss[-1],
       peak_rss_kib=float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss),
-      slope_second_half_kib_per_round=slope, load_before=load_before, load_after=_load())
+      slope_second_half_kib_per_round=_second_half_slope(rss),
+      worker_rss_kib=worker_rss, worker_rss_first_kib=worker_rss[0],
+      worker_rss_last_kib=worker_rss[-1], worker_peak_rss_kib=max(worker_rss),
+      worker_slope_second_half_kib_per_round=_second_half_slope(worker_rss),
+      load_before=load_before, load_after=_load())
 
 
 def machine():
@@ -383,6 +403,12 @@ def markdown(out_dir) -> str:
                    f"peak {data['peak_rss_kib'] / 1024:.0f} MiB, slope over the second half "
                    f"{data['slope_second_half_kib_per_round']:.1f} KiB/round; load "
                    f"{data['load_before']} → {data['load_after']}")
+      if 'worker_rss_kib' in data:
+        lines.append('')
+        lines.append(f"worker_binary (the executor): RSS {data['worker_rss_first_kib'] / 1024:.0f} "
+                     f"→ {data['worker_rss_last_kib'] / 1024:.0f} MiB, peak "
+                     f"{data['worker_peak_rss_kib'] / 1024:.0f} MiB, slope over the second half "
+                     f"{data['worker_slope_second_half_kib_per_round']:.1f} KiB/round")
     elif 'entries' in data:
       lines.append('| ' + ' | '.join(data['columns']) + ' |')
       lines.append('|' + '---|' * len(data['columns']))
@@ -418,11 +444,13 @@ def main(argv=None):
   p.add_argument('--memory_rounds', type=int, default=300)
   p.add_argument('--memory_model', default='mlp', choices=sorted(MODELS))
   p.add_argument('--memory_algorithm', default='fedavg')
-  p.add_argument('--execution_concurrency', type=int, default=-1,
-                 help="TFF C++ executor's max_concurrent_computation_calls (-1: unlimited)")
+  p.add_argument('--execution_concurrency', type=int, default=0,
+                 help="TFF C++ executor's max_concurrent_computation_calls (0: the package's "
+                      "default, two per CPU core; -1: unlimited, TFF's default)")
   p.add_argument('--tag', default='', help='suffix of the JSON file names')
   args = p.parse_args(argv)
   runtime.use_local_cpp_context(max_concurrent_computation_calls=args.execution_concurrency)
+  concurrency = runtime.resolve_concurrency(args.execution_concurrency)  # -1: unlimited
   sections = [s for s in args.sections.split(',') if s]
   modes = [m for m in args.data.split(',') if m]
   names = [a for a in args.algorithms.split(',') if a]
@@ -431,6 +459,7 @@ def main(argv=None):
   if 'overhead' in sections:
     setting = Setting(args.model, args.clients, args.local_steps, args.batch)
     result = overhead_section(setting, names, modes, args.reps, args.profile_rounds)
+    result['execution_concurrency'] = concurrency
     written.append(write(args.out_dir, f'overhead{tag}', result))
     print(json.dumps(result['rows'], indent=1), flush=True)
   if 'scaling' in sections:
@@ -451,11 +480,13 @@ def main(argv=None):
         print(entries[-len(res['rows']):], flush=True)
     written.append(write(args.out_dir, f'scaling{tag}', collections.OrderedDict(
         columns=['model', 'clients', 'algorithm', 'data', 'raw_s', 'round_s', 'ratio', 'load'],
-        entries=entries, load_before=load_before, load_after=_load())))
+        entries=entries, load_before=load_before, load_after=_load(),
+        execution_concurrency=concurrency)))
   if 'memory' in sections:
     setting = Setting(args.memory_model, args.clients, args.local_steps, args.batch)
     for mode in modes:
       result = memory_section(setting, args.memory_algorithm, mode, args.memory_rounds)
+      result['execution_concurrency'] = concurrency
       written.append(write(args.out_dir, f'memory_{mode}{tag}', result))
   markdown(args.out_dir)
   runtime.shutdown_workers()

@@ -69,6 +69,9 @@ def test_scaling_and_memory(results):
   memory = _load(os.path.join(out, 'memory_ids.json'))
   assert memory['rounds'] == 4 and len(memory['rss_kib']) == 4
   assert memory['peak_rss_kib'] > 0 and math.isfinite(memory['slope_second_half_kib_per_round'])
+  # The executor's process is measured too (it holds the values between calls).
+  assert len(memory['worker_rss_kib']) == 4 and memory['worker_peak_rss_kib'] > 0
+  assert math.isfinite(memory['worker_slope_second_half_kib_per_round'])
 
 
 def test_rounds_train_the_same_data_as_raw():

@@ -17,6 +17,7 @@ through `_TrackedPopen`, which
 """
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import os
@@ -138,13 +139,89 @@ def _raise_on_sigterm(signum, frame):
   raise SystemExit(128 + signum)
 
 
+def _serialize_into(target, value, type_spec):
+  """Fills the `executor_pb2.Value` `target` in place; returns the value's type.
+
+  TFF 0.87 builds a struct's proto from its serialised elements
+  (`Element(value=...)`, `federated.value.append(...)`), and protobuf copies a
+  message passed that way: every tensor is copied once per level of nesting.
+  A FedGBO-Adam state (x, m, v under three levels) took 191 ms to serialise for
+  13.8 MiB, FedAvg's 41 ms for 4.6 MiB, on every call of `process.next`. Here
+  structs and federated values are filled in place and only leaves (tensors,
+  sequences, computations) go through TFF's own serialiser: one copy each.
+  """
+  from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import computation_types  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import type_serialization  # pylint: disable=g-import-not-at-top
+  if isinstance(type_spec, computation_types.StructType):
+    elements = structure.from_container(value)
+    if len(elements) != len(type_spec):
+      raise TypeError(f'Cannot serialize a struct value of {len(elements)} elements to a struct '
+                      f'type requiring {len(type_spec)} elements. Trying to serialize\n'
+                      f'{value!r}\nto\n{type_spec}.')
+    for (name, element_type), (_, element) in zip(structure.iter_elements(type_spec),
+                                                   structure.iter_elements(elements)):
+      target_element = target.struct.element.add()
+      if name:
+        target_element.name = name
+      _serialize_into(target_element.value, element, element_type)
+    target.struct.SetInParent()  # an empty struct is still a struct
+    return type_spec
+  if isinstance(type_spec, computation_types.FederatedType):
+    members = [value] if type_spec.all_equal else value
+    if not isinstance(members, list):
+      raise TypeError(f'Expected a list of client values for {type_spec}; got {type(value)}')
+    for member in members:
+      member_type = _serialize_into(target.federated.value.add(), member, type_spec.member)
+      type_spec.member.check_assignable_from(member_type)
+    target.federated.type.CopyFrom(type_serialization.serialize_type(type_spec).federated)
+    return type_spec
+  leaf, leaf_type = value_serialization.serialize_value(value, type_spec)
+  target.CopyFrom(leaf)
+  return leaf_type
+
+
+_SERIALIZERS = ('_serialize_struct_type', '_serialize_federated_value')
+_shipped_serializers = {}
+
+
+def _install_in_place_serialization() -> None:
+  from tensorflow_federated.proto.v0 import executor_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
+
+  def serialize_in_place(value, type_spec):
+    value_proto = executor_pb2.Value()
+    return value_proto, _serialize_into(value_proto, value, type_spec)
+
+  # serialize_value dispatches through these module globals at call time.
+  for name in _SERIALIZERS:
+    _shipped_serializers.setdefault(name, getattr(value_serialization, name))
+    setattr(value_serialization, name, serialize_in_place)
+
+
+@contextlib.contextmanager
+def shipped_value_serialization():
+  """Within the block, TFF serialises values as shipped (tests compare)."""
+  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
+  current = {name: getattr(value_serialization, name) for name in _SERIALIZERS}
+  for name, fn in _shipped_serializers.items():
+    setattr(value_serialization, name, fn)
+  try:
+    yield
+  finally:
+    for name, fn in current.items():
+      setattr(value_serialization, name, fn)
+
+
 def track_tff_workers() -> None:
   """Every worker_binary TFF starts from now on is tracked (see module doc).
 
   Covers TFF's own default context too (a program that runs our processes
   without calling `use_local_cpp_context`): its workers get a log file, die
   with this process and are stopped at exit. Called when
-  `tff_adaptive.algorithms` is imported; changes no signal handler.
+  `tff_adaptive.algorithms` is imported; changes no signal handler. Also makes
+  TFF serialise nested values in place (`_serialize_into`).
   """
   global _tracking
   if _tracking:
@@ -152,6 +229,7 @@ def track_tff_workers() -> None:
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
   executor_factory.subprocess = _SubprocessShim()
   atexit.register(shutdown_workers)
+  _install_in_place_serialization()
   _tracking = True
 
 
