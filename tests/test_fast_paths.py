@@ -166,9 +166,14 @@ def test_native_profile_sorts_perf_symbols_into_categories():
 def test_native_profile_smoke(tmp_path):
   """Runs and writes its file (tiny sizes; no timing assertion)."""
   import json  # pylint: disable=g-import-not-at-top
-  assert native_profile.main([
-      f'--out_dir={tmp_path}', '--algorithms=fedavg', '--model=linear', '--clients=2',
-      '--local_steps=2', '--batch=4', '--rounds=1', '--frequency=99']) == 0
+  try:
+    assert native_profile.main([
+        f'--out_dir={tmp_path}', '--algorithms=fedavg', '--model=linear', '--clients=2',
+        '--local_steps=2', '--batch=4', '--rounds=1', '--frequency=99']) == 0
+  finally:
+    # main() stops its workers, the current context's included: later tests
+    # in this module need a live one.
+    runtime.use_local_cpp_context()
   with open(tmp_path / 'native_profile.json') as f:
     data = json.load(f)
   assert set(data['profiles']) == {'raw', 'fedavg'}
