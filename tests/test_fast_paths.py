@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import algorithm_testing as at  # pylint: disable=g-bad-import-order
 from tff_adaptive import runtime
 from tff_adaptive.algorithms import biased_optimizers
 from tff_adaptive.algorithms import composer
@@ -105,10 +106,9 @@ def test_client_model_trains_like_the_plain_model_in_a_process():
       n += int(out.num_examples)
     deltas.append([a - v.numpy() for a, v in zip(x0.trainable, model.trainable_variables)])
     weights.append(n)
-  mean = [sum(w * d[i] for w, d in zip(weights, deltas)) / sum(weights)
-          for i in range(len(deltas[0]))]
-  for got, start, d in zip(x1.trainable, x0.trainable, mean):
-    np.testing.assert_allclose(got, start - d, rtol=1e-5, atol=1e-6)
+  mean = at.weighted_mean(deltas, weights)
+  at.assert_close(x1.trainable, [start - d for start, d in zip(x0.trainable, mean)],
+                  rtol=1e-5, atol=1e-6, what='FedAvg round with client_model')
 
 
 @pytest.mark.parametrize('name', biased_optimizers.NAMES)
