@@ -1,4 +1,9 @@
-"""Puts the repository root on sys.path so `tff_adaptive`, `tasks` and `bin` import."""
+"""Puts the checkout first on sys.path (its `tff_adaptive`, `tasks`, `workflow`).
+
+The test session is a program like bin/train: it asks for TFF worker tracking
+explicitly (`runtime.track_tff_workers`); importing the library does nothing.
+tests/test_layering.py checks that in fresh interpreters.
+"""
 import os
 import sys
 
@@ -6,6 +11,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import pytest
+
+
+def pytest_configure(config):
+  del config
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  runtime.track_tff_workers()
 
 
 @pytest.fixture(autouse=True)

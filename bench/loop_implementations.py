@@ -20,7 +20,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from bench import run as bench  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main():

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import run as bench  # pylint: disable=g-import-not-at-top
-from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top
+from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
 
 # First match wins: (category, regular expression over "dso symbol").
 CATEGORIES = (
@@ -158,7 +158,7 @@ def main(argv=None):
   p.add_argument('--frequency', type=int, default=499, help='perf samples per second')
   p.add_argument('--execution_concurrency', type=int, default=None,
                  help="C++ executor's max_concurrent_computation_calls (default: the "
-                      "package's default, see tff_adaptive/runtime.py)")
+                      "package's default, see tff_adaptive/execution/runtime.py)")
   p.add_argument('--tag', default='')
   args = p.parse_args(argv)
   reason = perf_usable()

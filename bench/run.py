@@ -55,8 +55,8 @@ import tensorflow_federated as tff
 
 from tasks import digits
 from tasks import synthetic
-from tff_adaptive import runtime
-from tff_adaptive.algorithms import registry
+from tff_adaptive.execution import runtime
+from workflow import algorithms as registry
 
 SCHEMA_VERSION = 1
 LEARNING_RATE = 0.02

@@ -37,9 +37,9 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
 from tasks import digits
-from tff_adaptive import program
-from tff_adaptive import runtime
-from tff_adaptive import workers
+from workflow import program
+from tff_adaptive.execution import runtime
+from tff_adaptive.execution import workers
 from tff_adaptive.algorithms import fedopt_process
 
 flags.DEFINE_integer('rounds', 5, 'Timed rounds per configuration (after one warm-up round).')

@@ -13,7 +13,7 @@ common=(--task=digits --partition=dirichlet --num_clients=20 --clients_per_round
     --title="digits (Dirichlet 0.5, 20 clients, 10 per round)" >/dev/null
 .venv/bin/python - "$out" <<'PY'
 import sys
-from tff_adaptive import plotting
+from workflow import plotting
 for name in ('fedavg', 'fedadam'):
   acc = [a for a in plotting.read_metrics(f'{sys.argv[1]}/digits_{name}')['eval/accuracy'] if a == a]
   print(f'{name:8s} final test accuracy {acc[-1]:.3f} (chance 0.100)')

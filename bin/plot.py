@@ -15,7 +15,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tff_adaptive import plotting  # pylint: disable=g-import-not-at-top
+from workflow import plotting  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_list('runs', [], 'Experiment directories or metrics CSV files.')
 flags.DEFINE_list('labels', [], 'Legend labels, one per run (default: directory names).')

@@ -30,8 +30,8 @@ if any(a.startswith('--reproduction') for a in sys.argv[1:]):
   # The reproduction builds Keras models: TensorFlow must be imported before
   # absl's app.run (see bin/train.py); plain reports do not need it.
   import tensorflow as tf
-from tff_adaptive import report
-from tff_adaptive import sweep
+from workflow import report
+from workflow import sweep
 
 flags.DEFINE_string('sweep_dir', '', 'Sweep directory written by bin/sweep.py.')
 flags.DEFINE_string('out', '', 'Markdown output path (figures are written next to it).')
@@ -65,7 +65,7 @@ def main(argv):
   if not 0 < FLAGS.confidence < 1:
     _fail(f'--confidence must be in (0, 1); got {FLAGS.confidence}')
   if FLAGS.reproduction:
-    from tff_adaptive import reproduction
+    from workflow import reproduction
     out = FLAGS.out or 'reports/reproduction.md'
     reproduction.write_reproduction_report(
         out, FLAGS.sweep_dir, target=0.85 if FLAGS.target is None else FLAGS.target,

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 stamp=.venv/.tff_adaptive_setup
-want=$(cat requirements.txt requirements-tff.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-tff.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
   exit 0
 fi
@@ -33,11 +33,11 @@ echo "setup: creating .venv with $($py --version)" >&2
 # a resolver run on TFF fails. requirements.txt installs all its other pins (jax
 # 0.4.13 instead); TFF itself goes in without dependency resolution.
 .venv/bin/python -m pip install -q --no-deps -r requirements-tff.txt
-# Make the repository importable (tff_adaptive, tasks, bin) from the venv.
-.venv/bin/python - <<'PY'
-import os, site
-with open(os.path.join(site.getsitepackages()[0], 'tff_adaptive_repo.pth'), 'w') as f:
-  f.write(os.getcwd() + '\n')
-PY
+# The library, installed editable from this checkout (pyproject.toml): only
+# `tff_adaptive` becomes importable; bin/ scripts and tests put the checkout's
+# tasks/ and workflow/ on sys.path themselves. Older setups wrote a .pth that
+# exposed the whole checkout: removed.
+rm -f .venv/lib/python3*/site-packages/tff_adaptive_repo.pth
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 .venv/bin/python -c 'import tensorflow_federated as tff; print("setup: TFF", tff.__version__, "ready")' 2>/dev/null
 echo "$want" > "$stamp"

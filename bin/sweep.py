@@ -12,7 +12,7 @@ same command skips finished trials and resumes interrupted ones from their
 checkpoints; a failing trial does not stop the others (exit status 1 at the
 end, with the failures listed). At the end the best configuration of each
 group is printed, chosen by --select_metric/--select_rule/--select_mode.
-Spec syntax: tff_adaptive/sweep.py and docs/sweeps.md.
+Spec syntax: workflow/sweep.py and docs/sweeps.md.
 """
 
 import os
@@ -23,7 +23,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tff_adaptive import sweep  # pylint: disable=g-import-not-at-top
+from workflow import sweep  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string('sweep_dir', '', 'Directory of the sweep (trials/, logs/, sweep.json).')
 flags.DEFINE_string('grid', '', "Grid(s): 'name=v1,v2;name=v1' ; groups separated by '|', "

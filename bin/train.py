@@ -21,9 +21,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 # TensorFlow must be imported before absl's app.run: imported inside main(),
 # Keras 2.14 builds Sequential models from plain tensors and fails.
 import tensorflow as tf
-from tff_adaptive import cli
-from tff_adaptive import presets
-from tff_adaptive import runtime  # disarms TFF's noisy exit handlers
+from workflow import cli
+from workflow import presets
 
 # ---- Task ----
 flags.DEFINE_string('task', 'digits', 'Task name: digits | synthetic | cifar100_image | '
@@ -172,10 +171,10 @@ flags.DEFINE_bool('measure_client_drift', False, 'Report client_drift/{delta,mod
                   'only, not counted in cost/ bits). Round-composer algorithms only (not '
                   'mimelite, fedprox, mtfl, perfedavg, pfedme).')
 
-# ---- Paper presets (tff_adaptive/presets.py) ----
+# ---- Paper presets (workflow/presets.py) ----
 flags.DEFINE_string('preset', '', 'Set a paper\'s published settings, <paper>:<task> (e.g. '
                     'fedgbo:femnist, fedopt:emnist_character, decayk:femnist; the list is in '
-                    'tff_adaptive/presets.py). Flags given on the command line win; --data_dir '
+                    'workflow/presets.py). Flags given on the command line win; --data_dir '
                     'is never set by a preset.')
 
 # ---- Training loop ----

@@ -30,7 +30,7 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
 # No TensorFlow here: the binary is self-contained, and this stays light.
-from tff_adaptive import workers
+from tff_adaptive.execution import workers
 
 flags.DEFINE_integer('port', 10000, 'Port the worker serves on (all interfaces). '
                      + workers.SECURITY_NOTE)

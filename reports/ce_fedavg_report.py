@@ -71,7 +71,7 @@ def cifar_cnn_bits():
   """{s: (num_params, num_tensors, FedAvg bits, CE-FedAvg bits)} from one encode each."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tasks.models import paper_cnns  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.aggregators import compression  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   shapes = [tuple(w.shape) for w in paper_cnns.create_cifar100_cnn().trainable_weights]

@@ -68,7 +68,7 @@ def _complete(path):
 
 
 def run(runs_dir):
-  from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
+  from workflow import cli  # pylint: disable=g-import-not-at-top
   flag_values = None
   for name, _, extra in METHODS:
     args = _args(runs_dir, name, extra)

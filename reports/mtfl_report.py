@@ -130,8 +130,8 @@ def main():
   parser.add_argument('--skip_runs', action='store_true',
                       help='only rewrite the report from the runs in --runs_dir')
   opts = parser.parse_args()
-  from tff_adaptive import personalization  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import plotting  # pylint: disable=g-import-not-at-top
+  from workflow import personalization  # pylint: disable=g-import-not-at-top
+  from workflow import plotting  # pylint: disable=g-import-not-at-top
 
   all_runs = runs()
   if opts.only:

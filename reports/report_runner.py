@@ -1,7 +1,7 @@
 """Runs bin/train command lines for the reports, in worker processes that import TF/TFF once.
 
 Each job is exactly a bin/train.py command line: its flags are parsed by
-bin/train's own flag definitions and handed to `tff_adaptive.cli.run_training`,
+bin/train's own flag definitions and handed to `workflow.cli.run_training`,
 which is all bin/train's `main()` does, so every run can be reproduced by
 pasting the printed command. Used by `fedada2_report.py` and
 `ce_fedavg_report.py`.
@@ -34,7 +34,7 @@ def _init_worker():
 
 
 def _train(args: Sequence[str]):
-  from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
+  from workflow import cli  # pylint: disable=g-import-not-at-top
   _FLAGS.unparse_flags()
   _FLAGS(['bin/train.py', *args])
   cfg = {k: _FLAGS[k].value for k in cli.TRAIN_FLAG_NAMES}

@@ -11,7 +11,7 @@ It writes reports/schedules.md and reports/figures/schedules_*.png from:
   2. the quadratic toy (seed 001 §3): Figure 1 in NumPy
      (`schedules.simulate_quadratic_fedsgd`, seed 001's setting: 10 of 1000
      clients per round, η = 0.001, 10 trials), and the same toy as a TFF
-     federated process (`tff_adaptive.quadratic_toy`, full participation)
+     federated process (`tff_adaptive.schedules.quadratic_toy`, full participation)
      with constant K, decaying K and decaying γ;
   3. `digits` runs through bin/train's own flags (each is printed as a
      bin/train command line): FedSGD with constant K and γ, decaying γ,
@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from tff_adaptive import schedules  # pylint: disable=g-import-not-at-top
+from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
 
 FIGURES = os.path.join(ROOT, 'reports', 'figures')
 REPORT = os.path.join(ROOT, 'reports', 'schedules.md')
@@ -91,7 +91,7 @@ def _load_train_flags():
 
 def train(flag_values, args) -> str:
   """Exactly `bin/train.py args`, in this process (TF/TFF imported once)."""
-  from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
+  from workflow import cli  # pylint: disable=g-import-not-at-top
   flag_values.unparse_flags()
   flag_values(['bin/train.py', *args])
   cfg = {k: flag_values[k].value for k in cli.TRAIN_FLAG_NAMES}
@@ -172,8 +172,8 @@ TOY_CLIENTS = 8
 
 def toy_tff():
   """The toy as a TFF federated process: constant K, decaying K, decaying γ."""
-  from tff_adaptive import quadratic_toy as qt  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import quadratic_toy as qt  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   try:
     process = qt.build_process(0.1, 10)
@@ -342,7 +342,7 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
   ]
   if toy_tff_results:
     lines += [
-        f'The same toy as a TFF federated process (`tff_adaptive.quadratic_toy`: the package\'s '
+        f'The same toy as a TFF federated process (`tff_adaptive.schedules.quadratic_toy`: the package\'s '
         f'FedAvg/FedSGD with K_t and γ_t set by `round_schedules`, {TOY_CLIENTS} '
         'equal-probability clients, full participation, so the run is deterministic):',
         '',
@@ -350,7 +350,7 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
         'step fraction |',
         '|---|---|---|---|---|---|',
     ]
-    from tff_adaptive import quadratic_toy as qt  # pylint: disable=g-import-not-at-top
+    from tff_adaptive.schedules import quadratic_toy as qt  # pylint: disable=g-import-not-at-top
     for name, (x, steps, fraction) in toy_tff_results.items():
       analytic = (qt.discrete_fixed_point(0.1, 10, TOY_CLIENTS) if name.startswith('constant')
                   else qt.discrete_fixed_point(0.1, 1, TOY_CLIENTS))

@@ -117,10 +117,11 @@ def split(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, alpha: floa
 def _saved_split(cfg: Mapping[str, Any], make: Callable[[], dict[str, np.ndarray]],
                  alpha: float, seed: int, num_clients: int) -> dict[str, np.ndarray]:
   """The run's saved split if there is one, else `make()`, saved with the run."""
-  if not cfg.get('root_output_dir') or not cfg.get('algorithm'):
+  # `run_dir` is given by the training workflow (the run's directory): tasks
+  # never compute it themselves, so the naming of runs lives in one place.
+  if not cfg.get('run_dir'):
     return make()  # not a training run (tests, scripts): nothing to save it with
-  from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
-  path = os.path.join(cli.experiment_dir(cfg), PARTITION_FILE)
+  path = os.path.join(cfg['run_dir'], PARTITION_FILE)
   if os.path.exists(path):
     with np.load(path, allow_pickle=False) as f:
       saved = {k: f[k] for k in f.files}

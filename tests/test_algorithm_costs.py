@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from tasks import digits
-from tff_adaptive import program
-from tff_adaptive import runtime
+from workflow import program
+from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import flops
-from tff_adaptive.algorithms import registry
+from workflow import algorithms as registry
 
 K, B = 3, 10
 NUM_CLIENTS = 2

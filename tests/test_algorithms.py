@@ -20,10 +20,10 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at
 from tasks.models import paper_cnns
-from tff_adaptive import cli
-from tff_adaptive import runtime
+from workflow import cli
+from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import flops
-from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt

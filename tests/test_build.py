@@ -3,11 +3,12 @@
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ('tff_adaptive', 'tasks', 'bin', 'tests')
+PACKAGES = ('tff_adaptive', 'tasks', 'workflow', 'bin', 'tests')
 
 
 def _parse_build():
@@ -53,6 +54,12 @@ def test_every_listed_source_and_dependency_exists():
       assert os.path.isfile(os.path.join(ROOT, src)), f'{name}: missing source {src}'
     for dep in target['deps']:
       assert dep.lstrip(':') in targets, f'{name}: unknown dependency {dep}'
+
+
+def test_build_is_generated_from_the_imports():
+  result = subprocess.run([sys.executable, os.path.join(ROOT, 'bin', 'update_build.py'),
+                           '--check'], capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
 
 
 def test_rule_kinds_match_file_roles():

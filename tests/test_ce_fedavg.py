@@ -27,14 +27,14 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at
 from tasks.models import paper_cnns
-from tff_adaptive import cli
-from tff_adaptive import runtime
+from workflow import cli
+from tff_adaptive.execution import runtime
 from tff_adaptive.aggregators import compression
-from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt_process
 from tff_adaptive.algorithms import mfl
-from tff_adaptive.algorithms import registry
+from workflow import algorithms as registry
 from tff_adaptive.compression import codec
 from tff_adaptive.compression import sparsify
 

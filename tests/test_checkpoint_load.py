@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from tff_adaptive import program
-from tff_adaptive import runtime  # pylint: disable=unused-import  (disarms TFF's noisy exit handler)
+from workflow import program
+from tff_adaptive.execution import runtime  # pylint: disable=unused-import  (disarms TFF's noisy exit handler)
 
 
 def _save(tmp_path, value):

@@ -85,7 +85,7 @@ def test_task_on_fixture_saves_and_reuses_its_split(tmp_path):
   cfg = dict(task='cifar10', algorithm='fedavg', partition='dirichlet', dirichlet_alpha=0.1,
              num_clients=10, seed=0, data_dir=data_dir, cifar10_model='resnet18',
              client_batch_size=20, client_epochs_per_round=1, local_steps=0,
-             root_output_dir=str(tmp_path / 'runs'), experiment_name='lda')
+             run_dir=str(tmp_path / 'runs' / 'lda'))
   task = registry.create_task('cifar10', cfg)
   assert len(task.train_data.client_ids) == 10
   sizes = [len(list(task.train_data.create_tf_dataset_for_client(c)))

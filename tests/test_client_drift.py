@@ -15,11 +15,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at
-from tff_adaptive import runtime
+from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt_process
-from tff_adaptive.algorithms import registry
+from workflow import algorithms as registry
 
 K = 3
 LR = 0.1

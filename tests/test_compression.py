@@ -479,7 +479,7 @@ def test_tf_and_numpy_encoders_agree_exactly():
 def test_encoded_sum_factory_matches_numpy_codec():
   pytest.importorskip('tensorflow')
   tff = pytest.importorskip('tensorflow_federated')
-  from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.compression import encoding_stages  # pylint: disable=g-import-not-at-top
   s = 0.9
   factory = encoding_stages.compressed_sum_factory(s)

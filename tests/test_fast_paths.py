@@ -21,8 +21,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at  # pylint: disable=g-bad-import-order
-from tff_adaptive import runtime
-from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.execution import runtime
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -75,7 +75,7 @@ def test_client_model_zeroes_trainables_and_keeps_other_initialisers():
 
 def test_client_model_trains_like_the_plain_model_in_a_process():
   """Weights assigned from the broadcast: FedAvg rounds are identical."""
-  from tff_adaptive.algorithms import registry  # pylint: disable=g-import-not-at-top
+  from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
   process = registry.build('fedavg', task, {'client_learning_rate': 0.1, 'local_steps': 2})
@@ -186,7 +186,7 @@ def test_native_profile_smoke(tmp_path):
 def test_in_place_serialization_gives_tffs_protos():
   from tensorflow_federated.python.core.impl.executors import value_serialization as vs  # pylint: disable=g-import-not-at-top
   import collections  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.algorithms import registry  # pylint: disable=g-import-not-at-top
+  from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
   process = registry.build('fedgbo', task, {'client_learning_rate': 0.1, 'local_steps': 2,

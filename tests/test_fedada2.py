@@ -22,8 +22,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at
-from tff_adaptive import cli
-from tff_adaptive import runtime
+from workflow import cli
+from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import privacy
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.optimizers import sm3

@@ -13,8 +13,8 @@ import pytest
 import tensorflow_federated as tff
 
 import algorithm_testing as at
-from tff_adaptive import runtime
-from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.execution import runtime
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import mfl

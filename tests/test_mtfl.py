@@ -18,16 +18,16 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 from tasks import base as task_base
 from tasks import common
-from tff_adaptive import client_state
-from tff_adaptive import personalization
-from tff_adaptive import program
-from tff_adaptive import runtime
+from tff_adaptive.personalization import client_state
+from workflow import personalization
+from workflow import program
+from tff_adaptive.execution import runtime
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import fedopt_process
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
-from tff_adaptive.algorithms import registry
+from workflow import algorithms as registry
 
 D, C, B = at.D, at.C, at.B
 K = 3

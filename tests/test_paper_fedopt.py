@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive import runtime
+from tff_adaptive.execution import runtime
 from tff_adaptive.optimizers import paper_fedopt
 
 def _specs(dtype=tf.float64):

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tasks import fixtures
-from tff_adaptive import cli
-from tff_adaptive import presets
+from workflow import cli
+from workflow import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')

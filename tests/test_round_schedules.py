@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from tff_adaptive import cli
-from tff_adaptive import round_schedules
-from tff_adaptive import runtime  # disarms TFF's noisy exit handlers
-from tff_adaptive import schedules
+from workflow import cli
+from tff_adaptive.schedules import driver as round_schedules
+from tff_adaptive.execution import runtime  # disarms TFF's noisy exit handlers
+from tff_adaptive.schedules import core as schedules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
@@ -256,7 +256,7 @@ def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
 # Seed 001 §3's toy as a federated TFF process.
 
 def test_quadratic_toy_fixed_point_and_decaying_k():
-  from tff_adaptive import quadratic_toy  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import quadratic_toy  # pylint: disable=g-import-not-at-top
   # 8 equal-probability clients, full participation: the deterministic
   # expected FedSGD update. Constant K = 10 runs plain FedAvg (η_s = 1, which
   # contracts by 0.15 per round); the fixed points do not depend on η_s, so

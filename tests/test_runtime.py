@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tff_adaptive import runtime
+from tff_adaptive.execution import runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent('''
     sys.path.insert(0, {root!r})
     import tensorflow as tf
     import tensorflow_federated as tff
-    from tff_adaptive import runtime
+    from tff_adaptive.execution import runtime
     runtime.use_local_cpp_context()
     @tff.tensorflow.computation(tf.int32)
     def add_one(x):
@@ -98,7 +98,7 @@ DEFAULT_CONTEXT_SCRIPT = textwrap.dedent('''
     import tensorflow as tf
     import tensorflow_federated as tff
     from tff_adaptive.algorithms import composer  # tracks workers; no context set
-    from tff_adaptive import runtime
+    from tff_adaptive.execution import runtime
     @tff.tensorflow.computation(tf.int32)
     def add_one(x):
       return x + 1

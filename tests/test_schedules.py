@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tff_adaptive import schedules as sch
+from tff_adaptive.schedules import core as sch
 
 
 def _k_values(schedule, rounds):

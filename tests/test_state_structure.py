@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 from tasks import digits
-from tff_adaptive import program
-from tff_adaptive import runtime
-from tff_adaptive.algorithms import registry
+from workflow import program
+from tff_adaptive.execution import runtime
+from workflow import algorithms as registry
 
 # (algorithm, extra flags): one client optimiser with state for each.
 CASES = [

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from tff_adaptive import report
-from tff_adaptive import reproduction
-from tff_adaptive import stats
-from tff_adaptive import sweep
+from workflow import report
+from workflow import reproduction
+from workflow import stats
+from workflow import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -467,7 +467,7 @@ def test_thesis_table_5_4_runtime_reading():
 
 
 def test_same_runtime_steps_equal_round_by_round_loop():
-  from tff_adaptive import schedules
+  from tff_adaptive.schedules import core as schedules
   mbit, k0, beta, rounds = 2.0, 20, 0.05, 300
   num_params = mbit * 1e6 / 32
   budget = rounds * schedules.simulated_round_seconds(num_params, k0, beta)

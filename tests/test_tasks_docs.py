@@ -23,7 +23,7 @@ from absl import flags
 
 from tasks import fixtures
 from tasks import registry
-from tff_adaptive import cli
+from workflow import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'tasks.md')

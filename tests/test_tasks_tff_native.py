@@ -19,7 +19,7 @@ from tasks import data_files
 from tasks import fixtures
 from tasks import registry
 from tasks import tff_native
-from tff_adaptive import program
+from workflow import program
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from tff_adaptive import cli
+from workflow import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')

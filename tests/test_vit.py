@@ -15,7 +15,7 @@ import tensorflow_federated as tff
 from tasks import vit_fixtures
 from tasks import vit_tasks
 from tasks.models import vit
-from tff_adaptive import runtime
+from tff_adaptive.execution import runtime
 from tff_adaptive.algorithms import fedopt_process
 
 TINY = vit.ViTConfig(image_size=32, patch_size=16, width=16, depth=1, num_heads=2, mlp_dim=32)

@@ -26,7 +26,7 @@ from tasks import gld
 from tasks import registry
 from tasks import vit_fixtures
 from tasks import vit_tasks
-from tff_adaptive import cli
+from workflow import cli
 
 
 @pytest.fixture(scope='module')

@@ -22,11 +22,11 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
 from tasks import digits
-from tff_adaptive import cli
-from tff_adaptive import program
-from tff_adaptive import runtime
-from tff_adaptive import workers
-from tff_adaptive.algorithms import biased_optimizers
+from workflow import cli
+from workflow import program
+from tff_adaptive.execution import runtime
+from tff_adaptive.execution import workers
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt_process
 
@@ -330,7 +330,7 @@ def test_worker_processes_leave_nothing_behind():
 SCRIPT = '''
 import sys, time
 sys.path.insert(0, {root!r})
-from tff_adaptive import workers
+from tff_adaptive.execution import workers
 started = workers.start_local_workers(2)
 print('PIDS', *[w.pid for w in started], flush=True)
 sys.stdin.readline()  # the test has seen the workers alive

@@ -1,10 +1,8 @@
-"""Algorithm builders (one per paper). Importing them tracks TFF's workers.
+"""Algorithm builders, one module per paper algorithm.
 
-Any `worker_binary` that TFF starts in this process, including one for TFF's
-default execution context, is stopped when the process exits
-(`tff_adaptive.runtime.track_tff_workers`).
+`build_<algorithm>(model_fn, ...)` returns a `tff.learning.templates.LearningProcess`.
+Importing this package changes nothing in TFF: to keep TFF's `worker_binary`
+children from outliving the program, call
+`tff_adaptive.execution.runtime.track_tff_workers()` (or `use_local_cpp_context()`)
+once at the start (docs/library.md).
 """
-
-from tff_adaptive import runtime as _runtime
-
-_runtime.track_tff_workers()

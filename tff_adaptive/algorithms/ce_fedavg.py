@@ -23,7 +23,7 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_adaptive.aggregators import compression
-from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import mfl
 
 

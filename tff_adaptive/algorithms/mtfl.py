@@ -34,9 +34,9 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedopt
-from tff_adaptive.algorithms import personalized
+from tff_adaptive.personalization import process as personalized
 
 PRIVATE_CHOICES = ('all', 'mu_sigma', 'gamma_beta', 'none')
 STRATEGIES = ('fedavg', 'fedadam', 'fedavg_adam')

@@ -20,7 +20,7 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import fedopt
-from tff_adaptive.algorithms import personalized
+from tff_adaptive.personalization import process as personalized
 
 
 def perfedavg_recipe(beta: float) -> personalized.LocalRecipe:

@@ -28,7 +28,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import fedopt
-from tff_adaptive.algorithms import personalized
+from tff_adaptive.personalization import process as personalized
 
 
 def pfedme_recipe(lam: float, personal_learning_rate: float,

@@ -47,7 +47,7 @@ from typing import Any, Optional
 from absl import logging
 import grpc
 
-from tff_adaptive import runtime
+from tff_adaptive.execution import runtime
 
 
 SECURITY_NOTE = (

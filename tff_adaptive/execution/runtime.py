@@ -6,9 +6,13 @@ with `subprocess.Popen(..., stdout=sys.stdout)` and only stops it from a
 parent is killed. Observed: the worker outlived its parent in 4 of 4 runs, and
 because it inherits stdout, a pipe reading our output never closes.
 
-`use_local_cpp_context()` installs TFF's context but routes the worker launch
-through `_TrackedPopen`, which
-  * gives the worker its own stdout/stderr log file (pipes close with us),
+Nothing here happens at import. `track_tff_workers()` (called by
+`use_local_cpp_context()`, by the binaries and by the training loop; library
+users call it, or `use_local_cpp_context()`, once at the start of their
+program) routes TFF's worker launch through `_TrackedPopen`, which
+  * gives the worker its own stdout/stderr log file (pipes close with us) in
+    `set_worker_log_dir()`'s directory, or else in a private temporary
+    directory that is removed at exit,
   * asks the kernel to SIGKILL the worker if this process dies
     (PR_SET_PDEATHSIG, covers `kill -9` of the trainer),
   * records the process so `shutdown_workers()` can stop it at normal exit,
@@ -21,6 +25,7 @@ import contextlib
 import ctypes
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,8 +48,36 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     pass
 
 
+_log_dir: Optional[str] = None  # set_worker_log_dir()
+_private_log_dir: Optional[str] = None  # mkdtemp'd on first use, removed at exit
+
+
+def set_worker_log_dir(path: Optional[str]) -> None:
+  """Worker logs go to `path` (e.g. a run directory); None: a private temp dir."""
+  global _log_dir
+  _log_dir = path
+
+
 def worker_log_path() -> str:
-  return os.path.join(tempfile.gettempdir(), f'tff_adaptive_worker_{os.getpid()}.log')
+  """The log file of the workers this process starts (not created here)."""
+  global _private_log_dir
+  if _log_dir is not None:
+    return os.path.join(_log_dir, 'worker.log')
+  with _lock:
+    if _private_log_dir is None:
+      # A private directory (mode 0700, unpredictable name), removed at exit:
+      # fixed names in /tmp can be planted or pile up (one per process).
+      _private_log_dir = tempfile.mkdtemp(prefix='tff_adaptive_')
+      atexit.register(_remove_private_log_dir)
+  return os.path.join(_private_log_dir, 'worker.log')
+
+
+def _remove_private_log_dir() -> None:
+  global _private_log_dir
+  shutdown_workers()  # their open log must be closed before the directory goes
+  if _private_log_dir is not None:
+    shutil.rmtree(_private_log_dir, ignore_errors=True)
+    _private_log_dir = None
 
 
 # Above any Linux pid_max (2**22): os.kill of it fails with ESRCH.
@@ -131,9 +164,6 @@ def _disarm_service_managers() -> None:
       cls.__del__ = lambda self: None
 
 
-atexit.register(_disarm_service_managers)
-
-
 def _raise_on_sigterm(signum, frame):
   del frame
   raise SystemExit(128 + signum)
@@ -187,6 +217,7 @@ _shipped_serializers = {}
 
 
 def _install_in_place_serialization() -> None:
+  """Replaces TFF's struct/federated serialisers by `_serialize_into` (process-wide)."""
   from tensorflow_federated.proto.v0 import executor_pb2  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
 
@@ -198,6 +229,21 @@ def _install_in_place_serialization() -> None:
   for name in _SERIALIZERS:
     _shipped_serializers.setdefault(name, getattr(value_serialization, name))
     setattr(value_serialization, name, serialize_in_place)
+
+
+def use_fast_serialization() -> None:
+  """TFF serialises nested values in place from now on (process-wide; see `_serialize_into`).
+
+  Values and protos are identical to TFF's (tested); only the copies go.
+  `shipped_value_serialization()` restores TFF's own serialisers within a block.
+  """
+  _install_in_place_serialization()
+
+
+def fast_serialization_enabled() -> bool:
+  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
+  return any(getattr(value_serialization, name) is not fn
+             for name, fn in _shipped_serializers.items())
 
 
 @contextlib.contextmanager
@@ -214,22 +260,28 @@ def shipped_value_serialization():
       setattr(value_serialization, name, fn)
 
 
-def track_tff_workers() -> None:
+def track_tff_workers(fast_serialization: bool = True) -> None:
   """Every worker_binary TFF starts from now on is tracked (see module doc).
 
   Covers TFF's own default context too (a program that runs our processes
   without calling `use_local_cpp_context`): its workers get a log file, die
-  with this process and are stopped at exit. Called when
-  `tff_adaptive.algorithms` is imported; changes no signal handler. Also makes
-  TFF serialise nested values in place (`_serialize_into`).
+  with this process and are stopped at exit. Changes no signal handler.
+  Process-wide and idempotent: it patches TFF's executor factory (its
+  `subprocess`), so it is never done at import, only when a program asks.
+
+  Args:
+    fast_serialization: also `use_fast_serialization()` (the default for our
+      binaries; values are identical to TFF's).
   """
   global _tracking
+  if fast_serialization:
+    use_fast_serialization()
   if _tracking:
     return
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
   executor_factory.subprocess = _SubprocessShim()
   atexit.register(shutdown_workers)
-  _install_in_place_serialization()
+  atexit.register(_disarm_service_managers)
   _tracking = True
 
 

@@ -73,7 +73,7 @@ def parse_flags_or_exit(argv):
 def validate(cfg: Mapping[str, Any]) -> None:
   """Raises UsageError naming the first bad flag."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.algorithms import registry as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
   if cfg['task'] not in task_registry.TASKS:
     raise UsageError(f'--task must be one of {", ".join(sorted(task_registry.TASKS))}; '
                      f'got {cfg["task"]!r}')
@@ -117,7 +117,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
       raise UsageError('--upload_compression cannot be combined with --dp')
   if not 0 <= cfg.get('sparsity', 0.0) < 1:
     raise UsageError(f'--sparsity must be in [0, 1); got {cfg["sparsity"]}')
-  from tff_adaptive import round_schedules  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
   try:
     round_schedules.from_config(cfg)
   except ValueError as e:
@@ -128,14 +128,14 @@ def validate(cfg: Mapping[str, Any]) -> None:
                      f'--algorithm={cfg["algorithm"]}; it takes {", ".join(entry.client_optimizers)}')
   if entry.needs_local_steps and not cfg.get('local_steps'):
     raise UsageError(f'--algorithm={cfg["algorithm"]} needs exactly K local steps: set --local_steps')
-  from tff_adaptive import workers  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import workers  # pylint: disable=g-import-not-at-top
   try:
     addresses = workers.parse_addresses(cfg.get('workers') or '')
   except ValueError as e:
     raise UsageError(str(e)) from None
   if cfg.get('worker_retry') and len(addresses) < 2:
     raise UsageError('--worker_retry needs at least two --workers')
-  from tff_adaptive import personalization  # pylint: disable=g-import-not-at-top
+  from workflow import personalization  # pylint: disable=g-import-not-at-top
   try:
     personalization.validate(cfg)
   except ValueError as e:
@@ -191,7 +191,7 @@ def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
 
 def _round_schedules(cfg, task, process):
   """The K/η/η_s schedule driver; ValueError (naming the flag) if `process` cannot follow it."""
-  from tff_adaptive import round_schedules  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
   driver = round_schedules.from_config(cfg)
   driver.check_process(process, data_on_workers=bool(cfg.get('data_on_workers')))
   if cfg.get('measure_step_time'):
@@ -246,10 +246,13 @@ def run_training(cfg: Mapping[str, Any]):
   except UsageError as e:
     fail(str(e))
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import program  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import workers  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.algorithms import registry as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow import program  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import workers  # pylint: disable=g-import-not-at-top
+  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  # Explicit, not at import: worker_binary children die with this process,
+  # values serialise without TFF's nested copies (tff_adaptive.execution.runtime).
+  runtime.track_tff_workers()
   addresses = workers.parse_addresses(cfg.get('workers') or '')
   if addresses:
     # Before building anything: an unreachable worker should fail in seconds.
@@ -262,7 +265,7 @@ def run_training(cfg: Mapping[str, Any]):
   # bury the one-line error of a flag that only the built process can refute.
   logging.set_verbosity(logging.WARNING)
   try:
-    task = task_registry.create_task(cfg['task'], cfg)
+    task = task_registry.create_task(cfg['task'], {**cfg, 'run_dir': experiment_dir(cfg)})
     process = algorithm_registry.build(cfg['algorithm'], task, cfg)
     schedules = _round_schedules(cfg, task, process)
     client_data_fn = None
@@ -271,9 +274,10 @@ def run_training(cfg: Mapping[str, Any]):
           process, task, cfg.get('local_steps') or None)
       client_data_fn = workers.client_ids_fn(data_steps)
     out = prepare_output_dir(cfg)
+    runtime.set_worker_log_dir(out)  # worker.log beside the run's other files
     # Personalised algorithms: noisy clients, the per-client state store
     # (a ClientStateError, a ValueError, names a foreign directory).
-    from tff_adaptive import personalization  # pylint: disable=g-import-not-at-top
+    from workflow import personalization  # pylint: disable=g-import-not-at-top
     task, client_state = personalization.setup(cfg, task, process, out, RESUMABLE_CHANGES)
   except (UsageError, ValueError) as e:
     fail(str(e))

@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive import round_schedules
-from tff_adaptive import schedules
+from tff_adaptive.schedules import driver as round_schedules
+from tff_adaptive.schedules import core as schedules
 from tff_adaptive.algorithms import fedopt_process
 
 _INPUT_SPEC = collections.OrderedDict(

@@ -37,9 +37,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base as task_base
-from tff_adaptive import client_state
-from tff_adaptive import program
-from tff_adaptive.algorithms import personalized
+from tff_adaptive.personalization import client_state
+from workflow import program
+from tff_adaptive.personalization import process as personalized
 
 PERSONALIZED_ALGORITHMS = ('mtfl', 'perfedavg', 'pfedme')
 

@@ -48,7 +48,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from tff_adaptive import schedules
+from tff_adaptive.schedules import core as schedules
 
 # Where each scheduled quantity lives in a process's server state, in order of
 # preference. A path is a sequence of field names (str) and positions (int).

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Optional
 
-from tff_adaptive import stats
+from workflow import stats
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(REPO_ROOT, 'bin', 'train.py')
@@ -88,7 +88,7 @@ class Group:
 
 def _known_flags() -> Optional[frozenset]:
   try:
-    from tff_adaptive import cli  # pylint: disable=g-import-not-at-top
+    from workflow import cli  # pylint: disable=g-import-not-at-top
   except ImportError:  # pragma: no cover - absl missing
     return None
   return frozenset(cli.TRAIN_FLAG_NAMES)

@@ -63,7 +63,7 @@ SEED001_TABLE1 = (
 
 
 def seed001_step_fractions() -> list[Check]:
-  from tff_adaptive import schedules  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
   rows = []
   fractions = {}
   for task, k0, decay, paper in SEED001_TABLE1:
@@ -104,7 +104,7 @@ def relative_steps_same_runtime(model_mbit: float, k0: int, beta: float,
   Returns (fraction within the same simulated runtime, fraction over the
   same number of rounds).
   """
-  from tff_adaptive import schedules  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
   num_params = model_mbit * 1e6 / schedules.BITS_PER_FLOAT
   seconds = {}
 
@@ -372,7 +372,7 @@ def compression_checks() -> list[Check]:
 # Seed 001 §3: the quadratic toy.
 
 def quadratic_checks() -> list[Check]:
-  from tff_adaptive import schedules  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
   x_star = schedules.QUADRATIC_TRUE_MINIMISER
   rows = [Check('seed 001 §3',
                 'true minimiser x* of E_z[½zx² − x], p(z) ∝ z^(−1/2) on [1, 3]', '≈ 0.523',
@@ -460,9 +460,9 @@ def measure_process_costs(
     progress: Callable[[str], None] = lambda m: None) -> dict[str, ProcessCost]:
   """One round of each process on `digits` (MLP, IID, 2 clients); its cost metrics."""
   from tasks import digits  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import program  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import runtime  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.algorithms import registry  # pylint: disable=g-import-not-at-top
+  from workflow import program  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   task = digits.create_task(partition='iid', num_clients=4, model='mlp', batch_size=10)
   num_params = int(sum(int(w.shape.num_elements())
@@ -676,7 +676,7 @@ def evaluate_claims(groups, target: float, claims: Sequence[Claim] = CLAIMS) -> 
 
 
 def claims_markdown(rows: Sequence[dict], target: float, metric: str) -> str:
-  from tff_adaptive import report  # pylint: disable=g-import-not-at-top
+  from workflow import report  # pylint: disable=g-import-not-at-top
   lines = ['| source | claim | measured | claimed better | baseline | verdict |',
            '|---|---|---|---|---|---|']
   for r in rows:
@@ -720,8 +720,8 @@ def write_reproduction_report(out_md: str, sweep_dir: str, *, target: float = 0.
                               progress: Callable[[str], None] = lambda m: None) -> str:
   """Writes reports/reproduction.md (+ its figure); returns the markdown."""
   import os  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import report  # pylint: disable=g-import-not-at-top
-  from tff_adaptive import sweep  # pylint: disable=g-import-not-at-top
+  from workflow import report  # pylint: disable=g-import-not-at-top
+  from workflow import sweep  # pylint: disable=g-import-not-at-top
 
   progress('exact figures')
   models = flops_models()
@@ -834,7 +834,7 @@ def write_reproduction_report(out_md: str, sweep_dir: str, *, target: float = 0.
           '- The qualitative sweep covers `digits` only, not `synthetic` (`reports/'
           'algorithms.md` and `reports/fedada2.md` have single-seed `synthetic` runs).',
           '- The papers\' own runs need their datasets: `bin/train.py --preset=<paper>:<task>` '
-          '(`tff_adaptive/presets.py`, the rows of `docs/tasks.md`) sets each published '
+          '(`workflow/presets.py`, the rows of `docs/tasks.md`) sets each published '
           'setting, e.g. `--preset=fedgbo:femnist --data_dir=...`.', '']
   text = '\n'.join(out)
   os.makedirs(os.path.dirname(os.path.abspath(out_md)), exist_ok=True)
@@ -850,5 +850,5 @@ def _score_text(group) -> str:
 
 
 def stats_t(num_seeds: int) -> float:
-  from tff_adaptive import stats  # pylint: disable=g-import-not-at-top
+  from workflow import stats  # pylint: disable=g-import-not-at-top
   return stats.t_quantile(0.95, num_seeds - 1) if num_seeds > 1 else math.inf

@@ -7,7 +7,7 @@ pFedMe (SPEC §7): the composer's round (`composer.py`) with three additions.
      client-optimiser values of those weights belong to the client. They enter
      the round as per-client data, are patched into the downloaded global model
      before local training, and leave it as per-client output (the new values,
-     which the loop stores: `tff_adaptive/client_state.py`). They are never
+     which the loop stores: `tff_adaptive/personalization/client_state.py`). They are never
      broadcast, uploaded or aggregated: the upload is the typed structure
      `OrderedDict(trainable=Δ shared, non_trainable=Δ shared, optimizer=shared
      client-optimiser state)` and the bits are counted from its TFF type.

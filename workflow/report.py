@@ -2,8 +2,8 @@
 
 What the papers report, computed from bin/train's metrics.csv files:
   * a score per configuration, mean ± 95% Student-t CI over seeds
-    (seed 000 Table 6.4; `tff_adaptive.stats`), with the selection rule of
-    `tff_adaptive.sweep` picking each group's best hyperparameters;
+    (seed 000 Table 6.4; `workflow.stats`), with the selection rule of
+    `workflow.sweep` picking each group's best hyperparameters;
   * the rounds, uploaded bits, client FLOPs and simulated minutes needed to
     reach a target metric (seed 000 Table 6.4's right half; thesis Tables
     3.1-3.3 "rounds required to reach target test accuracies"; thesis ch. 5's
@@ -28,8 +28,8 @@ from typing import Optional
 
 import numpy as np
 
-from tff_adaptive import stats
-from tff_adaptive import sweep
+from workflow import stats
+from workflow import sweep
 
 import matplotlib  # pylint: disable=g-bad-import-order
 matplotlib.use('Agg')

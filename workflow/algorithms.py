@@ -17,7 +17,7 @@ from tasks import base as task_base
 from tff_adaptive.accounting import flops
 from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
-from tff_adaptive.algorithms import biased_optimizers
+from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedada2

@@ -1,0 +1,215 @@
+"""The package layering (issue 16): who may import whom, no cycles, no import side effects.
+
+  bin/ → workflow/ → tasks/ → tff_adaptive/ (the installed library)
+
+Imports are read from the source with `ast` (every `import`, including those
+inside functions: a lazy import is still a dependency), resolved to first-party
+modules, and checked against the allowed edges; the module graph must have no
+cycle. The side-effect test imports every library module in a fresh interpreter
+and compares the TFF attributes that the package knows how to patch, the exit
+handlers, the signal handlers and the temp directory before and after.
+"""
+
+import ast
+import os
+import pkgutil
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIRST_PARTY = ('tff_adaptive', 'tasks', 'workflow', 'bin', 'bench', 'reports', 'tests')
+# layer → the first-party top-level packages it may import.
+ALLOWED = {
+    'tff_adaptive': {'tff_adaptive'},
+    'tasks': {'tasks', 'tff_adaptive'},
+    'workflow': {'workflow', 'tasks', 'tff_adaptive'},
+}
+
+
+def _modules(package: str) -> dict[str, str]:
+  """Dotted module name → file, for every .py file under `package`."""
+  found = {}
+  for dirpath, _, files in os.walk(os.path.join(ROOT, package)):
+    for name in files:
+      if name.endswith('.py'):
+        path = os.path.join(dirpath, name)
+        rel = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+        if rel[-1] == '__init__':
+          rel = rel[:-1]
+        found['.'.join(rel)] = path
+  return found
+
+
+ALL_MODULES = {}
+for _package in ALLOWED:
+  ALL_MODULES.update(_modules(_package))
+
+
+def _imports(path: str, module: str) -> set[str]:
+  """First-party modules that `path` imports (resolved to the longest module that exists)."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:
+        parts = module.split('.')
+        is_package = path.endswith('__init__.py')
+        anchor = parts if is_package else parts[:-1]
+        anchor = anchor[:len(anchor) - (node.level - 1)]
+        base = '.'.join(anchor + ([base] if base else []))
+      for alias in node.names:
+        names.add(f'{base}.{alias.name}' if base else alias.name)
+  resolved = set()
+  for name in names:
+    if name.split('.')[0] not in FIRST_PARTY:
+      continue
+    while name and name not in ALL_MODULES and '.' in name:
+      name = name.rsplit('.', 1)[0]
+    resolved.add(name)
+  return resolved
+
+
+GRAPH = {module: _imports(path, module) for module, path in ALL_MODULES.items()}
+
+
+def test_every_layer_imports_only_what_it_may():
+  forbidden = []
+  for module, targets in GRAPH.items():
+    layer = module.split('.')[0]
+    for target in sorted(targets):
+      if target.split('.')[0] not in ALLOWED[layer]:
+        forbidden.append(f'{module} imports {target}')
+  assert not forbidden, 'forbidden import edges:\n' + '\n'.join(forbidden)
+
+
+def _find_cycle(graph):
+  """One cycle of the graph as a list of modules, or None (iterative DFS)."""
+  state = {}
+  for start in sorted(graph):
+    if start in state:
+      continue
+    stack = [(start, iter(sorted(graph[start])))]
+    path = [start]
+    state[start] = 'open'
+    while stack:
+      node, children = stack[-1]
+      child = next(children, None)
+      if child is None:
+        stack.pop()
+        path.pop()
+        state[node] = 'done'
+        continue
+      if child == node or child not in graph:
+        continue  # `from package import name` of a package's own __init__
+      if state.get(child) == 'open':
+        return path[path.index(child):] + [child]
+      if child not in state:
+        state[child] = 'open'
+        path.append(child)
+        stack.append((child, iter(sorted(graph[child]))))
+  return None
+
+
+def test_no_import_cycles():
+  # A package's __init__ re-exporting its own submodules is not a cycle.
+  graph = {m: {t for t in ts if not (m == t.rsplit('.', 1)[0] and ALL_MODULES[m].endswith(
+      '__init__.py'))} for m, ts in GRAPH.items()}
+  cycle = _find_cycle(graph)
+  assert cycle is None, 'import cycle: ' + ' → '.join(cycle)
+
+
+def test_checker_sees_forbidden_edges_and_cycles():
+  """The checks above can fail: a planted edge and a planted cycle are found."""
+  planted = dict(GRAPH)
+  planted['tff_adaptive.algorithms.fedgbo'] = GRAPH['tff_adaptive.algorithms.fedgbo'] | {
+      'tasks.base'}
+  assert any(t.split('.')[0] not in ALLOWED['tff_adaptive']
+             for t in planted['tff_adaptive.algorithms.fedgbo'])
+  assert _find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
+  assert _find_cycle({'a': {'b'}, 'b': set()}) is None
+
+
+def test_library_modules_are_all_checked():
+  assert 'tff_adaptive.algorithms.fedgbo' in GRAPH
+  assert 'workflow.program' in GRAPH and 'tasks.cifar10_lda' in GRAPH
+  assert 'tasks.base' in GRAPH['tasks.cifar10_lda']
+
+
+_PROBE = textwrap.dedent('''
+    import atexit, importlib, json, os, pkgutil, signal, sys
+    sys.path.insert(0, {root!r})
+    import tensorflow_federated
+    from tensorflow_federated.python.core.impl.executors import value_serialization as vs
+    from tensorflow_federated.python.core.impl.executor_stacks import executor_factory as ef
+    from tensorflow_federated.python.core.impl.execution_contexts import (
+        mergeable_comp_execution_context as mcec)
+    from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+
+    def snapshot():
+      return dict(
+          struct=id(vs._serialize_struct_type), federated=id(vs._serialize_federated_value),
+          subprocess=id(ef.subprocess), merge=id(mcec._invoke_after_merge_in_async_pool),
+          context=id(context_stack_impl.context_stack.current),
+          atexit=atexit._ncallbacks(),
+          signals=[str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)],
+          tmp=sorted(os.listdir(os.environ['TMPDIR'])))
+
+    before = snapshot()
+    import tff_adaptive
+    imported = []
+    for info in pkgutil.walk_packages(tff_adaptive.__path__, 'tff_adaptive.'):
+      importlib.import_module(info.name)
+      imported.append(info.name)
+    after = snapshot()
+    print(json.dumps(dict(before=before, after=after, imported=imported)))
+''')
+
+
+def _run_probe(tmp_path, extra=''):
+  tmpdir = tmp_path / 'tmp'
+  tmpdir.mkdir()
+  env = dict(os.environ, TMPDIR=str(tmpdir), TF_CPP_MIN_LOG_LEVEL='3')
+  out = subprocess.run([sys.executable, '-c', _PROBE.format(root=ROOT) + extra], env=env,
+                       capture_output=True, text=True, timeout=300, check=True)
+  import json  # pylint: disable=g-import-not-at-top
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_library_changes_nothing(tmp_path):
+  result = _run_probe(tmp_path)
+  assert len(result['imported']) >= 40, result['imported']
+  assert 'tff_adaptive.execution.runtime' in result['imported']
+  assert result['after'] == result['before']
+
+
+def test_the_probe_sees_explicit_tracking(tmp_path):
+  """The side-effect probe can fail: after track_tff_workers() it sees the changes."""
+  result = _run_probe(tmp_path, extra=textwrap.dedent('''
+      from tff_adaptive.execution import runtime
+      runtime.track_tff_workers()
+      print(json.dumps(dict(before=before, after=snapshot(), imported=imported)))
+  '''))
+  changed = {k for k in result['before'] if result['before'][k] != result['after'][k]}
+  assert {'struct', 'federated', 'subprocess', 'atexit'} <= changed, changed
+
+
+def test_library_does_not_see_the_checkout_tooling(tmp_path):
+  """Installed editable, only `tff_adaptive` is importable from outside the checkout."""
+  code = ('import importlib.util as u; import tff_adaptive; '
+          'print([n for n in ("tasks", "workflow", "bin", "conftest") if u.find_spec(n)])')
+  out = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path), capture_output=True, text=True,
+                       timeout=120, check=True, env=dict(os.environ, PYTHONPATH=''))
+  # (cwd is an empty directory: '/' would offer the system's /bin as a namespace package)
+  assert out.stdout.strip() == '[]'
+
+
+def test_pkgutil_walk_matches_files():
+  names = {i.name for i in pkgutil.walk_packages([os.path.join(ROOT, 'tff_adaptive')],
+                                                  'tff_adaptive.')}
+  files = {m for m in ALL_MODULES if m.startswith('tff_adaptive.')}
+  assert names == files

@@ -1,0 +1,9 @@
+"""Personalised FL (thesis ch. 4, SPEC §7): the pieces MTFL, Per-FedAvg and pFedMe share.
+
+  process       `PersonalizedProcess`: a learning process whose clients also take
+                and return private per-client state (MTFL's private patches);
+  client_state  `ClientStateStore`: that state on disk, snapshotted with checkpoints.
+
+The algorithms themselves are `tff_adaptive.algorithms.{mtfl,perfedavg,pfedme}`;
+the training loop's side (user accuracy, noisy clients) is `workflow.personalization`.
+"""
