@@ -23,6 +23,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 import tensorflow as tf
 from workflow import cli
 from workflow import presets
+from tff_adaptive.execution import runtime
 
 # ---- Task ----
 flags.DEFINE_string('task', 'digits', 'Task name: digits | synthetic | cifar100_image | '
@@ -204,6 +205,9 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  # First: from here on TFF's workers are tracked and its exit-time
+  # ServiceManager noise is disarmed, whichever way this program ends.
+  runtime.track_tff_workers()
   if len(argv) > 1:
     cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   if FLAGS.preset:

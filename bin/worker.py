@@ -30,6 +30,7 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
 # No TensorFlow here: the binary is self-contained, and this stays light.
+from tff_adaptive.execution import runtime
 from tff_adaptive.execution import workers
 
 flags.DEFINE_integer('port', 10000, 'Port the worker serves on (all interfaces). '
@@ -47,6 +48,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  runtime.track_tff_workers()  # disarms TFF's exit-time ServiceManager noise
   logging.set_verbosity(logging.INFO)
   if not 0 < FLAGS.port < 65536:
     print(f'{os.path.basename(sys.argv[0])}: error: --port must be in 1..65535; got '
