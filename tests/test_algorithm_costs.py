@@ -10,14 +10,22 @@ What the download counts (the composer's processes): the model weights, the
 broadcast optimiser state, and the round's hyperparameters η (float32) and K
 (int32), i.e. 64 bits on top of the floats. TFF's Mimelite broadcasts its
 whole base-optimiser state, hyperparameter scalars included.
+
+TFF's Mimelite and FedProx report an upload measured from the TFF types of the
+client values their `next` computation aggregates (`costs.measure_upload`);
+the expected values here are 32·|x|·multiplier with |x| counted on the Keras
+model and the multiplier the number of model-sized values the algorithm's
+definition sends (Mimelite: Δ and ∇f; FedProx: Δ).
 """
 
 import numpy as np
 import pytest
+import tensorflow_federated as tff
 
 from tasks import digits
 from workflow import program
 from tff_adaptive.execution import runtime
+from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
 from workflow import algorithms as registry
 
@@ -52,6 +60,7 @@ CONFIGS = {
     'fedgbo_adam': dict(algorithm='fedgbo', client_optimizer='adam'),
     'mfl_adam': dict(algorithm='mfl', client_optimizer='adam'),
     'mimelite_sgdm': dict(algorithm='mimelite', client_optimizer='sgdm'),
+    'fedprox': dict(algorithm='fedprox', client_optimizer='sgd'),
 }
 
 
@@ -59,7 +68,7 @@ CONFIGS = {
 def round_costs(task):
   """One round of each algorithm on the same two clients → its `cost` metrics."""
   ids = list(task.train_data.client_ids)[:NUM_CLIENTS]
-  costs = {}
+  round_costs = {}
   for key, cfg in CONFIGS.items():
     cfg = dict(cfg, client_learning_rate=0.05, local_steps=K)
     process = registry.build(cfg['algorithm'], task, cfg)
@@ -68,14 +77,14 @@ def round_costs(task):
     # batches as its data (what program.run does).
     steps = None if isinstance(state, dict) and 'hparams' in state else K
     output = process.next(state, program.client_datasets(task, ids, steps))
-    costs[key] = output.metrics['cost']
+    round_costs[key] = output.metrics['cost']
     assert output.metrics['client_work']['train']['num_examples'] == NUM_CLIENTS * K * B
-  return costs
+  return round_costs
 
 
 @pytest.mark.parametrize('key, algorithm, optimizer', [
     ('fedavg', 'fedavg', None), ('fedgbo_adam', 'fedgbo', 'adam'), ('mfl_adam', 'mfl', 'adam'),
-    ('mimelite_sgdm', 'mimelite', 'sgdm')])
+    ('mimelite_sgdm', 'mimelite', 'sgdm'), ('fedprox', 'fedprox', None)])
 def test_measured_client_flops_match_eq22(task, round_costs, key, algorithm, optimizer):
   # Mimelite's full-gradient pass runs over the client's data as given: with
   # K steps, the round's K batches (n_i = K·B).
@@ -91,6 +100,7 @@ def test_flops_differ_by_optimizer_ops(round_costs, num_params):
   # Same data, same K·B examples: the difference is C·|x| per step (SGD 2,
   # FedGBO-Adam C_fixed = 8, MFL-Adam C_moving = 11).
   per = {k: round_costs[k]['client_flops_per_client'] for k in round_costs}
+  assert per['fedprox'] - per['fedavg'] == pytest.approx(K * (5 - 2) * num_params)
   assert per['fedgbo_adam'] - per['fedavg'] == pytest.approx(K * (8 - 2) * num_params)
   assert per['mfl_adam'] - per['fedavg'] == pytest.approx(K * (11 - 2) * num_params)
 
@@ -120,12 +130,85 @@ def test_mfl_adam_bits(round_costs, num_params):
 
 def test_mimelite_bits(round_costs, num_params):
   cost = round_costs['mimelite_sgdm']
-  # Up: Δ and the full gradient at x_t.
-  assert cost['upload_bits_per_client'] == 32 * 2 * num_params
+  # Up (measured from the types of what TFF's process aggregates): Δ and the
+  # full gradient at x_t.
+  assert cost['upload_bits_per_client'] == 32 * num_params * 2
   # Down: x and TFF's SGDm state as TFF broadcasts it: the momentum buffer
   # (|x|) and its learning_rate and momentum scalars (float32).
   assert cost['download_bits_per_client'] == 32 * (2 * num_params + 2)
   assert cost['client_optimizer_state_floats'] == num_params
+
+
+def test_fedprox_bits(round_costs, num_params):
+  cost = round_costs['fedprox']
+  assert cost['upload_bits_per_client'] == 32 * num_params * 1  # Δ, measured
+  assert cost['download_bits_per_client'] == 32 * num_params  # x (no hyperparameters sent)
+  assert cost['client_optimizer_state_floats'] == 0
+
+
+def _tff_process(task, algorithm):
+  cfg = dict(CONFIGS[algorithm], client_learning_rate=0.05, local_steps=K)
+  return registry.build(cfg['algorithm'], task, cfg)
+
+
+@pytest.mark.parametrize('algorithm, multiplier', [('mimelite_sgdm', 2), ('fedprox', 1)])
+def test_measure_upload_reads_the_aggregated_types(task, num_params, algorithm, multiplier):
+  """The measurement behind the numbers above: the model-sized client values aggregated."""
+  measured = costs.measure_upload(_tff_process(task, algorithm))
+  assert measured.num_params == num_params
+  assert measured.multiplier == multiplier
+  assert measured.bits == 32 * num_params * multiplier
+  for a in measured.model_sized:
+    assert a.intrinsic == 'federated_sum'  # TFF's MeanFactory: Σ w·value and Σ w
+    assert a.bits == 32 * num_params
+  # The rest is scalars: one float32 weight per weighted mean, the training
+  # metrics' sums (accuracy and loss as (total, count), num_examples, num_batches)
+  # and the int32 client count that `with_cost_metrics` itself sums (the builders
+  # measure the upload before wrapping, without it).
+  weights = [a for a in measured.others if a.bits == 32 and a.value_type.dtype == np.float32]
+  assert len(weights) == multiplier
+  assert measured.other_bits == 32 * multiplier + (4 * 32 + 2 * 64) + 32
+
+
+def test_measure_upload_counts_what_a_computation_aggregates():
+  """On a hand-written computation: three model-sized values, one weighted mean, one metric."""
+  model_type = tff.StructType([tff.TensorType(np.float32, [3, 2]), tff.TensorType(np.float32, [2])])
+
+  @tff.federated_computation(tff.FederatedType(model_type, tff.CLIENTS),
+                             tff.FederatedType(np.float32, tff.CLIENTS),
+                             tff.FederatedType(np.int64, tff.CLIENTS))
+  def next_fn(value, weight, count):
+    return (tff.federated_sum(value), tff.federated_mean(value),
+            tff.federated_mean(value, weight), tff.federated_sum(count))
+
+  class FakeProcess:
+    next = next_fn
+    get_model_weights = tff.tensorflow.computation(
+        lambda: tff.learning.models.ModelWeights(
+            trainable=[np.zeros([3, 2], np.float32), np.zeros([2], np.float32)],
+            non_trainable=[]))
+
+  measured = costs.measure_upload(FakeProcess())
+  assert measured.multiplier == 3 and measured.bits == 3 * 32 * 8
+  assert [a.intrinsic for a in measured.model_sized] == [
+      'federated_sum', 'federated_mean', 'federated_weighted_mean']
+  assert measured.model_sized[2].weight_type == tff.TensorType(np.float32)
+  assert measured.other_bits == 64  # the int64 count
+
+
+def test_measure_upload_refuses_a_process_without_model_sized_uploads():
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def next_fn(x):
+    return tff.federated_sum(x)
+
+  class FakeProcess:
+    next = next_fn
+    get_model_weights = tff.tensorflow.computation(
+        lambda: tff.learning.models.ModelWeights(trainable=[np.zeros([4], np.float32)],
+                                                 non_trainable=[]))
+
+  with pytest.raises(ValueError, match='trainable weights'):
+    costs.measure_upload(FakeProcess())
 
 
 def test_download_counts_non_trainable_weights():

@@ -2,13 +2,18 @@
 
 Processes built by our composer measure their own costs. TFF's Mimelite and
 FedProx are wrapped instead: `with_cost_metrics` adds the same `cost/...`
-measurements, computed from the algorithm's known traffic (in floats of the
-model size) and from the `num_examples` / `num_batches` that TFF's training
+measurements, from the `num_examples` / `num_batches` that TFF's training
 metrics report, so curves of every algorithm can be drawn against bits and
-FLOPs alike.
+FLOPs alike. Their bits are measured from TFF types, as the composer measures
+its own: the download from the types of what is broadcast, the upload from
+`measure_upload`, which reads the client values that the process's `next`
+computation actually aggregates (every federated_sum / mean / aggregate call
+in its building blocks) and counts the model-sized ones.
 """
 
 import collections
+import dataclasses
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -34,8 +39,112 @@ def _leaves(type_spec):
       yield from _leaves(member)
 
 
+# Intrinsics through which client values reach the server; the value each
+# client contributes is the argument (or its first element, for the ones that
+# take a structure: weighted mean's (value, weight), aggregate's (value, zero,
+# accumulate, merge, report), secure sums' (value, bitwidth / modulus)).
+_AGGREGATIONS = {
+    'federated_sum': False, 'federated_mean': False, 'federated_min': False,
+    'federated_max': False, 'federated_secure_sum': True, 'federated_weighted_mean': True,
+    'federated_aggregate': True, 'federated_secure_sum_bitwidth': True,
+    'federated_secure_modular_sum': True,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregation:
+  """One aggregation of client values found in a computation."""
+  intrinsic: str
+  value_type: tff.Type  # What one client contributes (unplaced).
+  weight_type: Optional[tff.Type] = None  # federated_weighted_mean's weight.
+
+  @property
+  def bits(self) -> int:
+    return type_bits(self.value_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadMeasurement:
+  """What each client sends to be aggregated, read from the computation's types.
+
+  `model_sized` are the aggregated values typed like the trainable weights
+  (Δ, a full gradient, a moment, ...): the upload the papers' tables count.
+  `other_bits` is everything else that is aggregated: aggregation weights
+  (TFF's MeanFactory sums each weight once per weighted mean) and the training
+  metrics' sums; like the composer, the upload does not count them.
+  """
+  model_sized: tuple[Aggregation, ...]
+  others: tuple[Aggregation, ...]
+  num_params: int
+
+  @property
+  def bits(self) -> int:
+    return sum(a.bits for a in self.model_sized)
+
+  @property
+  def other_bits(self) -> int:
+    return sum(a.bits for a in self.others)
+
+  @property
+  def multiplier(self) -> int:
+    """Number of model-sized values each client uploads (|x| floats each)."""
+    return len(self.model_sized)
+
+
+def type_bits(type_spec: tff.Type) -> int:
+  """Exact bits of a value of this TFF type: Σ elements × dtype width."""
+  return sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize * 8 for t in _leaves(type_spec))
+
+
+def client_aggregations(computation) -> list[Aggregation]:
+  """Every aggregation of CLIENTS-placed values in `computation`, with its value type."""
+  found = []
+
+  def visit(block):
+    if (isinstance(block, tff.framework.Call) and isinstance(block.function, tff.framework.Intrinsic)
+        and block.function.uri in _AGGREGATIONS):
+      arg_type = block.argument.type_signature
+      weight = None
+      if _AGGREGATIONS[block.function.uri]:
+        value = arg_type[0]
+        if block.function.uri == 'federated_weighted_mean':
+          weight = arg_type[1].member
+      else:
+        value = arg_type
+      if isinstance(value, tff.FederatedType) and value.placement == tff.CLIENTS:
+        found.append(Aggregation(block.function.uri, value.member, weight))
+    return block, False
+
+  tff.framework.transform_postorder(computation.to_building_block(), visit)
+  return found
+
+
+def _shapes(type_spec) -> list[tuple]:
+  return [(np.dtype(t.dtype), tuple(t.shape)) for t in _leaves(type_spec)]
+
+
+def measure_upload(process: tff.learning.templates.LearningProcess) -> UploadMeasurement:
+  """The model-sized client values `process.next` aggregates, from its TFF types.
+
+  A value is model-sized when its tensors have the trainable weights' dtypes
+  and shapes, in order (what `process.get_model_weights` returns as
+  `trainable`). Raises ValueError if there is none: the upload of such a
+  process (e.g. through an encoding aggregator) cannot be read this way.
+  """
+  trainable = process.get_model_weights.type_signature.result.trainable
+  model_shapes = _shapes(trainable)
+  aggregations = client_aggregations(process.next)
+  is_sized = [_shapes(a.value_type) == model_shapes for a in aggregations]
+  sized = tuple(a for a, s in zip(aggregations, is_sized) if s)
+  if not sized:
+    raise ValueError('no client value typed like the trainable weights is aggregated by '
+                     f'this process ({[str(a.value_type) for a in aggregations]})')
+  others = tuple(a for a, s in zip(aggregations, is_sized) if not s)
+  return UploadMeasurement(sized, others, sum(int(np.prod(s)) for _, s in model_shapes))
+
+
 def with_cost_metrics(process: tff.learning.templates.LearningProcess, *,
-                      download_floats: float, upload_floats: float,
+                      download_floats: float, upload_floats: Optional[float] = None,
                       client_state_floats: float, optimizer_flops_per_step: float,
                       fb_flops_per_example: float,
                       extra_passes: float = 0.0) -> tff.learning.templates.LearningProcess:
@@ -44,13 +153,17 @@ def with_cost_metrics(process: tff.learning.templates.LearningProcess, *,
   Args:
     process: a TFF learning process whose metrics have
       `client_work/train/{num_examples,num_batches}`.
-    download_floats, upload_floats: floats (32-bit) sent per client.
+    download_floats: floats (32-bit) sent to each client.
+    upload_floats: floats (32-bit) each client sends; None (the default):
+      `measure_upload(process).bits / 32`, measured from the process's types.
     client_state_floats: client optimiser memory in floats.
     optimizer_flops_per_step: C·|x|.
     fb_flops_per_example: forward+backward FLOPs per example.
     extra_passes: extra forward+backward passes over the trained examples
       (Mimelite's full-gradient pass: 1).
   """
+  if upload_floats is None:
+    upload_floats = measure_upload(process).bits / 32
   data_type = process.next.type_signature.parameter[1]
 
   @tff.tensorflow.computation(data_type.member)

@@ -35,6 +35,7 @@ def build_fedprox(model_fn: Callable[[], tff.learning.models.VariableModel], *,
       loop_implementation=composer.TFF_CLIENT_LOOP)
   n = costs.num_trainable_params(process)
   return costs.with_cost_metrics(
-      process, download_floats=costs.model_weights_bits(process) / 32, upload_floats=n,
+      process, download_floats=costs.model_weights_bits(process) / 32,
+      upload_floats=costs.measure_upload(process).bits / 32,  # Δ, from the types
       client_state_floats=0,
       optimizer_flops_per_step=5 * n, fb_flops_per_example=fb_flops_per_example)

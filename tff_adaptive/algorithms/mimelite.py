@@ -48,7 +48,8 @@ def build_mimelite(model_fn: Callable[[], tff.learning.models.VariableModel], *,
   # (its hyperparameter scalars and step counter included).
   download_bits = costs.model_weights_bits(process) + _state_bits(base_optimizer, model_fn)
   return costs.with_cost_metrics(
-      process, download_floats=download_bits / 32, upload_floats=2 * n,
+      process, download_floats=download_bits / 32,
+      upload_floats=costs.measure_upload(process).bits / 32,  # Δ and ∇f, from the types
       client_state_floats=state_floats, optimizer_flops_per_step=ops_per_param * n,
       fb_flops_per_example=fb_flops_per_example, extra_passes=1.0)
 
