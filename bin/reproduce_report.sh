@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates reports/reproduction.md and its figure (the one documented command).
-#   1. the qualitative sweep of reports/reproduction_grid.txt: 25 configurations x 5 seeds of
-#      short `digits` runs, 2 at a time (~45 minutes on 2 idle cores; resumable: rerun after Ctrl-C);
+#   1. the qualitative sweep of reports/reproduction_grid.txt: every configuration x 5 seeds of
+#      short `digits` runs, 2 at a time (resumable: rerun after Ctrl-C; the report states the CPU
+#      time per trial and the wall time this sweep measured);
 #   2. the report: every paper figure recomputed by the package, next to the paper's value,
 #      and the papers' claims checked on the sweep.
 # Usage: bin/reproduce_report.sh [sweep_dir]   (default runs/reproduction)

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
@@ -95,7 +96,7 @@ def _train(job):
   recorded = directory + '.cmd'
   same = os.path.exists(recorded) and open(recorded).read() == command
   if same and _rounds_done(directory) >= total_rounds:
-    return job, 'ok', 0.0
+    return job, 'ok', 0.0, True
   checkpoints = os.path.join(directory, 'checkpoints')
   has_checkpoint = os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
   if os.path.isdir(directory) and not (same and has_checkpoint):
@@ -113,7 +114,19 @@ def _train(job):
     with open(directory + '.log') as f:
       if 'error: training diverged at round' in f.read():
         status = 'diverged'
-  return job, status, time.monotonic() - started
+  seconds = time.monotonic() - started
+  with open(directory + '.seconds', 'a') as f:  # wall time of every stretch that trained it
+    f.write(f'{seconds:.1f}\n')
+  return job, status, seconds, False
+
+
+def recorded_seconds(directory) -> Optional[float]:
+  """Wall seconds spent training this run over all invocations (None if not recorded)."""
+  try:
+    with open(directory + '.seconds') as f:
+      return sum(float(line) for line in f if line.strip())
+  except FileNotFoundError:
+    return None
 
 
 def _rounds_done(directory):
@@ -124,14 +137,40 @@ def _rounds_done(directory):
   return int(rows[-1]['round']) if rows else 0
 
 
+RUN_LOG = {'trained': [], 'reused': []}  # (run directory, seconds) of this invocation
+
+
 def _run_all(jobs, pool):
   results = {}
   futures = [pool.submit(_train, job) for job in jobs]
   for future in concurrent.futures.as_completed(futures):
-    (args, total_rounds), status, seconds = future.result()
-    print(f'  [{status}, {seconds:.0f}s] {command_line(args, total_rounds)}', flush=True)
+    (args, total_rounds), status, seconds, reused = future.result()
+    print(f'  [{status}{", reused" if reused else ""}, {seconds:.0f}s] '
+          f'{command_line(args, total_rounds)}', flush=True)
+    RUN_LOG['reused' if reused else 'trained'].append((run_dir(args), seconds))
     results[tuple(args)] = status
   return results
+
+
+def timing_text(minutes, cpu_minutes, jobs) -> str:
+  """What this invocation measured and reused, and the recorded training time of every run."""
+  trained, reused = RUN_LOG['trained'], RUN_LOG['reused']
+  dirs = sorted({d for d, _ in trained + reused})
+  recorded = [recorded_seconds(d) for d in dirs]
+  known = [r for r in recorded if r is not None]
+  text = (f'The invocation that wrote this file took {minutes:.0f} minutes wall clock and '
+          f'{cpu_minutes:.0f} CPU-minutes ({jobs} bin/train.py runs at a time): it trained '
+          f'{len(trained)} run stretches and reused {len(reused)} already finished in the runs '
+          'directory' + (', so its time is not a from-scratch time' if reused else
+                         ', i.e. from scratch') + '. ')
+  if known:
+    text += (f'Training times recorded with the runs ({len(known)} of {len(dirs)} runs): '
+             f'{sum(known) / 60:.0f} minutes of wall time in all, about '
+             f'{sum(known) / 60 / jobs:.0f} minutes with {jobs} at a time.')
+  else:
+    text += ('The runs\' own training times were not recorded (runs made before the script '
+             'kept them), so no from-scratch time has been measured.')
+  return text
 
 
 # ---- Reading results ----
@@ -239,12 +278,10 @@ def write_markdown(opts, chosen, scores, statuses, final_statuses, figure_paths,
       '.venv/bin/python reports/algorithms_report.py',
       '```',
       '',
-      f'The last invocation took {minutes:.0f} minutes wall clock and {cpu_minutes:.0f} '
-      f'CPU-minutes ({opts.jobs} bin/train.py runs at a time; runs already finished in the runs '
-      'directory are reused, so this counts only what it had left to run). From scratch: '
-      f'{sum(len(g) for _, _, g in ALGORITHMS.values()) * len(TASKS)} '
-      'search runs plus the final continuations, about 25 minutes on 2 idle cores. Run '
-      'directories go to `runs/algorithms_report/` (git-ignored, not committed).',
+      f'{timing_text(minutes, cpu_minutes, opts.jobs)} From scratch the script makes '
+      f'{sum(len(g) for _, _, g in ALGORITHMS.values()) * len(TASKS)} search runs plus the '
+      'final continuations. Run directories go to `runs/algorithms_report/` (git-ignored, not '
+      'committed).',
       '',
       '## Protocol',
       '',

@@ -228,7 +228,9 @@ def write_markdown(opts, jobs, statuses, cifar, minutes):
   # Per-round upload and ratios measured in training.
   lines += ['## Compression ratios: nominal, analytic, measured', '',
             'Nominal: eq. 3.1/3.2 without the |W| term, 32/((1−s)(8+g_s)) and 96/((1−s)(24+g_s)) '
-            '(thesis: 7.62/9.06 at s = 0.6, 25.09/33.38 at s = 0.9). Analytic: eq. 3.1/3.2 for '
+            '(7.62/9.06 at s = 0.6, 25.09/33.38 at s = 0.9: the package\'s exact values of the '
+            'thesis\' formulas, which SPEC §6 quotes; the thesis prints only ≈7/9 and ≈25/33, and '
+            '≈53/68 at s = 0.95, see reports/reproduction.md). Analytic: eq. 3.1/3.2 for '
             'the model (`codec.analytic_bits_*`, with 160|W| / 224|W| of side information). '
             'Measured: uncompressed bits (32|x| for FedAvg, 96|x| + 32 for CE-FedAvg) over the '
             'measured `upload_bits_per_client`.', '',

@@ -236,11 +236,16 @@ def main():
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   commands = []
+  timing = {'trained': [], 'reused': []}  # run name -> wall seconds of this invocation
   for name, label, flags in RUNS:
     args = [*COMMON, *flags, f'--root_output_dir={opts.runs_dir}', f'--experiment_name={name}']
+    reused = _finished(os.path.join(opts.runs_dir, name))
     t0 = time.monotonic()
     status = train(flag_values, args)
-    print(f'  [{status}, {time.monotonic() - t0:.0f}s] {command_line(args)}', flush=True)
+    seconds = time.monotonic() - t0
+    timing['reused' if reused else 'trained'].append((name, seconds))
+    print(f'  [{status}{", reused" if reused else ""}, {seconds:.0f}s] {command_line(args)}',
+          flush=True)
     commands.append(command_line(args))
     if status != 'ok':
       raise SystemExit(f'run {name} failed ({status})')
@@ -267,7 +272,7 @@ def main():
         minutes=cols['sim/cumulative_minutes'][-1],
         final_k=cols['schedule/local_steps'][-1])
   write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, commands, plot_cmds,
-               opts.runs_dir, time.monotonic() - started)
+               opts.runs_dir, time.monotonic() - started, timing)
   print(REPORT)
 
 
@@ -279,8 +284,35 @@ def _minutes_to(cols_path, target):
   return None
 
 
+def _finished(run_dir: str) -> bool:
+  """Whether the run already holds all ROUNDS rounds (bin/train then only reloads it)."""
+  try:
+    rounds = read_columns(os.path.join(run_dir, 'metrics.csv')).get('round', [])
+  except FileNotFoundError:
+    return False
+  return bool(rounds) and rounds[-1] >= ROUNDS
+
+
+def timing_text(seconds: float, timing: dict, runs_dir: str, load: float) -> str:
+  """What the invocation that wrote the report measured, and what it reused."""
+  trained, reused = timing['trained'], timing['reused']
+  text = (f'the invocation that wrote this file took {seconds / 60:.1f} minutes wall clock on a '
+          f'2-core machine with load average {load:.1f}; ')
+  if not reused:
+    text += (f'it trained all {len(trained)} digits runs ({sum(t for _, t in trained) / 60:.1f} '
+             'minutes of it), i.e. this is a from-scratch time')
+  elif not trained:
+    text += (f'it reused all {len(reused)} digits runs already finished in `{runs_dir}` (so this '
+             'is not a from-scratch time, which was not measured)')
+  else:
+    text += (f'it trained {len(trained)} digits runs ({", ".join(n for n, _ in trained)}: '
+             f'{sum(t for _, t in trained) / 60:.1f} minutes) and reused {len(reused)} already '
+             f'finished in `{runs_dir}` (so this is not a from-scratch time)')
+  return text
+
+
 def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, commands,
-                 plot_cmds, runs_dir, seconds):
+                 plot_cmds, runs_dir, seconds, timing):
   x_star = schedules.QUADRATIC_TRUE_MINIMISER
   fixed, gamma, kexp = results['k_fixed'], results['gamma_exp'], results['k_exp']
   target = 0.95 * fixed['max_acc']
@@ -289,10 +321,8 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       '',
       'Seed 001 ("Faster Federated Learning with Decaying Number of Local SGD Steps") and '
       'thesis ch. 5. Regenerate with `reports/make_schedules.sh` (runs go to '
-      f'`{runs_dir}`; the last invocation took {seconds / 60:.1f} minutes on a 2-core machine '
-      f'with load average {os.getloadavg()[1]:.1f}, reusing the runs already in that directory; '
-      'from scratch, about 10 minutes on 2 idle cores). Everything below is produced by that '
-      'script.',
+      f'`{runs_dir}`; {timing_text(seconds, timing, runs_dir, os.getloadavg()[1])}). '
+      'Everything below is produced by that script.',
       '',
       '## Step fractions: seed 001 Table 1',
       '',

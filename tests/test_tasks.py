@@ -43,12 +43,30 @@ def test_digits_partitions_are_non_iid_except_iid():
   assert skew['iid'] < 0.15
   assert skew['dirichlet'] > 0.4
   assert skew['shards'] > 0.6
-  # Shards: at most 2 labels per client (a shard can straddle one label boundary).
+  # Shards: a shard is a run of the label-sorted images shorter than one label's
+  # (≈36 of ≈144), so it holds one label or straddles one boundary: at most 2
+  # labels per shard, 4 per client (2 shards).
   train, test = digits.generate('shards', 20, seed=0)
   for cid in train:
-    assert len(np.unique(train[cid]['y'])) <= 4
-    # Test data comes from the same shard ids: same labels.
-    assert set(np.unique(test[cid]['y'])) <= set(np.unique(train[cid]['y'])) | set(range(10))
+    train_labels = set(np.unique(train[cid]['y']).tolist())
+    assert len(train_labels) <= 4
+    # Test data comes from the same shard ids of the label-sorted test split, whose
+    # boundaries fall at nearly (not exactly) the same places: every test label is
+    # a train label or next to one.
+    for label in np.unique(test[cid]['y']).tolist():
+      assert min(abs(label - t) for t in train_labels) <= 1, (cid, label, train_labels)
+
+
+def test_shards_same_shard_ids_give_the_same_labels():
+  """With label counts in proportion, the same shard ids give exactly the same labels."""
+  rng = np.random.default_rng(0)
+  y_train, y_test = np.repeat(np.arange(10), 40), np.repeat(np.arange(10), 8)  # 4 shards a label
+  train_idx, test_idx = digits._split_shards(y_train, y_test, 20, rng)  # pylint: disable=protected-access
+  assert sorted(i for idx in train_idx for i in idx) == list(range(400))  # a partition
+  for tr, te in zip(train_idx, test_idx):
+    assert len(tr) == 20 and len(te) == 4  # 2 shards each
+    assert 1 <= len(set(y_train[tr])) <= 2
+    assert set(y_test[te]) == set(y_train[tr])
 
 
 def test_shards_test_split_matches_train_labels():

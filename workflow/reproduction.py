@@ -165,8 +165,8 @@ def seed001_step_fractions() -> list[Check]:
   rows.append(Check('seed 001 §3', 'quadratic toy: d_K = 0.995 vs constant K = 10 over 3000 '
                     'rounds, "84% less total SGD steps"', '84%', f'{saved:.1f}%',
                     MATCH if ok else MISMATCH,
-                    '' if ok else (f'{saved:.2f}% rounds to {round_like(saved, "84")}%: the '
-                                   'printed 84% is it truncated'),
+                    '' if ok else (f'{saved:.2f}% rounds to {round_like(saved, "84")}%; the '
+                                   f'printed 84% is {saved:.1f}% truncated'),
                     source=Source(SEED, '001', 'perform 84% less total SGD steps compared to '
                                   'clients with constant $K = 10$ over 3000 rounds', ('84%',))))
   return rows
@@ -411,11 +411,11 @@ def model_size_checks(models: Optional[dict] = None) -> list[Check]:
   note = ('SPEC\'s number, not printed in any seed: seed 000 App. B gives the architecture '
           '(conv3×3·32, pool, conv3×3·64, pool, FC512, FC100), from which SPEC computed it')
   return [
-      Check('SPEC §8 (seed 000 App. B architecture)', 'CIFAR100 CNN |x| (trainable parameters)',
+      Check('SPEC §8', 'CIFAR100 CNN |x| (trainable parameters)',
             '1,250,852', f'{counts.num_params:,}',
             MATCH if counts.num_params == 1_250_852 else MISMATCH, note,
             Source(SPEC, 'SPEC', _SPEC_CNN_QUOTE, ('1,250,852',))),
-      Check('SPEC §8 (seed 000 App. B architecture)', 'CIFAR100 CNN forward FLOPs per example',
+      Check('SPEC §8', 'CIFAR100 CNN forward FLOPs per example',
             '5,163,072', f'{counts.forward_flops:,}',
             MATCH if counts.forward_flops == 5_163_072 else MISMATCH, note,
             Source(SPEC, 'SPEC', _SPEC_CNN_QUOTE, ('5,163,072',))),
@@ -525,7 +525,7 @@ def compression_checks() -> list[Check]:
     a_fedavg = compression.analytic_bits_fedavg(num_params, len(shapes), s)
     a_ce = compression.analytic_bits_ce_fedavg(num_params, len(shapes), s)
     close = abs(fedavg / a_fedavg - 1) < 0.03 and abs(ce / a_ce - 1) < 0.03
-    rows.append(Check('package vs package (eqs. 3.1-3.2)',
+    rows.append(Check('thesis eqs. 3.1-3.2',
                       f'encoded MNIST-2NN upload (|x| = {num_params:,}, '
                       f's = {s}): FedAvg / CE-FedAvg bits',
                       f'{a_fedavg:,.0f} / {a_ce:,.0f} (our eqs. 3.1-3.2)',
@@ -696,10 +696,16 @@ _G4_ROWS = {'FedAvg': '| FedAvg | N | 2d | 1 | d |', 'FedAdaGrad': '| FedAdaGrad
 FEDADA2_MD_SM3_ADAM_FLOATS = 5086
 
 
+def _d(k) -> str:
+  """k·d as seed 002's table prints it ('d', '2d')."""
+  return 'd' if k == 1 else f'{k:g}d'
+
+
 def _table_6_2_source(label: str, down_sym: str, up_sym: str) -> Source:
   key = 'AdaptiveFedOpt' if label.startswith('FedAdam') else label.split('-')[0]
   latex = {'x': r'\mathbf{x}', 'x, s': r'\mathbf{x}, \mathbf{s}', 'x, ∇f': r'\mathbf{x}, \nabla f'}
-  derived = _S_SIZE if 's' in down_sym + up_sym else ''
+  derived = 'the table prints symbols, read as multiples of |x|' + (
+      f' with {_S_SIZE}' if 's' in down_sym + up_sym else '')
   return Source(SEED, '004', _TABLE_6_2_ROWS[key], (latex[down_sym], latex[up_sym]), derived)
 
 
@@ -733,18 +739,17 @@ def communication_checks(costs: dict[str, ProcessCost]) -> list[Check]:
               f'stays dense ({sm3_adam:.2f}d: reports/fedada2.md measures '
               f'{FEDADA2_MD_SM3_ADAM_FLOATS:,} floats for |x| = 4,810); seed 002 runs SM3 '
               '"adaptations of Adam and Adagrad"')
-    ours_memory = f'{memory:.3g}d'
+    ours_memory = _d(float(f'{memory:.3g}'))
     if label.startswith('Mimelite'):
       construction = ('+ d for ∇f: TFF\'s Mimelite computes the full-batch gradient before the '
                       'local steps and uploads it after them (the second model-sized value it '
                       'aggregates, measured), so the client holds it during training; that it '
                       'is held is by construction, not measured')
-      note = ('memory: model d + optimiser state (momentum) d from the cost metrics (measured), '
-              'plus d for ∇f by construction')
-      ours_memory = f'{memory:.3g}d + d (∇f, by construction)'
+      note = 'memory: model d + optimiser state (momentum) d, measured from the cost metrics'
+      ours_memory = f'{_d(float(f"{memory:.3g}"))} + d (∇f, by construction)'
       mem_ok = math.isclose(memory + 1, mem_k)
     rows.append(Check('seed 002 App. G.4 table', f'{label}: communication; client memory',
-                      f'{comm_k}d; {mem_k}d', f'{kd + ku}d; {ours_memory}',
+                      f'{_d(comm_k)}; {_d(mem_k)}', f'{_d(kd + ku)}; {ours_memory}',
                       MATCH if comm_ok and mem_ok else MISMATCH, note,
                       Source(SEED, '002', _G4_ROWS[label],
                              tuple(_G4_ROWS[label].split('|')[i].strip() for i in (3, 5))),
@@ -831,10 +836,11 @@ def headline_markdown(sections: dict[str, list[Check]]) -> str:
   flops_quantities = len(FLOPS_QUANTITIES) * len(FLOPS_TASKS)
 
   def ok(x: Tally, word: str = 'match') -> str:
-    return f'{x.matched} {word}' + (f', {x.mismatched} do not' if x.mismatched else '')
+    return f'{x.matched} {word}' + (
+        f', {x.mismatched} {"does" if x.mismatched == 1 else "do"} not' if x.mismatched else '')
 
   lines = [
-      f'**{t[INDEPENDENT].rows} independent numbers printed in the seeds are recomputed: '
+      f'**{t[INDEPENDENT].rows} rows recompute independent numbers printed in the seeds: '
       f'{ok(t[INDEPENDENT])}** (each ✗ explained in its row). {ROUNDING_RULE}; the column '
       '"source" names where the expected value is printed, and the tests find each quoted '
       'print in the seed texts.', '',
@@ -851,8 +857,9 @@ def headline_markdown(sections: dict[str, list[Check]]) -> str:
       f'with K; decaying K reaches x*): {ok(t[STATEMENT], "hold")}.',
       f'- {t[SPEC_NUMBER].rows} numbers from SPEC that no seed prints (the CIFAR100 CNN\'s |x| '
       f'and forward FLOPs; seed 000 gives only its layers): {ok(t[SPEC_NUMBER])}.',
-      f'- {t[CONSTRUCTION].rows} row(s) that hold partly by construction (Mimelite\'s ∇f in '
-      'client memory), labelled in the row.',
+      f'- {t[CONSTRUCTION].rows} row{"" if t[CONSTRUCTION].rows == 1 else "s"} that '
+      f'hold{"s" if t[CONSTRUCTION].rows == 1 else ""} partly by construction (Mimelite\'s ∇f '
+      f'in client memory, labelled in the row): {ok(t[CONSTRUCTION])}.',
       f'- {t[PACKAGE_VS_PACKAGE].rows} package-vs-package rows (our Golomb encoder against our '
       f'eqs. 3.1-3.2; no published number): {ok(t[PACKAGE_VS_PACKAGE], "agree within 3%")}.',
       f'- {t[FIGURE_ONLY].rows} values the seeds show only in a figure (ours for reference).',
@@ -881,7 +888,7 @@ def checks_markdown(checks: Sequence[Check]) -> str:
     if c.construction:
       note = (note + '; ' if note else '') + 'by construction: ' + c.construction
     if c.source.derived and kind_of(c) == DERIVED:
-      note = (note + '; ' if note else '') + 'derived by the paper: ' + c.source.derived
+      note = (note + '; ' if note else '') + 'derived: ' + c.source.derived
     shown = '″' if note and note == previous_note else note  # ditto for repeats
     previous_note = note
     lines.append('| ' + ' | '.join(_cell(x) for x in (_source_cell(c), c.item, c.paper, c.ours,
