@@ -149,6 +149,15 @@ def test_rows_of_each_kind(sections):
   assert 'Mimelite-SGDm: download; upload' in derived  # |s| = |x| read into Table 6.2
 
 
+def test_flops_cells_are_derived_from_few_quantities():
+  """What the headline says of the FLOPs cells: K = 50 is 5× K = 10 except Mimelite's."""
+  cells = {(c.k, c.task, c.algorithm, c.optimizer): c for c in reproduction.flops_cells()}
+  for (k, task, alg, opt), cell in cells.items():
+    if k == 50 and alg != 'mimelite':
+      assert cell.exact == pytest.approx(5 * cells[(10, task, alg, opt)].exact, rel=1e-12)
+  assert len({c.task for c in cells.values()}) * len(reproduction.FLOPS_QUANTITIES) == 12
+
+
 def test_rounding_rule():
   match = reproduction.printed_match
   assert not match(7.62, '7') and match(25.09, '25') and match(9.06, '9')

@@ -348,7 +348,7 @@ def _flops_source(cell: FlopsCell) -> Source:
   fedgbo, mimelite, mfl, sgd, fedprox = FLOPS_TABLES[cell.k][cell.task]
   derived = (f'eq. B.16 from the task\'s {", ".join(FLOPS_QUANTITIES)}; B and K are settings')
   if cell.k == 50 and cell.algorithm != 'mimelite':
-    derived += ' (= 5 × its K = 10 cell)'
+    derived += ' (= 5 × its K = 10 cell before rounding)'
   printed = (_sig3(cell.paper),)
   if cell.k == 50 and cell.task == 'Shakespeare' and cell.algorithm == 'mfl':
     return Source(SEED, '000', _SEED000_TABLE10_SHAKESPEARE, printed, derived)
@@ -849,7 +849,7 @@ def headline_markdown(sections: dict[str, list[Check]]) -> str:
       f'{ok(t[FLOPS])}. They are not {t[FLOPS].rows} independent numbers: the papers compute '
       f'them with one formula (eq. B.16) from {flops_quantities} model quantities '
       f'({", ".join(FLOPS_QUANTITIES)} of {len(FLOPS_TASKS)} tasks), and every K = 50 cell but '
-      'Mimelite\'s is 5× its K = 10 cell.',
+      'Mimelite\'s is 5× its K = 10 cell before rounding.',
       f'- {t[DERIVED].rows} printed values that the papers derive from other printed values '
       f'("3.8x" = 1/0.26, the "≈ 1 : 2.3" upload ratio, Table 6.2\'s symbols read as multiples '
       f'of |x|): {ok(t[DERIVED])}.',
