@@ -27,6 +27,7 @@ from workflow import program
 from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
+from tff_adaptive.algorithms import composer
 from workflow import algorithms as registry
 
 K, B = 3, 10
@@ -75,7 +76,7 @@ def round_costs(task):
     state = process.initialize()
     # Composer processes run K steps themselves; TFF's Mimelite gets the K
     # batches as its data (what program.run does).
-    steps = None if isinstance(state, dict) and 'hparams' in state else K
+    steps = None if composer.runs_local_steps(state) else K
     output = process.next(state, program.client_datasets(task, ids, steps))
     round_costs[key] = output.metrics['cost']
     assert output.metrics['client_work']['train']['num_examples'] == NUM_CLIENTS * K * B

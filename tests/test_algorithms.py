@@ -27,7 +27,6 @@ from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
-from tff_adaptive.algorithms import fedopt_process
 from tff_adaptive.algorithms import mimelite
 from tff_adaptive.algorithms import mimexlite
 
@@ -73,14 +72,14 @@ def _run_rounds(process, state, data, rounds=ROUNDS):
 ])
 def test_fedopt_tff_semantics_equals_tff_fed_avg(clients, algorithm, server_lr, built_k):
   name = fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]
-  ours = fedopt_process.build_fedopt_process(
-      at.model_fn, server_optimizer=fedopt.build_server_optimizer(name, server_lr),
-      client_learning_rate=CLIENT_LR, local_steps=built_k)
+  ours = fedopt.build_fedopt(
+      at.model_fn, tff.learning.optimizers.build_sgdm(CLIENT_LR),
+      fedopt.build_server_optimizer(name, server_lr), local_steps=built_k)
   reference = tff.learning.algorithms.build_weighted_fed_avg(
       at.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(CLIENT_LR),
       server_optimizer_fn=fedopt.build_server_optimizer(name, server_lr))
   initial = ours.initialize()
-  assert int(initial['hparams']['local_steps']) == built_k
+  assert int(initial.client_work['local_steps']) == built_k
   ref_initial = reference.initialize()
   at.assert_close(at.trainable(ours, initial), at.trainable(reference, ref_initial), 0, 0)
 
@@ -139,10 +138,10 @@ _PAPER_PROCESSES = {}
 
 def _paper_process(kind):
   if kind not in _PAPER_PROCESSES:
-    _PAPER_PROCESSES[kind] = fedopt_process.build_fedopt_process(
-        at.model_fn, client_learning_rate=CLIENT_LR, local_steps=K,
-        server_optimizer=fedopt.build_server_optimizer(
-            kind, PAPER_SERVER_LR, semantics='paper', **PAPER))
+    _PAPER_PROCESSES[kind] = fedopt.build_fedopt(
+        at.model_fn, tff.learning.optimizers.build_sgdm(CLIENT_LR),
+        fedopt.build_server_optimizer(kind, PAPER_SERVER_LR, semantics='paper', **PAPER),
+        local_steps=K)
   return _PAPER_PROCESSES[kind]
 
 
@@ -175,9 +174,10 @@ def test_fedopt_paper_semantics_scale_invariance(clients, kind):
     server_opt = fedopt.build_server_optimizer(
         kind, PAPER_SERVER_LR, semantics='paper', beta_1=PAPER['beta_1'],
         beta_2=PAPER['beta_2'], tau=tau, initial_accumulator=initial_accumulator)
-    state = dict(process.initialize())
-    state['stats'] = tf.nest.map_structure(lambda old, new: np.asarray(new, np.asarray(old).dtype),
-                                           state['stats'], server_opt.initialize(specs))
+    state = process.initialize()
+    state = state._replace(finalizer=tf.nest.map_structure(
+        lambda old, new: np.asarray(new, np.asarray(old).dtype), state.finalizer,
+        server_opt.initialize(specs)))
     return composer.set_round_hparams(state, client_learning_rate=client_lr, local_steps=1)
 
   data = at.datasets(clients)
@@ -212,8 +212,7 @@ def tff_mimelite():
 
 
 def test_mimelite_is_tffs_with_cost_metrics(clients, tff_mimelite):
-  ours = mimelite.build_mimelite(at.model_fn, base_optimizer=_base_optimizer(),
-                                 fb_flops_per_example=7.0)
+  ours = mimelite.build_mimelite(at.model_fn, _base_optimizer(), fb_flops_per_example=7.0)
   data = at.datasets(clients, steps=K)
   state, ref_state = ours.initialize(), tff_mimelite.initialize()
   for _ in range(2):
@@ -237,8 +236,7 @@ def test_mimelite_is_tffs_with_cost_metrics(clients, tff_mimelite):
 
 @pytest.fixture(scope='module')
 def mimexlite_process():
-  return mimexlite.build_mimexlite(at.model_fn, base_optimizer=_base_optimizer(),
-                                   client_learning_rate=MIME_LR, local_steps=1)
+  return mimexlite.build_mimexlite(at.model_fn, _base_optimizer(), local_steps=1)
 
 
 def test_mimexlite_k1_equals_tff_mimelite(tff_mimelite, mimexlite_process):
@@ -254,7 +252,7 @@ def test_mimexlite_k1_equals_tff_mimelite(tff_mimelite, mimexlite_process):
     at.assert_close(at.trainable(process, state), at.trainable(tff_mimelite, ref_state),
                     rtol=1e-6, atol=1e-7, what=f'round {r + 1}')
   # TFF's Mime keeps (base optimiser state, aggregator state) as client-work state.
-  ours_accumulator = at.flat(state['stats']['base']['accumulator'])
+  ours_accumulator = at.flat(state.finalizer['base']['accumulator'])
   assert len(ours_accumulator) == 2
   at.assert_close(ours_accumulator, at.flat(ref_state.client_work[0]['accumulator']), rtol=1e-5,
                   atol=1e-7)
@@ -272,7 +270,7 @@ def test_mimexlite_uploads_one_minibatch_gradient(clients, mimexlite_process):
   first = [at.np_grad(x0, *at.np_batches(c, K)[0]) for c in clients]
   examples = [sum(len(y) for _, y in at.np_batches(c, K)) for c in clients]
   expected = at.weighted_mean(first, examples)
-  accumulator = at.flat(output.state['stats']['base']['accumulator'])
+  accumulator = at.flat(output.state.finalizer['base']['accumulator'])
   at.assert_close(accumulator, expected, rtol=1e-5, atol=1e-7)
   # Not the mean over all K batches at x_t (what a full-gradient Mime on the
   # round's data would upload).
@@ -384,8 +382,6 @@ def test_builders_refuse_bad_input_naming_the_flag():
   with pytest.raises(ValueError, match='--client_optimizer'):
     biased_optimizers.BiasedOptimizer('sgd')
   with pytest.raises(ValueError, match='--local_steps'):
-    fedgbo.build_fedgbo(at.model_fn, optimizer=biased_optimizers.BiasedOptimizer('adam'),
-                        client_learning_rate=0.1, local_steps=0)
+    fedgbo.build_fedgbo(at.model_fn, tff.learning.optimizers.build_adam(0.1), local_steps=0)
   with pytest.raises(ValueError, match='--local_steps'):
-    mimexlite.build_mimexlite(at.model_fn, base_optimizer=_base_optimizer(),
-                              client_learning_rate=0.1, local_steps=0)
+    mimexlite.build_mimexlite(at.model_fn, _base_optimizer(), local_steps=0)

@@ -30,9 +30,8 @@ from tasks.models import paper_cnns
 from workflow import cli
 from tff_adaptive.execution import runtime
 from tff_adaptive.aggregators import compression
-from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import ce_fedavg
-from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
 from workflow import algorithms as registry
 from tff_adaptive.compression import codec
@@ -146,6 +145,10 @@ def test_server_mean_of_two_clients_keeps_state_on_the_union_of_their_indices():
 # ---- s → 0, no quantisation: compression is the identity ----
 
 
+def _adam():
+  return tff.learning.optimizers.build_adam(LR, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+
+
 def _run(process, data, rounds=2):
   state = process.initialize()
   trajectory, costs = [], []
@@ -161,9 +164,9 @@ def test_compressed_fedavg_with_zero_sparsity_and_no_quantisation_is_fedavg():
   # s = 0 keeps every entry (k = n); test_compression checks a tiny s > 0 is sent dense too.
   sparsity = 0.0
   data = at.datasets(at.make_clients(SIZES, seed=3))
-  build = lambda upload_compression: fedopt_process.build_fedopt_process(
-      at.model_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      client_learning_rate=LR, local_steps=K, upload_compression=upload_compression)
+  build = lambda upload_compression: fedopt.build_fedopt(
+      at.model_fn, tff.learning.optimizers.build_sgdm(LR), tff.learning.optimizers.build_sgdm(1.0),
+      local_steps=K, upload_compression=upload_compression)
   plain, plain_costs = _run(build(None), data)
   compressed, costs = _run(build(compression.SharedIndexCompressionFactory(sparsity, False)),
                            data)
@@ -177,11 +180,9 @@ def test_compressed_fedavg_with_zero_sparsity_and_no_quantisation_is_fedavg():
 
 def test_ce_fedavg_with_zero_sparsity_and_no_quantisation_is_mfl_adam():
   data = at.datasets(at.make_clients(SIZES, seed=4))
-  ce = ce_fedavg.build_ce_fedavg(at.model_fn, client_learning_rate=LR, sparsity=0.0,
-                                 quantize=False, local_steps=K)
-  adam = biased_optimizers.BiasedOptimizer('adam', beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                                           bias_correction=True)
-  plain = mfl.build_mfl(at.model_fn, optimizer=adam, client_learning_rate=LR, local_steps=K)
+  ce = ce_fedavg.build_ce_fedavg(at.model_fn, _adam(), sparsity=0.0, quantize=False,
+                                 local_steps=K)
+  plain = mfl.build_mfl(at.model_fn, _adam(), bias_correction=True, local_steps=K)
   got, costs = _run(ce, data)
   want, plain_costs = _run(plain, data)
   for a, b in zip(got, want):
@@ -194,8 +195,7 @@ def test_ce_fedavg_with_zero_sparsity_and_no_quantisation_is_mfl_adam():
 
 def test_ce_fedavg_process_measures_compressed_uploads():
   data = at.datasets(at.make_clients(SIZES, seed=5))
-  ce = ce_fedavg.build_ce_fedavg(at.model_fn, client_learning_rate=LR, sparsity=0.6,
-                                 local_steps=K)
+  ce = ce_fedavg.build_ce_fedavg(at.model_fn, _adam(), sparsity=0.6, local_steps=K)
   _, costs = _run(ce, data, rounds=1)
   # Kernel 5×3: k = 6 of 15 kept (Golomb gaps with b* = 0: 1 to 15 bits in all, plus 32 for b*),
   # 8-bit values for Δω, Δm, Δv + UniQ's 4 floats + 2 ExpQ bases; bias 3 values dense, the

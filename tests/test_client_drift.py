@@ -18,7 +18,7 @@ import algorithm_testing as at
 from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
-from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import fedopt
 from workflow import algorithms as registry
 
 K = 3
@@ -61,7 +61,7 @@ def test_zero_vectors_are_left_out_and_too_few_clients_give_nan():
 def _fedavg(measure_client_drift=None):
   """FedAvg (server SGD, η_s = 1) with exactly K client steps."""
   return composer.build_process(
-      at.model_fn, fedopt_process.fedopt_recipe(tff.learning.optimizers.build_sgdm(1.0)),
+      at.model_fn, fedopt.fedopt_recipe(tff.learning.optimizers.build_sgdm(1.0)),
       client_learning_rate=LR, local_steps=K, measure_client_drift=measure_client_drift)
 
 
@@ -80,7 +80,7 @@ def _np_client_model(w0, client):
 def test_round_metric_matches_numpy(drift_process):
   clients = at.make_clients((7, 12, 5, 9), seed=3)
   state = drift_process.initialize()
-  w0 = [np.asarray(t) for t in state['global_model_weights'].trainable]
+  w0 = [np.asarray(t) for t in state.global_model_weights.trainable]
   metrics = drift_process.next(state, at.datasets(clients)).metrics['client_drift']
   models = [_np_client_model(w0, c) for c in clients]
   flat = lambda ws: np.concatenate([a.reshape(-1) for a in ws])

@@ -57,12 +57,11 @@ def _process(client, preconditioner, server='adam', warmup=False):
   if key not in _PROCESSES:
     _PROCESSES[key] = fedada2.build_fedada2(
         at.model_fn,
-        client_optimizer=fedada2.build_client_optimizer(
+        fedada2.build_client_optimizer(
             client, CLIENT_LR, beta_1=C_BETA_1, beta_2=C_BETA_2, epsilon=C_EPS),
-        server_optimizer=fedada2.build_server_optimizer(
+        fedada2.build_server_optimizer(
             server, SERVER_LR, beta_1=S_BETA_1, beta_2=S_BETA_2, tau=TAU),
-        client_learning_rate=CLIENT_LR, local_steps=K, preconditioner=preconditioner,
-        warmup=warmup)
+        local_steps=K, preconditioner=preconditioner, warmup=warmup)
   return _PROCESSES[key]
 
 
@@ -174,10 +173,9 @@ def test_process_clients_start_from_injected_server_v(clients, preconditioner):
   x = at.trainable(process, state)
   rng = np.random.default_rng(1)
   v = [rng.uniform(1e-4, 1e-2, a.shape) for a in x]
-  state = collections.OrderedDict(state)
-  stats = collections.OrderedDict(state['stats'])
+  stats = collections.OrderedDict(state.finalizer)
   stats['preconditioner'] = [a.astype(np.float32) for a in v]
-  state['stats'] = stats
+  state = state._replace(finalizer=stats)
   out = process.next(state, at.datasets(clients))
   got = at.trainable(process, out.state)
   s = {'m': [np.zeros_like(a) for a in x], 'v': v}
@@ -209,9 +207,9 @@ def test_rounds_match_numpy(clients, client, preconditioner, server, warmup):
                      server=server, warmup=warmup)
     at.assert_close(at.trainable(process, state), x, rtol=2e-4, atol=2e-6,
                     what=f'round {round_num + 1}')
-    at.assert_close(at.flat(state['stats']['preconditioner']), s['v'], rtol=1e-3, atol=1e-9,
+    at.assert_close(at.flat(state.finalizer['preconditioner']), s['v'], rtol=1e-3, atol=1e-9,
                     what='server v')
-  assert int(state['stats']['step']) == 2
+  assert int(state.finalizer['step']) == 2
 
 
 # ---- costs ----
@@ -276,10 +274,8 @@ def _dp_process(client_lr, noise, clip, clients_per_round):
   x_{t+1} = x_t − (DP aggregate) is observable."""
   return fedada2.build_fedada2(
       _model_60_10,
-      client_optimizer=fedada2.build_client_optimizer('sm3_adam', client_lr, beta_2=C_BETA_2,
-                                                      epsilon=C_EPS),
-      server_optimizer=tff.learning.optimizers.build_sgdm(1.0), client_learning_rate=client_lr,
-      local_steps=K, preconditioner='none',
+      fedada2.build_client_optimizer('sm3_adam', client_lr, beta_2=C_BETA_2, epsilon=C_EPS),
+      tff.learning.optimizers.build_sgdm(1.0), local_steps=K, preconditioner='none',
       model_aggregator=privacy.dp_aggregator(noise, clip, clients_per_round))
 
 

@@ -39,7 +39,12 @@ def clients():
 
 
 def _opt(name, beta_1=BETA_1):
-  return biased_optimizers.BiasedOptimizer(name, beta_1=beta_1, beta_2=BETA_2, epsilon=EPS)
+  """The client optimiser as a TFF optimiser: the builders read its hyperparameters."""
+  if name == 'sgdm':
+    return tff.learning.optimizers.build_sgdm(LR, momentum=beta_1)
+  if name == 'rmsprop':
+    return tff.learning.optimizers.build_rmsprop(LR, decay=beta_1, epsilon=EPS)
+  return tff.learning.optimizers.build_adam(LR, beta_1=beta_1, beta_2=BETA_2, epsilon=EPS)
 
 
 _PROCESSES = {}
@@ -53,13 +58,13 @@ def _cached(key, build):
 
 def _fedgbo(name, upload='model', **kwargs):
   return _cached(('fedgbo', name, upload), lambda: fedgbo.build_fedgbo(
-      at.model_fn, optimizer=_opt(name), client_learning_rate=LR, local_steps=K, upload=upload,
+      at.model_fn, _opt(name), local_steps=K, upload=upload,
       **kwargs))
 
 
 def _mfl_adam(weighting=None):
   return _cached(('mfl', weighting), lambda: mfl.build_mfl(
-      at.model_fn, optimizer=_opt('adam'), client_learning_rate=LR, local_steps=0,
+      at.model_fn, _opt('adam'), local_steps=0,
       client_weighting=weighting))
 
 
@@ -125,7 +130,7 @@ def _np_fedgbo_round(name, x, s, clients):
 
 
 def _stats(state):
-  stats = state['stats']
+  stats = state.finalizer
   out = collections.OrderedDict()
   for key in ('m', 'v'):
     if key in stats:
@@ -193,7 +198,7 @@ def test_fedgbo_average_gradient_variant_tracks_the_same_state(clients):
 
 def test_fedgbo_sgdm_beta0_equals_fedavg(clients):
   process = _cached('fedgbo_sgdm_beta0', lambda: fedgbo.build_fedgbo(
-      at.model_fn, optimizer=_opt('sgdm', beta_1=0.0), client_learning_rate=LR, local_steps=K))
+      at.model_fn, _opt('sgdm', beta_1=0.0), local_steps=K))
   reference = _tff_fedavg_uniform()
   state, ref_state = process.initialize(), reference.initialize()
   at.assert_close(at.trainable(process, state), at.trainable(reference, ref_state), 0, 0)
@@ -212,8 +217,7 @@ def test_fedgbo_refuses_unequal_local_steps(clients):
   with pytest.raises(Exception, match='same number of local steps'):
     process.next(process.initialize(), at.datasets([clients[0], empty]))
   with pytest.raises(ValueError, match='--local_steps'):
-    fedgbo.build_fedgbo(at.model_fn, optimizer=_opt('sgdm'), client_learning_rate=LR,
-                        local_steps=0)
+    fedgbo.build_fedgbo(at.model_fn, _opt('sgdm'), local_steps=0)
 
 
 # ---------------------------------------------------------------------------
@@ -224,7 +228,7 @@ def test_fedgbo_refuses_unequal_local_steps(clients):
 def test_mfl_with_plain_sgd_equals_fedavg(clients):
   # There is no 'sgd' biased optimiser: SGDm with β = 0 is plain SGD (m = g).
   process = _cached('mfl_sgd', lambda: mfl.build_mfl(
-      at.model_fn, optimizer=_opt('sgdm', beta_1=0.0), client_learning_rate=LR, local_steps=K,
+      at.model_fn, _opt('sgdm', beta_1=0.0), local_steps=K,
       client_weighting=UNIFORM))
   reference = _tff_fedavg_uniform()
   state, ref_state = process.initialize(), reference.initialize()
@@ -306,14 +310,13 @@ def test_composes_with_tff_aggregators(clients, algorithm, aggregator):
                     else tff.aggregators.UnweightedAggregationFactory)
   if algorithm == 'fedgbo':
     plain = _fedgbo('adam')  # uniform by default
-    composed = fedgbo.build_fedgbo(at.model_fn, optimizer=_opt('adam'), client_learning_rate=LR,
-                                   local_steps=K, model_aggregator=factory)
+    composed = fedgbo.build_fedgbo(at.model_fn, _opt('adam'), local_steps=K,
+                                   model_aggregator=factory)
   else:
     plain = _mfl_adam(UNIFORM)
     # The DP factory is unweighted: that alone must make MFL uniform, state
     # averaging included; the weighted clipping factory is asked for it.
-    composed = mfl.build_mfl(at.model_fn, optimizer=_opt('adam'), client_learning_rate=LR,
-                             local_steps=0, model_aggregator=factory,
+    composed = mfl.build_mfl(at.model_fn, _opt('adam'), local_steps=0, model_aggregator=factory,
                              client_weighting=UNIFORM if aggregator == 'clipping' else None)
   data = at.datasets(clients)
   output = composed.next(composed.initialize(), data)
@@ -333,5 +336,5 @@ def test_composes_with_tff_aggregators(clients, algorithm, aggregator):
 
 def test_unweighted_aggregator_with_example_weighting_is_refused():
   with pytest.raises(ValueError, match='--client_weighting=num_examples'):
-    mfl.build_mfl(at.model_fn, optimizer=_opt('adam'), client_learning_rate=LR,
-                  model_aggregator=_dp(3), client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES)
+    mfl.build_mfl(at.model_fn, _opt('adam'), model_aggregator=_dp(3),
+                  client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES)

@@ -23,7 +23,6 @@ from workflow import personalization
 from workflow import program
 from tff_adaptive.execution import runtime
 from tff_adaptive.algorithms import fedopt
-from tff_adaptive.algorithms import fedopt_process
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
@@ -266,9 +265,9 @@ def test_none_equals_fedavg(task, arrays):
   ours = mtfl.build_mtfl(bn_model_fn, bn_keras_model, private='none', strategy='fedavg',
                          client_learning_rate=LR, local_steps=K)
   assert not ours.has_private_state
-  fedavg = fedopt_process.build_fedopt_process(
-      bn_model_fn, server_optimizer=fedopt.build_server_optimizer('sgd', 1.0),
-      client_learning_rate=LR, local_steps=K)
+  fedavg = fedopt.build_fedopt(
+      bn_model_fn, tff.learning.optimizers.build_sgdm(LR), fedopt.build_server_optimizer('sgd', 1.0),
+      local_steps=K)
   ids = ['c0', 'c1', 'c3']
   datasets = _train_datasets(task, ids)
   hook = personalization.PersonalizationHook(ours, task)

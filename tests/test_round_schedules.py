@@ -58,10 +58,10 @@ def _column(rows, key):
 
 
 def _composer_state(k=50, lr=0.3, server_lr=1.0):
-  return collections.OrderedDict(
-      global_model_weights=(), stats=collections.OrderedDict(learning_rate=np.float32(server_lr)),
-      hparams=collections.OrderedDict(client_learning_rate=np.float32(lr),
-                                      local_steps=np.int32(k)))
+  return tff.learning.templates.LearningAlgorithmState(
+      global_model_weights=(), distributor=(),
+      client_work=collections.OrderedDict(learning_rate=np.float32(lr), local_steps=np.int32(k)),
+      aggregator=(), finalizer=collections.OrderedDict(learning_rate=np.float32(server_lr)))
 
 
 # ---------------------------------------------------------------------------
@@ -75,10 +75,10 @@ def test_rounds_schedule_decays_k_and_client_lr_together():
   for r, k in ((1, 50), (2, 40), (8, 25), (125, 10), (1000, 5)):  # 1000: the ∛ trap
     state, data_k, row = driver.apply(state, r)
     assert data_k is None  # the composer runs K itself
-    assert row['schedule/local_steps'] == k == state['hparams']['local_steps']
+    assert row['schedule/local_steps'] == k == state.client_work['local_steps']
     assert row['schedule/client_learning_rate'] == pytest.approx(0.3 / math.sqrt(r))
-    assert state['hparams']['client_learning_rate'] == np.float32(0.3 / math.sqrt(r))
-    assert state['hparams']['local_steps'].dtype == np.int32
+    assert state.client_work['learning_rate'] == np.float32(0.3 / math.sqrt(r))
+    assert state.client_work['local_steps'].dtype == np.int32
 
 
 def test_step_schedule_watches_only_regular_evaluation_rounds():
@@ -117,15 +117,14 @@ def test_learning_rates_are_found_in_every_kind_of_state():
       local_steps=4, local_steps_schedule='exp', local_steps_decay=0.5, client_learning_rate=0.2,
       client_lr_schedule='exp', client_lr_decay_rate=0.5, server_learning_rate=2.0,
       server_lr_schedule='exp', server_lr_decay_rate=0.1, total_rounds=3))
-  # MimeXlite: the server optimiser state sits under stats['server'].
-  mimexlite = _composer_state(k=4, lr=0.2)
-  mimexlite['stats'] = collections.OrderedDict(
+  # MimeXlite: the server optimiser state sits under finalizer['server'].
+  mimexlite = _composer_state(k=4, lr=0.2)._replace(finalizer=collections.OrderedDict(
       base=collections.OrderedDict(learning_rate=np.float32(0.2)),
-      server=collections.OrderedDict(learning_rate=np.float32(2.0)))
+      server=collections.OrderedDict(learning_rate=np.float32(2.0))))
   state, data_k, row = driver.apply(mimexlite, 2)
-  assert data_k is None and state['hparams']['local_steps'] == 2
-  assert state['stats']['server']['learning_rate'] == np.float32(0.2)
-  assert state['stats']['base']['learning_rate'] == np.float32(0.2)  # untouched
+  assert data_k is None and state.client_work['local_steps'] == 2
+  assert state.finalizer['server']['learning_rate'] == np.float32(0.2)
+  assert state.finalizer['base']['learning_rate'] == np.float32(0.2)  # untouched
   assert row['schedule/server_learning_rate'] == pytest.approx(0.2)
   # TFF's builders (Mimelite): K through the data, γ in the client optimiser
   # state, η_s in the finalizer.
@@ -139,8 +138,8 @@ def test_learning_rates_are_found_in_every_kind_of_state():
   assert state.client_work[0]['learning_rate'] == np.float32(0.05)
   assert state.finalizer['learning_rate'] == np.float32(0.02)
   # FedGBO/MFL: no server learning rate anywhere.
-  fedgbo = _composer_state()
-  fedgbo['stats'] = collections.OrderedDict(m=(np.zeros(2, np.float32),), step=np.float32(0))
+  fedgbo = _composer_state()._replace(
+      finalizer=collections.OrderedDict(m=(np.zeros(2, np.float32),), step=np.float32(0)))
   with pytest.raises(round_schedules.ScheduleError, match='--server_lr_schedule'):
     driver.apply(fedgbo, 1)
 
@@ -152,7 +151,7 @@ def test_driver_state_round_trips_through_json():
   state = _composer_state(k=8)
   for r, loss in zip(range(1, 5), (2.0, 2.0, 1.0, 0.5)):
     state, _, row = driver.apply(state, r)
-    driver.observe(r, {**row, 'train/first_minibatch_loss': loss, 'cost/client_steps': 24.0,
+    driver.observe(r, {**row, round_schedules.FIRST_MINIBATCH_LOSS: loss, 'cost/client_steps': 24.0,
                        'cost/download_bits_per_client': 2e6, 'cost/upload_bits_per_client': 1e6},
                    CLIENTS)
   saved = driver.to_json()
@@ -195,13 +194,13 @@ def test_clients_run_exactly_k_t_steps(tmp_path, algorithm, extra):
   assert _column(rows, 'sim/round_seconds') == pytest.approx(expected_seconds)
   assert float(rows[-1]['sim/cumulative_minutes']) == pytest.approx(sum(expected_seconds) / 60)
   # The last round's hyperparameters are in the returned state.
-  assert state['hparams']['local_steps'] == 1
+  assert state.client_work['local_steps'] == 1
   if algorithm == 'fedavg':
-    assert state['stats']['learning_rate'] == np.float32(0.5**4)
+    assert state.finalizer['learning_rate'] == np.float32(0.5**4)
     assert _column(rows, 'schedule/server_learning_rate') == pytest.approx(
         [0.5**t for t in range(5)])
   if algorithm == 'fedada2':
-    assert state['hparams']['client_learning_rate'] == np.float32(0.01 / math.sqrt(5))
+    assert state.client_work['learning_rate'] == np.float32(0.01 / math.sqrt(5))
     assert _column(rows, 'schedule/client_learning_rate') == pytest.approx(
         [0.01 / math.sqrt(r) for r in range(1, 6)])
 
@@ -238,7 +237,7 @@ def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
   assert k_whole == k_cut
   assert k_whole[:2] == [20, 20] and min(k_whole) < 20  # K_0 for the window, then decays
   assert _column(whole, 'cost/client_steps') == [CLIENTS * k for k in k_whole]
-  for key in ('train/first_minibatch_loss', 'sim/cumulative_minutes',
+  for key in ('train/client_work/first_minibatch_loss', 'sim/cumulative_minutes',
               'schedule/step_fraction_vs_constant_k0'):
     np.testing.assert_allclose(_column(cut, key), _column(whole, key), rtol=1e-5)
   v1, w1 = _final_weights(tmp_path / 'whole')

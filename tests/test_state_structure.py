@@ -8,6 +8,7 @@ checkpoint failed; this checks every round-composer and TFF-wrapped algorithm.
 
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tasks import digits
 from workflow import program
@@ -53,6 +54,20 @@ def test_state_after_a_round_has_the_initial_structure(task, algorithm, extra):
   process = registry.build(algorithm, task, cfg)
   initial = process.initialize()
   ids = list(task.train_data.client_ids)[:2]
-  after = process.next(initial, program.client_datasets(task, ids, None)).state
+  output = process.next(initial, program.client_datasets(task, ids, None))
+  after = output.state
   tf.nest.assert_same_structure(initial, after, check_types=True)
   assert _exact_types(after) == _exact_types(initial)
+  # TFF's layout for every algorithm: state and metrics keys, model weights
+  # and hparams through the process.
+  assert isinstance(after, tff.learning.templates.LearningAlgorithmState)
+  assert list(output.metrics)[:4] == ['distributor', 'client_work', 'aggregator', 'finalizer']
+  assert set(output.metrics) == {'distributor', 'client_work', 'aggregator', 'finalizer', 'cost'}
+  assert 'train' in output.metrics['client_work']
+  weights = process.get_model_weights(after)
+  assert isinstance(weights, tff.learning.models.ModelWeights)
+  assert process.set_model_weights(after, weights) is not None
+  hparams = process.get_hparams(after)
+  assert set(hparams) == {'client_work', 'finalizer'}
+  restored = process.set_hparams(after, hparams)
+  tf.nest.assert_same_structure(restored, after)

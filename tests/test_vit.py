@@ -16,7 +16,7 @@ from tasks import vit_fixtures
 from tasks import vit_tasks
 from tasks.models import vit
 from tff_adaptive.execution import runtime
-from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import fedopt
 
 TINY = vit.ViTConfig(image_size=32, patch_size=16, width=16, depth=1, num_heads=2, mlp_dim=32)
 CLASSES = 5
@@ -112,9 +112,9 @@ def test_head_finetuning_round_changes_only_the_head(weights_file):
   keras_model_fn = vit_tasks.vit_keras_model_fn(
       'gld23k', dict(vit_config=TINY, finetune='head', pretrained_weights=path), CLASSES)
   model_fn = vit_tasks.vit_model_fn(keras_model_fn, spec)
-  process = fedopt_process.build_fedopt_process(
-      model_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-      client_learning_rate=0.5, local_steps=2)
+  process = fedopt.build_fedopt(
+      model_fn, tff.learning.optimizers.build_sgdm(0.5), tff.learning.optimizers.build_sgdm(1.0),
+      local_steps=2)
   rng = np.random.default_rng(0)
   data = [tf.data.Dataset.from_tensor_slices((
       rng.normal(size=(6, 32, 32, 3)).astype(np.float32),

@@ -26,9 +26,8 @@ from workflow import cli
 from workflow import program
 from tff_adaptive.execution import runtime
 from tff_adaptive.execution import workers
-from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedgbo
-from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import fedopt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, 'bin', 'worker.py')
@@ -105,12 +104,12 @@ def _assert_close(a, b):
 
 
 BUILDERS = {
-    'fedavg': lambda task: fedopt_process.build_fedopt_process(
-        task.model_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-        client_learning_rate=0.1),
+    'fedavg': lambda task: fedopt.build_fedopt(
+        task.model_fn, tff.learning.optimizers.build_sgdm(0.1),
+        tff.learning.optimizers.build_sgdm(1.0)),
     'fedgbo': lambda task: fedgbo.build_fedgbo(
-        task.model_fn, optimizer=biased_optimizers.BiasedOptimizer('adam'),
-        client_learning_rate=0.05, local_steps=3),
+        task.model_fn, tff.learning.optimizers.build_adam(0.05, beta_2=0.99, epsilon=1e-8),
+        local_steps=3),
 }
 
 
@@ -138,7 +137,7 @@ def test_two_workers_match_local_execution(live_pool, task, algorithm):
 
 
 def test_data_built_on_workers_matches_data_sent(live_pool, task):
-  # TFF's FedAvg does not run K steps itself (no 'hparams' in its state), so
+  # TFF's FedAvg does not run K steps itself (no `local_steps` in its client_work state), so
   # K goes into the data, as program.client_datasets does. (The composer's
   # processes, which take K from their state, get ids in the resume test.)
   process = tff.learning.algorithms.build_weighted_fed_avg(

@@ -24,7 +24,6 @@ from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedmax
 from tff_adaptive.algorithms import fedopt
-from tff_adaptive.algorithms import fedopt_process
 from tff_adaptive.algorithms import fedprox
 from tff_adaptive.algorithms import mfl
 from tff_adaptive.algorithms import mimelite
@@ -113,32 +112,43 @@ def _server_optimizer(algorithm, cfg):
       tau=cfg.get('server_epsilon', 1e-3))
 
 
+def _client_sgd(cfg):
+  """The FedOpt-family clients: plain SGD with --client_learning_rate."""
+  return tff.learning.optimizers.build_sgdm(cfg['client_learning_rate'])
+
+
 def _fedopt_family(algorithm: str) -> Builder:
   def build(task, cfg):
     implied = fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]
     if cfg.get('server_optimizer') and cfg['server_optimizer'] != implied:
       raise ConfigError(f'--server_optimizer={cfg["server_optimizer"]} contradicts '
                         f'--algorithm={algorithm} (which uses {implied}); leave it unset')
-    return fedopt_process.build_fedopt_process(
-        task.model_fn, server_optimizer=_server_optimizer(algorithm, cfg),
-        client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
-        client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
-      upload_compression=upload_compression(cfg),
-        fb_flops_per_example=fb_flops_per_example(task))
+    return fedopt.build_fedopt(
+        task.model_fn, _client_sgd(cfg), _server_optimizer(algorithm, cfg),
+        local_steps=cfg.get('local_steps', 0), client_weighting=_weighting(cfg),
+        model_aggregator=model_aggregator(cfg), upload_compression=upload_compression(cfg),
+        fb_flops_per_example=fb_flops_per_example(task), algorithm=algorithm)
   return build
 
 
-def _biased_optimizer(cfg):
-  return biased_optimizers.BiasedOptimizer(
-      cfg['client_optimizer'], beta_1=cfg.get('client_beta_1', 0.9),
-      beta_2=cfg.get('client_beta_2', 0.99), epsilon=cfg.get('client_epsilon', 1e-8),
-      bias_correction=cfg.get('mfl_bias_correction', False))
+def _biased_client_optimizer(cfg):
+  """--client_optimizer of FedGBO/MFL as the TFF optimiser whose hyperparameters
+  the builders read (β1 is SGDm's momentum and RMSProp's decay, SPEC §2)."""
+  name, lr = cfg['client_optimizer'], cfg['client_learning_rate']
+  beta_1, beta_2 = cfg.get('client_beta_1', 0.9), cfg.get('client_beta_2', 0.99)
+  epsilon = cfg.get('client_epsilon', 1e-8)
+  # Validates the values with messages naming the flags.
+  biased_optimizers.BiasedOptimizer(name, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
+  if name == 'sgdm':
+    return tff.learning.optimizers.build_sgdm(lr, momentum=beta_1)
+  if name == 'rmsprop':
+    return tff.learning.optimizers.build_rmsprop(lr, decay=beta_1, epsilon=epsilon)
+  return tff.learning.optimizers.build_adam(lr, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
 
 
 def _build_fedgbo(task, cfg):
   return fedgbo.build_fedgbo(
-      task.model_fn, optimizer=_biased_optimizer(cfg),
-      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg['local_steps'],
+      task.model_fn, _biased_client_optimizer(cfg), local_steps=cfg['local_steps'],
       upload=cfg.get('fedgbo_upload', 'model'), client_weighting=_weighting(cfg),
       model_aggregator=model_aggregator(cfg),
       upload_compression=upload_compression(cfg), fb_flops_per_example=fb_flops_per_example(task))
@@ -146,8 +156,8 @@ def _build_fedgbo(task, cfg):
 
 def _build_mfl(task, cfg):
   return mfl.build_mfl(
-      task.model_fn, optimizer=_biased_optimizer(cfg),
-      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
+      task.model_fn, _biased_client_optimizer(cfg), local_steps=cfg.get('local_steps', 0),
+      bias_correction=cfg.get('mfl_bias_correction', False),
       client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
       upload_compression=upload_compression(cfg), upload_state_deltas=bool(upload_compression(cfg)),
       fb_flops_per_example=fb_flops_per_example(task))
@@ -157,16 +167,18 @@ def _build_ce_fedavg(task, cfg):
   if (cfg.get('upload_compression') or 'none') == 'none':
     raise ConfigError('--algorithm=ce_fedavg compresses its uploads: set --upload_compression='
                       'topk or topk_uniq (or use --algorithm=mfl --client_optimizer=adam)')
+  beta_1, beta_2 = cfg.get('client_beta_1', 0.9), cfg.get('client_beta_2', 0.999)
+  epsilon = cfg.get('client_epsilon', 1e-8)
+  biased_optimizers.BiasedOptimizer('adam', beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
   return ce_fedavg.build_ce_fedavg(
-      task.model_fn, client_learning_rate=cfg['client_learning_rate'],
+      task.model_fn, tff.learning.optimizers.build_adam(
+          cfg['client_learning_rate'], beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
       sparsity=cfg.get('sparsity', 0.9), quantize=cfg['upload_compression'] == 'topk_uniq',
-      local_steps=cfg.get('local_steps', 0), beta_1=cfg.get('client_beta_1', 0.9),
-      beta_2=cfg.get('client_beta_2', 0.999), epsilon=cfg.get('client_epsilon', 1e-8),
-      client_weighting=_weighting(cfg), fb_flops_per_example=fb_flops_per_example(task))
+      local_steps=cfg.get('local_steps', 0), client_weighting=_weighting(cfg),
+      fb_flops_per_example=fb_flops_per_example(task))
 
 
 MIME_OPTIMIZERS = ('sgd', 'sgdm', 'rmsprop', 'adam')
-_MIME_OPS = {'sgd': 2, 'sgdm': 5, 'rmsprop': 5, 'adam': 8}
 
 
 def _tff_base_optimizer(cfg):
@@ -185,27 +197,22 @@ def _tff_base_optimizer(cfg):
 
 def _build_mimelite(task, cfg):
   return mimelite.build_mimelite(
-      task.model_fn, base_optimizer=_tff_base_optimizer(cfg),
-      server_optimizer=_server_optimizer('mimelite', cfg),
+      task.model_fn, _tff_base_optimizer(cfg), _server_optimizer('mimelite', cfg),
       client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
-      ops_per_param=_MIME_OPS[cfg['client_optimizer']], model_aggregator=model_aggregator(cfg),
-      fb_flops_per_example=fb_flops_per_example(task))
+      model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_mimexlite(task, cfg):
   return mimexlite.build_mimexlite(
-      task.model_fn, base_optimizer=_tff_base_optimizer(cfg),
-      server_optimizer=_server_optimizer('mimexlite', cfg),
-      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg['local_steps'],
-      client_weighting=_weighting(cfg), ops_per_param=_MIME_OPS[cfg['client_optimizer']],
+      task.model_fn, _tff_base_optimizer(cfg), _server_optimizer('mimexlite', cfg),
+      local_steps=cfg['local_steps'], client_weighting=_weighting(cfg),
       model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_fedprox(task, cfg):
   return fedprox.build_fedprox(
-      task.model_fn, proximal_strength=cfg.get('fedprox_mu', 0.01),
-      client_learning_rate=cfg['client_learning_rate'],
-      server_optimizer=_server_optimizer('fedprox', cfg),
+      task.model_fn, _client_sgd(cfg), _server_optimizer('fedprox', cfg),
+      proximal_strength=cfg.get('fedprox_mu', 0.01),
       client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
       model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task))
 
@@ -214,12 +221,11 @@ def _build_fedmax(task, cfg):
   with tf.Graph().as_default():
     input_spec = task.model_fn().input_spec
   return fedmax.build_fedmax(
-      task.keras_model_fn, input_spec, beta=cfg.get('fedmax_beta', 1.0),
-      client_learning_rate=cfg['client_learning_rate'],
-      server_optimizer=_server_optimizer('fedmax', cfg), local_steps=cfg.get('local_steps', 0),
+      task.keras_model_fn, input_spec, _client_sgd(cfg), _server_optimizer('fedmax', cfg),
+      beta=cfg.get('fedmax_beta', 1.0), local_steps=cfg.get('local_steps', 0),
       client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
       upload_compression=upload_compression(cfg),
-        fb_flops_per_example=fb_flops_per_example(task))
+      fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_fedada2(task, cfg):
@@ -233,12 +239,10 @@ def _build_fedada2(task, cfg):
       server_name, cfg.get('server_learning_rate', 1.0), beta_1=cfg.get('server_beta_1', 0.9),
       beta_2=cfg.get('server_beta_2', 0.99), tau=cfg.get('server_epsilon', 1e-3))
   return fedada2.build_fedada2(
-      task.model_fn, client_optimizer=client, server_optimizer=server,
-      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
+      task.model_fn, client, server, local_steps=cfg.get('local_steps', 0),
       preconditioner=cfg.get('preconditioner', 'none'), warmup=cfg.get('client_lr_warmup', False),
       client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
       upload_compression=upload_compression(cfg),
-      ops_per_param=fedada2._OPS[cfg['client_optimizer']],  # pylint: disable=protected-access
       fb_flops_per_example=fb_flops_per_example(task))
 
 

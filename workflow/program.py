@@ -25,6 +25,7 @@ import tensorflow_federated as tff
 import tqdm
 
 from tasks import base as task_base
+from tff_adaptive.algorithms import composer
 
 
 class IncompatibleCheckpoint(ValueError):
@@ -284,7 +285,7 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
 
 
 def _has_round_hparams(state) -> bool:
-  return isinstance(state, Mapping) and 'hparams' in state
+  return composer.runs_local_steps(state)
 
 
 def _progress_postfix(row, last_eval):

@@ -13,7 +13,8 @@ in its building blocks) and counts the model-sized ones.
 
 import collections
 import dataclasses
-from typing import Optional
+import warnings
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +30,40 @@ def model_weights_bits(process: tff.learning.templates.LearningProcess) -> int:
   """Bits of the whole `ModelWeights` a TFF builder broadcasts (non-trainable too)."""
   weights_type = process.get_model_weights.type_signature.result
   return sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize * 8 for t in _leaves(weights_type))
+
+
+def trainable_specs(process: tff.learning.templates.LearningProcess) -> list:
+  weights_type = process.get_model_weights.type_signature.result
+  return [tf.TensorSpec(t.shape, t.dtype) for t in _leaves(weights_type.trainable)]
+
+
+def count_fb_flops(model: Any, algorithm: str) -> Optional[float]:
+  """Forward+backward FLOPs per example of a model, or None (with a warning).
+
+  `model`: a `VariableModel`, a no-arg callable returning one, or a
+  `FunctionalModel`. `tff.learning.models.from_keras_model` keeps the Keras
+  model it wraps (a private attribute of TFF's wrapper, read defensively),
+  which `flops.model_counts` counts. Other models, and Keras layers the
+  counter does not know, cannot be counted: the caller then leaves the FLOP
+  metrics out rather than report optimiser arithmetic alone as if it were the
+  clients' compute.
+  """
+  from tff_adaptive.accounting import flops  # pylint: disable=g-import-not-at-top
+  reason = 'the model does not come from tff.learning.models.from_keras_model'
+  if callable(model) and not isinstance(model, tff.learning.models.VariableModel) and not (
+      isinstance(model, tff.learning.models.FunctionalModel)):
+    with tf.Graph().as_default():
+      model = model()
+  keras_model = getattr(model, '_keras_model', None)
+  if isinstance(keras_model, tf.keras.Model):
+    try:
+      return float(flops.model_counts(keras_model).fb_flops)
+    except (NotImplementedError, ValueError, TypeError) as e:
+      reason = str(e)
+  warnings.warn(f'{algorithm}: client FLOPs are not measured ({reason}); pass '
+                'fb_flops_per_example to count them. The cost/client_flops metrics are left out.',
+                stacklevel=3)
+  return None
 
 
 def _leaves(type_spec):
@@ -146,7 +181,7 @@ def measure_upload(process: tff.learning.templates.LearningProcess) -> UploadMea
 def with_cost_metrics(process: tff.learning.templates.LearningProcess, *,
                       download_floats: float, upload_floats: Optional[float] = None,
                       client_state_floats: float, optimizer_flops_per_step: float,
-                      fb_flops_per_example: float,
+                      fb_flops_per_example: Optional[float],
                       extra_passes: float = 0.0) -> tff.learning.templates.LearningProcess:
   """Returns `process` whose metrics also carry `cost/...` (see composer).
 
@@ -158,7 +193,8 @@ def with_cost_metrics(process: tff.learning.templates.LearningProcess, *,
       `measure_upload(process).bits / 32`, measured from the process's types.
     client_state_floats: client optimiser memory in floats.
     optimizer_flops_per_step: C·|x|.
-    fb_flops_per_example: forward+backward FLOPs per example.
+    fb_flops_per_example: forward+backward FLOPs per example; None: FLOPs
+      unknown, the `client_flops*` metrics are left out.
     extra_passes: extra forward+backward passes over the trained examples
       (Mimelite's full-gradient pass: 1).
   """
@@ -174,16 +210,19 @@ def with_cost_metrics(process: tff.learning.templates.LearningProcess, *,
   @tff.tensorflow.computation(np.int64, np.int64, np.int32)
   def cost_fn(examples, batches, clients):
     clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
-    flops = (tf.cast(examples, tf.float64) * fb_flops_per_example * (1.0 + extra_passes) +
-             tf.cast(batches, tf.float64) * optimizer_flops_per_step)
     down, up = 32.0 * download_floats, 32.0 * upload_floats
-    return collections.OrderedDict(
+    cost = collections.OrderedDict(
         download_bits_per_client=tf.constant(down, tf.float64),
         upload_bits_per_client=tf.constant(up, tf.float64),
         download_bits=down * clients, upload_bits=up * clients,
-        client_steps=tf.cast(batches, tf.float64),
-        client_flops=flops, client_flops_per_client=flops / clients,
-        client_optimizer_state_floats=tf.constant(float(client_state_floats), tf.float64))
+        client_steps=tf.cast(batches, tf.float64))
+    if fb_flops_per_example is not None:
+      flops = (tf.cast(examples, tf.float64) * fb_flops_per_example * (1.0 + extra_passes) +
+               tf.cast(batches, tf.float64) * optimizer_flops_per_step)
+      cost['client_flops'] = flops
+      cost['client_flops_per_client'] = flops / clients
+    cost['client_optimizer_state_floats'] = tf.constant(float(client_state_floats), tf.float64)
+    return cost
 
   @tff.federated_computation(process.next.type_signature.parameter)
   def next_fn(state, client_data):

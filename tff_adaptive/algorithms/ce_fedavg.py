@@ -17,27 +17,45 @@ Intelligence in IoT", IEEE IoT Journal 2020 (thesis ch. 3); SPEC §6.
                     3.2: 224|W| + (1−s)(24 + g_s)Σ|ω|).
 """
 
-from collections.abc import Callable
 from typing import Optional
 
 import tensorflow_federated as tff
 
 from tff_adaptive.aggregators import compression
-from tff_adaptive.optimizers import biased as biased_optimizers
+from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import mfl
+from tff_adaptive.optimizers import adapters
 
 
-def build_ce_fedavg(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                    client_learning_rate: float, sparsity: float, quantize: bool = True,
-                    local_steps: int = 0, beta_1: float = 0.9, beta_2: float = 0.999,
-                    epsilon: float = 1e-8, bias_correction: bool = True,
-                    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-                    fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
-  """CE-FedAvg; Adam is bias-corrected by default (the thesis uses standard Adam)."""
-  adam = biased_optimizers.BiasedOptimizer('adam', beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
-                                           bias_correction=bias_correction)
+def build_ce_fedavg(
+    model_fn: composer.ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    *,
+    sparsity: float,
+    quantize: bool = True,
+    local_steps: int = 0,
+    bias_correction: bool = True,
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
+    metrics_aggregator=None,
+    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
+    fb_flops_per_example: Optional[float] = None,
+) -> tff.learning.templates.LearningProcess:
+  """CE-FedAvg: MFL-Adam whose uploads are compressed (module docstring).
+
+  `client_optimizer_fn`: an Adam (`tff.learning.optimizers.build_adam(η,
+  beta_1, beta_2, epsilon)` or the paper-semantics Adam); its hyperparameters
+  are read. Adam is bias-corrected by default (the thesis uses standard Adam).
+  The aggregation is the compression itself: no `model_aggregator` or
+  `model_distributor`.
+  """
+  kind = adapters.describe(client_optimizer_fn, algorithm='ce_fedavg').kind
+  if kind not in ('adam', 'paper_adam'):
+    raise ValueError(f'ce_fedavg runs Adam clients: client_optimizer_fn must be an Adam '
+                     '(tff.learning.optimizers.build_adam or '
+                     f'tff_adaptive.optimizers.build_paper_client_adam); got {kind}')
   return mfl.build_mfl(
-      model_fn, optimizer=adam, client_learning_rate=client_learning_rate,
-      local_steps=local_steps, client_weighting=client_weighting,
+      model_fn, client_optimizer_fn, local_steps=local_steps, bias_correction=bias_correction,
+      client_weighting=client_weighting, metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation,
       upload_compression=compression.SharedIndexCompressionFactory(sparsity, quantize),
       upload_state_deltas=True, fb_flops_per_example=fb_flops_per_example)

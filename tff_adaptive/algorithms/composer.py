@@ -19,10 +19,33 @@ client downloads and uploads, plus client SGD steps and FLOPs (SPEC §8). It is
 TFF's `compose_learning_process` with one difference that adaptive algorithms
 need: the clients receive server-side optimiser state, not only the model.
 
-The server state is a plain OrderedDict (easy to checkpoint and to inspect):
-  global_model_weights, stats (the recipe's s), aggregator (model_aggregator's
-  state), hparams (client_learning_rate, local_steps: set between rounds by
-  schedules, see `set_round_hparams`), round_num.
+State and metrics have TFF's layout, so TFF programs (`train_model`,
+checkpointing through `process.get_model_weights`, hparams) treat these
+processes like TFF's own. The state is a
+`tff.learning.templates.LearningAlgorithmState`:
+  global_model_weights  x_t (`ModelWeights`),
+  distributor           () (x_t and s_t go down in one broadcast, below),
+  client_work           OrderedDict(learning_rate=η, local_steps=K): what
+                        clients are told to run this round, like TFF's client
+                        work state (its client optimiser's hyperparameters);
+                        schedules change it between rounds,
+  aggregator            `model_aggregator`'s state,
+  finalizer             the recipe's server statistics s_t (for a server
+                        optimiser: its state, so `finalizer['learning_rate']`
+                        is η_s as in TFF's builders).
+`process.get_hparams(state)` is OrderedDict(client_work=OrderedDict(
+learning_rate, local_steps), finalizer=the server optimiser's hparams or an
+empty OrderedDict); `set_hparams` writes them back. Metrics:
+OrderedDict(distributor=(), client_work=OrderedDict(train=the model's
+finalized metrics, first_minibatch_loss=mean over the sampled clients of the
+loss on their first local minibatch), aggregator=`model_aggregator`'s
+measurements, finalizer=(), cost=the measurements above[, client_drift]).
+
+Design: TFF's `compose_learning_process` would give each component its own
+intrinsics (a broadcast for the distributor, another for client work's
+state, ...); a round here is one broadcast and one `federated_sum` (plus the
+aggregator's own intrinsics when one is plugged in), measured to matter in
+TFF's C++ executor (docs/performance.md). Only the containers are TFF's.
 
 Optionally (`measure_client_drift`), each round also reports client drift,
 seed 000's Fig. 6.1 diagnostic (see `accounting/drift.py`).
@@ -32,13 +55,14 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable
-from typing import Any, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, Union
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import drift
 
 Structure = Any
@@ -70,6 +94,10 @@ class Recipe:
     weighting: default client weighting.
     uses_first_gradient: `upload` reads g_0 (MimeXlite); otherwise the client
       loop does not keep it.
+    get_server_hparams: s → the server's hyperparameters (e.g. a server
+      optimiser's `get_hparams`), the `finalizer` part of `process.get_hparams`;
+      None: no server hyperparameters.
+    set_server_hparams: (s, hparams) → s.
   """
   name: str
   init_stats: Callable[[list], Structure]
@@ -82,6 +110,8 @@ class Recipe:
   equal_local_steps: bool = False
   weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES
   uses_first_gradient: bool = False
+  get_server_hparams: Optional[Callable[[Structure], Structure]] = None
+  set_server_hparams: Optional[Callable[[Structure, Structure], Structure]] = None
 
 
 def _num_bits(type_spec: tff.Type) -> int:
@@ -110,22 +140,30 @@ def _as_float32(structure):
   return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), structure)
 
 
+ModelFn = Union[Callable[[], tff.learning.models.VariableModel],
+                tff.learning.models.FunctionalModel]
+
+
 def build_process(
-    model_fn: Callable[[], tff.learning.models.VariableModel],
+    model_fn: ModelFn,
     recipe: Recipe,
     *,
     client_learning_rate: float,
     local_steps: int,
     model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
     client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    fb_flops_per_example: float = 0.0,
+    fb_flops_per_example: Optional[float] = None,
     upload_compression: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     measure_client_drift: Optional[bool] = None,
+    model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
+    metrics_aggregator: Optional[Callable[..., tff.Computation]] = None,
+    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds the `LearningProcess` of `recipe`.
 
   Args:
-    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
+      or a `tff.learning.models.FunctionalModel` (see `variable_model_fn`).
     recipe: the algorithm.
     client_learning_rate: initial η (the state's hparams; schedules change it).
     local_steps: initial K: clients run exactly K minibatch steps, cycling
@@ -136,7 +174,9 @@ def build_process(
       weighting. Default: `tff.aggregators.MeanFactory()`.
     client_weighting: overrides the recipe's default weighting.
     fb_flops_per_example: forward+backward FLOPs per example (SPEC §8), for
-      the client FLOP measurement; 0 leaves FLOPs unmeasured.
+      the client FLOP measurement. None: counted from the model's Keras model
+      (`tff.learning.models.from_keras_model`); when that is impossible the
+      `cost/client_flops*` metrics are left out, with a warning.
     upload_compression: a factory that aggregates Δ and the extra upload
       together, `OrderedDict(delta=Δ, extra=extra)` (e.g.
       `aggregators.compression.SharedIndexCompressionFactory`, which encodes
@@ -149,9 +189,29 @@ def build_process(
       size (`tff.federated_sum`): a simulation-only diagnostic, not counted
       in `cost/` bits. None: the default set by `measuring_client_drift`
       (off).
+    model_distributor: not supported (ValueError): the round broadcasts x_t,
+      the clients' share of s_t and (η, K) as one message.
+    metrics_aggregator: as in TFF's builders, `(metric_finalizers,
+      local_unfinalized_metrics_type) -> federated computation`; None (or
+      `tff.learning.metrics.sum_then_finalize`): summed within the round's
+      single `federated_sum`, then finalized.
+    loop_implementation: the client loop over batches; None:
+      `DATASET_ITERATOR` (~3x cheaper per client than `DATASET_REDUCE` in
+      TFF's C++ executor, docs/performance.md).
   """
   if measure_client_drift is None:
     measure_client_drift = _MEASURE_CLIENT_DRIFT.get()
+  if model_distributor is not None:
+    raise ValueError(f'{recipe.name}: model_distributor is not supported: the round sends the '
+                     'model, the server optimiser state and (η, K) to the clients as one '
+                     'broadcast')
+  if metrics_aggregator is tff.learning.metrics.sum_then_finalize:
+    metrics_aggregator = None  # what the fused sum computes
+  loop_implementation = loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
+  if not isinstance(loop_implementation, tff.learning.LoopImplementation):
+    raise TypeError(f'{recipe.name}: loop_implementation must be a '
+                    f'tff.learning.LoopImplementation; got {loop_implementation!r}')
+  model_fn = variable_model_fn(model_fn, recipe.name)
   if upload_compression is not None and model_aggregator is not None:
     raise ValueError('--upload_compression cannot be combined with another model aggregator '
                      '(e.g. --dp)')
@@ -172,6 +232,8 @@ def build_process(
     model = model_fn()
     finalizers = model.metric_finalizers()  # applied to the clients' summed metrics, as
     # tff.learning.metrics.sum_then_finalize does
+    if fb_flops_per_example is None:
+      fb_flops_per_example = costs.count_fb_flops(model, recipe.name)
   element_type = tff.types.tensorflow_to_type(model.input_spec)
   data_type = tff.SequenceType(element_type)
   weights_type = tff.learning.models.weights_type_from_model(model)
@@ -180,7 +242,7 @@ def build_process(
   num_params = sum(int(np.prod(s.shape)) for s in tf.nest.flatten(trainable_specs))
 
   hparams_type = tff.StructWithPythonType(
-      [('client_learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
+      [('learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
 
   @tff.tensorflow.computation
   def init_stats():
@@ -200,7 +262,7 @@ def build_process(
     tf.nest.map_structure(lambda v, t: v.assign(t), variables, model_weights)
     trainable = list(tf.nest.flatten(variables.trainable))
     x_t = [tf.identity(v) for v in trainable]
-    lr = hparams['client_learning_rate']
+    lr = hparams['learning_rate']
     steps = hparams['local_steps']
     local = _tuples(recipe.init_local(broadcast_value, x_t))
     g0 = tuple(tf.zeros_like(v) for v in trainable) if recipe.uses_first_gradient else ()
@@ -213,8 +275,11 @@ def build_process(
     # reduce form costs ~3x more per client (bench/results, docs/performance.md).
     steps64 = tf.cast(steps, tf.int64)
     cycle = steps64 > 0
-    for batch in iter(dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
-        tf.where(cycle, steps64, -1))):
+    batches = dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
+        tf.where(cycle, steps64, -1))
+    if loop_implementation == tff.learning.LoopImplementation.DATASET_ITERATOR:
+      batches = iter(batches)
+    for batch in batches:
       with tf.GradientTape() as tape:
         output = model.forward_pass(batch, training=True)
       grads = tape.gradient(output.loss, trainable)
@@ -256,7 +321,8 @@ def build_process(
 
   # The default aggregation (example-weighted mean) is fused into the round's
   # single federated_sum; any other aggregator or compression is composed.
-  fused_mean = model_aggregator is None and upload_compression is None
+  fused_mean = (model_aggregator is None and upload_compression is None and
+                metrics_aggregator is None)
 
   server_message_type = tff.StructWithPythonType(
       [('model_weights', weights_type), ('broadcast', broadcast_type),
@@ -273,13 +339,14 @@ def build_process(
         model, message['model_weights'], message['broadcast'], message['hparams'], dataset)
     steps = tf.cast(stats['local_steps'], tf.int64)
     sums = collections.OrderedDict(
-        metrics=local_metrics, first_minibatch_loss=stats['first_minibatch_loss'],
+        metrics=local_metrics if metrics_aggregator is None else (),
+        first_minibatch_loss=stats['first_minibatch_loss'],
         num_examples=stats['num_examples'], local_steps=steps,
         local_steps_squared=steps * steps, clients=tf.constant(1, tf.int64))
     for key in _DRIFT_KEYS if measure_client_drift else ():
       sums[key] = stats[key]
     if not fused_mean:
-      return delta, extra, weight, sums
+      return delta, extra, weight, sums, (() if metrics_aggregator is None else local_metrics)
     sums['weighted_delta'] = tf.nest.map_structure(lambda t: t * weight, delta)
     sums['weighted_extra'] = tf.nest.map_structure(lambda t: t * weight, extra)
     sums['weight'] = weight
@@ -295,7 +362,7 @@ def build_process(
     sums_type = client_result
     delta_type, extra_type = client_result.weighted_delta, client_result.weighted_extra
   else:
-    delta_type, extra_type, _, sums_type = client_result
+    delta_type, extra_type, _, sums_type, local_metrics_type = client_result
 
   joint_type = tff.StructWithPythonType([('delta', delta_type), ('extra', extra_type)],
                                         collections.OrderedDict)
@@ -326,7 +393,7 @@ def build_process(
   optimizer_flops_per_step = recipe.optimizer_ops_per_param * num_params
 
   # ---- server ----
-  def server_round(model_weights, stats, hparams, round_num, sums, mean_delta, mean_extra,
+  def server_round(model_weights, stats, hparams, sums, mean_delta, mean_extra,
                    measured_upload_bits):
     checks = []
     if recipe.equal_local_steps:
@@ -340,7 +407,7 @@ def build_process(
       x = [tf.identity(t) for t in tf.nest.flatten(model_weights.trainable)]
     new_x, new_stats = recipe.server_update(
         x, stats, list(tf.nest.flatten(mean_delta)), mean_extra,
-        hparams['client_learning_rate'], hparams['local_steps'])
+        hparams['learning_rate'], hparams['local_steps'])
     # The containers of s_0 (lists vs tuples): a checkpoint is restored into
     # the structure `initialize` returns and must match it exactly.
     new_stats = tf.nest.pack_sequence_as(stats, tf.nest.flatten(new_stats))
@@ -353,22 +420,24 @@ def build_process(
     upload_bits = tf.where(measured_upload_bits >= 0, measured_upload_bits,
                            tf.constant(float(up_payload_bits), tf.float64))
     steps = tf.cast(sums['local_steps'], tf.float64)
-    flops = (tf.cast(sums['num_examples'], tf.float64) * fb_flops_per_example +
-             steps * optimizer_flops_per_step)
     cost = collections.OrderedDict(
         download_bits_per_client=tf.constant(float(down_bits), tf.float64),
         upload_bits_per_client=upload_bits,
         download_bits=tf.constant(float(down_bits), tf.float64) * clients,
         upload_bits=upload_bits * clients,
-        client_steps=steps,
-        client_flops=flops,
-        client_flops_per_client=flops / clients,
-        client_optimizer_state_floats=tf.constant(float(client_state_floats), tf.float64))
+        client_steps=steps)
+    if fb_flops_per_example is not None:
+      flops = (tf.cast(sums['num_examples'], tf.float64) * fb_flops_per_example +
+               steps * optimizer_flops_per_step)
+      cost['client_flops'] = flops
+      cost['client_flops_per_client'] = flops / clients
+    cost['client_optimizer_state_floats'] = tf.constant(float(client_state_floats), tf.float64)
     metrics = collections.OrderedDict(
-        train=collections.OrderedDict(
-            (name, finalizer(sums['metrics'][name])) for name, finalizer in finalizers.items()),
         first_minibatch_loss=sums['first_minibatch_loss'] / tf.cast(clients, tf.float32),
         cost=cost)
+    if metrics_aggregator is None:
+      metrics['train'] = collections.OrderedDict(
+          (name, finalizer(sums['metrics'][name])) for name, finalizer in finalizers.items())
     if measure_client_drift:
       metrics['client_drift'] = collections.OrderedDict(
           delta_cosine_distance=drift.mean_cosine_distance_from_sum(
@@ -376,44 +445,49 @@ def build_process(
           model_cosine_distance=drift.mean_cosine_distance_from_sum(
               sums['drift_model_sum'], sums['drift_model_n']),
           num_clients=sums['drift_delta_n'])
-    return new_weights, new_stats, round_num + 1, metrics
+    return new_weights, new_stats, metrics
 
   if fused_mean:
-    @tff.tensorflow.computation(weights_type, stats_type, hparams_type, tff.TensorType(np.int32),
-                                sums_type)
-    def server_round_fn(model_weights, stats, hparams, round_num, sums):
+    @tff.tensorflow.computation(weights_type, stats_type, hparams_type, sums_type)
+    def server_round_fn(model_weights, stats, hparams, sums):
       weight_sum = sums['weight']
       mean = lambda t: tf.math.divide_no_nan(t, weight_sum)  # as tff.aggregators.MeanFactory
-      return server_round(model_weights, stats, hparams, round_num, sums,
+      return server_round(model_weights, stats, hparams, sums,
                           tf.nest.map_structure(mean, sums['weighted_delta']),
                           tf.nest.map_structure(mean, sums['weighted_extra']),
                           tf.constant(-1.0, tf.float64))
   else:
-    @tff.tensorflow.computation(weights_type, stats_type, hparams_type, tff.TensorType(np.int32),
-                                sums_type, delta_type, extra_type, tff.TensorType(np.float64))
-    def server_round_fn(model_weights, stats, hparams, round_num, sums, mean_delta, mean_extra,
+    @tff.tensorflow.computation(weights_type, stats_type, hparams_type, sums_type, delta_type,
+                                extra_type, tff.TensorType(np.float64))
+    def server_round_fn(model_weights, stats, hparams, sums, mean_delta, mean_extra,
                         measured_upload_bits):
-      return server_round(model_weights, stats, hparams, round_num, sums, mean_delta,
-                          mean_extra, measured_upload_bits)
+      return server_round(model_weights, stats, hparams, sums, mean_delta, mean_extra,
+                          measured_upload_bits)
 
   @tff.tensorflow.computation(weights_type, stats_type, hparams_type)
   def server_message_fn(model_weights, stats, hparams):
     return collections.OrderedDict(model_weights=model_weights, broadcast=recipe.broadcast(stats),
                                    hparams=hparams)
 
+  # The extra upload's mean (MeanFactory) keeps no state: a constant, not a
+  # part of the process state (whose `aggregator` is `model_aggregator`'s).
+  extra_state_type = extra_aggregator.initialize.type_signature.result
+  if any(True for _ in _leaves(extra_state_type)):
+    raise AssertionError('the extra upload aggregator must be stateless')
+  extra_state = _tensor_free_value(extra_state_type)
+
   @tff.federated_computation
   def initialize_fn():
     weights = tff.federated_eval(
         tff.tensorflow.computation(lambda: _initial_weights(model_fn)), tff.SERVER)
-    return tff.federated_zip(collections.OrderedDict(
+    return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
         global_model_weights=weights,
-        stats=tff.federated_eval(init_stats, tff.SERVER),
-        aggregator=delta_aggregator.initialize(),
-        extra_aggregator=extra_aggregator.initialize(),
-        hparams=tff.federated_value(collections.OrderedDict(
-            client_learning_rate=np.float32(client_learning_rate),
+        distributor=tff.federated_value((), tff.SERVER),
+        client_work=tff.federated_value(collections.OrderedDict(
+            learning_rate=np.float32(client_learning_rate),
             local_steps=np.int32(local_steps)), tff.SERVER),
-        round_num=tff.federated_value(np.int32(0), tff.SERVER)))
+        aggregator=delta_aggregator.initialize(),
+        finalizer=tff.federated_eval(init_stats, tff.SERVER)))
 
   state_type = initialize_fn.type_signature.result
   if fused_mean:
@@ -422,17 +496,21 @@ def build_process(
 
   @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, client_data):
+    stats, hparams = state.finalizer, state.client_work
     message = tff.federated_broadcast(tff.federated_map(
-        server_message_fn, (state.global_model_weights, state.stats, state.hparams)))
-    server_args = (state.global_model_weights, state.stats, state.hparams, state.round_num)
-    aggregator_state, extra_state = state.aggregator, state.extra_aggregator
+        server_message_fn, (state.global_model_weights, stats, hparams)))
+    server_args = (state.global_model_weights, stats, hparams)
+    aggregator_state = state.aggregator
+    train_metrics = None
     if fused_mean:
       sums = tff.federated_sum(tff.federated_map(client_round_fn, (message, client_data)))
       server = tff.federated_map(server_round_fn, (*server_args, sums))
       measurements = tff.federated_value(no_measurements, tff.SERVER)
     else:
-      delta, extra, weight, client_sums = tff.federated_map(client_round_fn,
-                                                            (message, client_data))
+      delta, extra, weight, client_sums, local_metrics = tff.federated_map(
+          client_round_fn, (message, client_data))
+      if metrics_aggregator is not None:
+        train_metrics = metrics_aggregator(finalizers, local_metrics_type)(local_metrics)
       if upload_compression is not None:
         agg = delta_aggregator.next(
             state.aggregator,
@@ -444,40 +522,64 @@ def build_process(
                else delta_aggregator.next(state.aggregator, delta))
         mean_delta = agg.result
         if has_extra:
-          extra_agg = extra_aggregator.next(state.extra_aggregator, extra, weight)
-          mean_extra, extra_state = extra_agg.result, extra_agg.state
+          mean_extra = extra_aggregator.next(
+              tff.federated_value(extra_state, tff.SERVER), extra, weight).result
         else:  # nothing besides Δ goes up: no aggregation of an empty structure
           mean_extra = tff.federated_value((), tff.SERVER)
         measured_bits = tff.federated_value(np.float64(-1.0), tff.SERVER)
       aggregator_state, measurements = agg.state, agg.measurements
       server = tff.federated_map(server_round_fn, (
           *server_args, tff.federated_sum(client_sums), mean_delta, mean_extra, measured_bits))
-    new_weights, new_stats, round_num, round_metrics = server
-    new_state = tff.federated_zip(collections.OrderedDict(
-        global_model_weights=new_weights, stats=new_stats, aggregator=aggregator_state,
-        extra_aggregator=extra_state, hparams=state.hparams, round_num=round_num))
+    new_weights, new_stats, round_metrics = server
+    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=new_weights, distributor=state.distributor,
+        client_work=state.client_work, aggregator=aggregator_state, finalizer=new_stats))
+    if train_metrics is None:
+      train_metrics = round_metrics.train
     metrics = collections.OrderedDict(
-        client_work=tff.federated_zip(collections.OrderedDict(train=round_metrics.train)),
+        distributor=tff.federated_value((), tff.SERVER),
+        client_work=tff.federated_zip(collections.OrderedDict(
+            train=train_metrics, first_minibatch_loss=round_metrics.first_minibatch_loss)),
         aggregator=measurements,
-        first_minibatch_loss=round_metrics.first_minibatch_loss,
+        finalizer=tff.federated_value((), tff.SERVER),
         cost=round_metrics.cost)
     if measure_client_drift:
       metrics['client_drift'] = round_metrics.client_drift
     return tff.learning.templates.LearningProcessOutput(new_state, tff.federated_zip(metrics))
 
+  get_model_weights, set_model_weights = model_weights_fns(state_type.member, weights_type)
+
   @tff.tensorflow.computation(state_type.member)
+  def get_hparams_fn(state):
+    server = (recipe.get_server_hparams(state.finalizer) if recipe.get_server_hparams
+              else collections.OrderedDict())
+    return collections.OrderedDict(client_work=state.client_work, finalizer=server)
+
+  @tff.tensorflow.computation(state_type.member, get_hparams_fn.type_signature.result)
+  def set_hparams_fn(state, hparams):
+    finalizer = state.finalizer
+    if recipe.set_server_hparams:
+      finalizer = recipe.set_server_hparams(finalizer, hparams['finalizer'])
+      finalizer = tf.nest.pack_sequence_as(state.finalizer, tf.nest.flatten(finalizer))
+    return state._replace(client_work=hparams['client_work'], finalizer=finalizer)
+
+  return tff.learning.templates.LearningProcess(
+      initialize_fn, next_fn, get_model_weights, set_model_weights,
+      get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+
+
+def model_weights_fns(state_type, weights_type):
+  """TFF's `get_model_weights` / `set_model_weights` of a LearningAlgorithmState."""
+
+  @tff.tensorflow.computation(state_type)
   def get_model_weights(state):
-    return state['global_model_weights']
+    return state.global_model_weights
 
-  @tff.tensorflow.computation(state_type.member, weights_type)
+  @tff.tensorflow.computation(state_type, weights_type)
   def set_model_weights(state, weights):
-    state = collections.OrderedDict(state)
-    state['global_model_weights'] = weights
-    return state
+    return state._replace(global_model_weights=weights)
 
-  process = tff.learning.templates.LearningProcess(
-      initialize_fn, next_fn, get_model_weights, set_model_weights)
-  return process
+  return get_model_weights, set_model_weights
 
 
 _MEASURE_CLIENT_DRIFT = contextvars.ContextVar('measure_client_drift', default=False)
@@ -553,12 +655,54 @@ def _initial_weights(model_fn):
 
 def set_round_hparams(state, *, client_learning_rate: Optional[float] = None,
                       local_steps: Optional[int] = None):
-  """Returns `state` with this round's η and/or K (used by schedules)."""
-  state = collections.OrderedDict(state)
-  hparams = collections.OrderedDict(state['hparams'])
+  """Returns `state` with this round's η and/or K in `state.client_work`.
+
+  The Python-side twin of `process.set_hparams` for the two client
+  hyperparameters (no TFF invocation, so no copy of the whole state through
+  the executor): what the round schedules use between rounds.
+  """
+  work = collections.OrderedDict(state.client_work)
   if client_learning_rate is not None:
-    hparams['client_learning_rate'] = np.float32(client_learning_rate)
+    work['learning_rate'] = np.float32(client_learning_rate)
   if local_steps is not None:
-    hparams['local_steps'] = np.int32(local_steps)
-  state['hparams'] = hparams
-  return state
+    work['local_steps'] = np.int32(local_steps)
+  return state._replace(client_work=work)
+
+
+def runs_local_steps(state_or_type) -> bool:
+  """Whether a process with this state (or state type) runs its K steps itself.
+
+  True for the composer's and the personalised processes (K is
+  `client_work['local_steps']`, set per round); False for TFF-built ones
+  (Mimelite, FedProx), which train on whatever data they are given.
+  """
+  member = getattr(state_or_type, 'member', state_or_type)
+  work = getattr(member, 'client_work', None)
+  if isinstance(member, tff.StructType):
+    names = [name for name, _ in tff.structure.iter_elements(member)]
+    if 'client_work' not in names:
+      return False
+    work = member.client_work
+    return isinstance(work, tff.StructType) and 'local_steps' in [
+        name for name, _ in tff.structure.iter_elements(work)]
+  return isinstance(work, Mapping) and 'local_steps' in work
+
+
+def variable_model_fn(model_fn: ModelFn, algorithm: str) -> Callable[[], tff.learning.models.VariableModel]:
+  """`model_fn` as a no-arg callable returning a `VariableModel`.
+
+  A `tff.learning.models.FunctionalModel` is wrapped with TFF's
+  `model_from_functional`: the composer's client loop runs on variables (it
+  assigns the broadcast weights and reads gradients of `forward_pass`), and the
+  wrapper computes the same predictions and loss from the same initial
+  weights. Its training metrics are TFF's wrapper's (`loss`, `num_examples`);
+  the FunctionalModel's own metric functions are not carried over.
+  """
+  if isinstance(model_fn, tff.learning.models.FunctionalModel):
+    functional_model = model_fn
+    return lambda: tff.learning.models.model_from_functional(functional_model)
+  if not callable(model_fn):
+    raise TypeError(f'{algorithm}: model_fn must be a no-arg callable returning a '
+                    'tff.learning.models.VariableModel, or a tff.learning.models.FunctionalModel; '
+                    f'got {type(model_fn).__name__}')
+  return model_fn

@@ -24,13 +24,13 @@ sub-linear. DP: pass an unweighted DP factory as `model_aggregator` (see
 """
 
 import collections
-from collections.abc import Callable
 from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import composer
+from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
 
@@ -38,8 +38,6 @@ PRECONDITIONERS = ('dja', 'none')
 CLIENT_OPTIMIZERS = ('sm3_adam', 'sm3_adagrad', 'adam', 'adagrad')
 SERVER_OPTIMIZERS = ('adam', 'adagrad')
 WARMUP_STEPS = 10
-# Ops per parameter per step (SPEC §8 counts Adam as 11 when the state moves).
-_OPS = {'adam': 11, 'adagrad': 6, 'sm3_adam': 11, 'sm3_adagrad': 6}
 
 
 def build_client_optimizer(name: str, learning_rate: float, *, beta_1: float = 0.9,
@@ -80,9 +78,10 @@ def fedada2_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
   if preconditioner not in PRECONDITIONERS:
     raise ValueError(f'--preconditioner must be one of {", ".join(PRECONDITIONERS)}; '
                      f'got {preconditioner!r}')
-  if preconditioner == 'dja' and isinstance(client_optimizer, sm3.SM3):
+  if preconditioner == 'dja' and (isinstance(client_optimizer, sm3.SM3) or 'preconditioner' not in
+                                  client_optimizer.initialize(())):
     raise ValueError('--preconditioner=dja needs a dense client optimiser (adam or adagrad): '
-                     'an SM3 client has no per-coordinate v to start from')
+                     f'{type(client_optimizer).__name__} has no per-coordinate v to start from')
 
   def init_stats(specs):
     return server_optimizer.initialize([tf.TensorSpec(s.shape, s.dtype) for s in specs])
@@ -111,21 +110,61 @@ def fedada2_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
 
   return composer.Recipe(
       name='fedada2', init_stats=init_stats, broadcast=broadcast, init_local=init_local,
-      local_step=local_step, server_update=server_update, optimizer_ops_per_param=ops_per_param)
+      local_step=local_step, server_update=server_update, optimizer_ops_per_param=ops_per_param,
+      get_server_hparams=server_optimizer.get_hparams,
+      set_server_hparams=server_optimizer.set_hparams)
 
 
-def build_fedada2(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                  client_optimizer: tff.learning.optimizers.Optimizer,
-                  server_optimizer: tff.learning.optimizers.Optimizer,
-                  client_learning_rate: float, local_steps: int = 0,
-                  preconditioner: str = 'none', warmup: bool = False,
-                  client_weighting: Optional[tff.learning.ClientWeighting] = None,
-                  model_aggregator=None, upload_compression=None, ops_per_param: float = 11.0,
-                  fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
-  """FedAda2 / DJA / no-PC (see module docstring)."""
+def build_fedada2(
+    model_fn: composer.ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: tff.learning.optimizers.Optimizer,
+    *,
+    local_steps: int = 0,
+    preconditioner: str = 'none',
+    warmup: bool = False,
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
+    model_distributor=None,
+    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
+    metrics_aggregator=None,
+    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
+    upload_compression=None,
+    ops_per_param: Optional[float] = None,
+    fb_flops_per_example: Optional[float] = None,
+) -> tff.learning.templates.LearningProcess:
+  """FedAda2 / DJA / no-PC (see module docstring).
+
+  Args:
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
+      or a `tff.learning.models.FunctionalModel`.
+    client_optimizer_fn: the client adaptive optimiser, any
+      `tff.learning.optimizers.Optimizer` with a `learning_rate`: SM3
+      (`tff_adaptive.optimizers.build_sm3_adam`, `build_sm3_adagrad`; FedAda2
+      itself), the paper-semantics client Adam/AdaGrad, or TFF's
+      `build_adam`/`build_adagrad`/`build_rmsprop`/`build_sgdm`. Its learning
+      rate is the initial η (`state.client_work['learning_rate']`, which the
+      round writes into the optimiser state at every step, warm-up applied).
+      'dja' needs a state with a dense `preconditioner` (Adam, AdaGrad).
+    server_optimizer_fn: the server optimiser (seed 002: paper-semantics Adam
+      or AdaGrad, `build_server_optimizer`).
+    local_steps: K > 0 steps, or 0 for one pass (epochs).
+    preconditioner: 'none' (no-PC, FedAda2) or 'dja'.
+    warmup: client lr warm-up over the first 10 local steps of each round.
+    ops_per_param: client optimiser ops per parameter per step; None: from the
+      optimiser's kind (`adapters`).
+    Others: as `fedgbo.build_fedgbo`.
+  """
+  info = adapters.describe(client_optimizer_fn, algorithm='fedada2')
+  learning_rate = adapters.learning_rate(client_optimizer_fn, algorithm='fedada2')
+  adapters.describe(server_optimizer_fn, algorithm='fedada2', role='server_optimizer_fn')
+  if ops_per_param is None:
+    ops_per_param = info.ops_per_param(moving=True)
   return composer.build_process(
-      model_fn, fedada2_recipe(client_optimizer, server_optimizer, preconditioner=preconditioner,
-                               warmup=warmup, ops_per_param=ops_per_param),
-      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      model_fn, fedada2_recipe(client_optimizer_fn, server_optimizer_fn,
+                               preconditioner=preconditioner, warmup=warmup,
+                               ops_per_param=ops_per_param),
+      client_learning_rate=learning_rate, local_steps=local_steps,
       model_aggregator=model_aggregator, client_weighting=client_weighting,
-      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression)
+      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression,
+      model_distributor=model_distributor, metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation)

@@ -21,14 +21,14 @@ The tracking is the server step of the recipe; clients' Δ go through any
 `tff.aggregators` factory (`model_aggregator`).
 """
 
-from collections.abc import Callable
 from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
+from tff_adaptive.optimizers import adapters
+from tff_adaptive.optimizers import biased as biased_optimizers
 
 UPLOADS = ('model', 'average_gradient')
 
@@ -75,29 +75,51 @@ def fedgbo_recipe(optimizer: biased_optimizers.BiasedOptimizer,
       weighting=tff.learning.ClientWeighting.UNIFORM)
 
 
-def build_fedgbo(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                 optimizer: biased_optimizers.BiasedOptimizer,
-                 client_learning_rate: float, local_steps: int, upload: str = 'model',
-                 client_weighting: Optional[tff.learning.ClientWeighting] = None,
-                 model_aggregator=None, upload_compression=None,
-                 fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
-  """FedGBO with `optimizer` ∈ {sgdm, rmsprop, adam} (see module docstring).
+def build_fedgbo(
+    model_fn: composer.ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    *,
+    local_steps: int,
+    upload: str = 'model',
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
+    model_distributor=None,
+    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
+    metrics_aggregator=None,
+    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
+    upload_compression=None,
+    fb_flops_per_example: Optional[float] = None,
+) -> tff.learning.templates.LearningProcess:
+  """FedGBO (see module docstring).
 
   Args:
-    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
-    optimizer: the global biased optimiser (`biased_optimizers.BiasedOptimizer`).
-    client_learning_rate: η.
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
+      or a `tff.learning.models.FunctionalModel`.
+    client_optimizer_fn: the global biased optimiser, named by a TFF optimiser
+      whose kind and hyperparameters are read (`adapters.to_biased`):
+      `tff.learning.optimizers.build_sgdm(η, momentum=β)` (SGDm; no momentum:
+      FedAvg), `build_rmsprop(η, decay=β, epsilon=ε)`, `build_adam(η, beta_1,
+      beta_2, epsilon)` or the package's paper-semantics Adam. SPEC §2's
+      table applies (m = 0, v = 1, no bias correction); η is the initial
+      `state.client_work['learning_rate']`.
     local_steps: K, identical for every client (required).
     upload: 'model' (the paper's default) or 'average_gradient'.
     client_weighting: default UNIFORM (the paper; the exact-tracking identity
       needs it).
+    model_distributor: not supported (ValueError): x_t and s_t go down together.
     model_aggregator: `tff.aggregators` factory for Δ.
-    fb_flops_per_example: for the FLOP measurement.
+    metrics_aggregator, loop_implementation: as in TFF's builders.
+    upload_compression: see `composer.build_process`.
+    fb_flops_per_example: for the FLOP measurement; None: counted from the model.
+
+  FedGBO has no server optimiser (x_{t+1} = x_t − Δ̄), so no
+  `server_optimizer_fn`.
   """
   if not local_steps or local_steps < 1:
     raise ValueError('--local_steps: FedGBO needs exactly K ≥ 1 local steps per client')
+  optimizer, learning_rate = adapters.to_biased(client_optimizer_fn, algorithm='fedgbo')
   return composer.build_process(
-      model_fn, fedgbo_recipe(optimizer, upload), client_learning_rate=client_learning_rate,
+      model_fn, fedgbo_recipe(optimizer, upload), client_learning_rate=learning_rate,
       local_steps=local_steps, model_aggregator=model_aggregator,
       client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
-      upload_compression=upload_compression)
+      upload_compression=upload_compression, model_distributor=model_distributor,
+      metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)

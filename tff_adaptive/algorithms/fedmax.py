@@ -16,11 +16,13 @@ trainable weights are the original model's, in the same order.
 """
 
 from collections.abc import Callable
+from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.accounting import costs
+from tff_adaptive.algorithms import fedopt
 
 
 def max_entropy_kl(activations: tf.Tensor) -> tf.Tensor:
@@ -89,14 +91,32 @@ def fedmax_model_fn(keras_model_fn: Callable[[], tf.keras.Model], beta: float,
   return model_fn
 
 
-def build_fedmax(keras_model_fn: Callable[[], tf.keras.Model], input_spec, *, beta: float,
-                 client_learning_rate: float, server_optimizer=None, local_steps: int = 0,
-                 client_weighting=None, model_aggregator=None, upload_compression=None,
-                 fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
-  """FedMAX for a Keras classifier returning logits."""
-  return fedopt_process.build_fedopt_process(
-      fedmax_model_fn(keras_model_fn, beta, input_spec),
-      server_optimizer=server_optimizer or tff.learning.optimizers.build_sgdm(1.0),
-      client_learning_rate=client_learning_rate, local_steps=local_steps,
-      client_weighting=client_weighting, model_aggregator=model_aggregator,
-      upload_compression=upload_compression, fb_flops_per_example=fb_flops_per_example)
+def build_fedmax(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
+                 client_optimizer_fn: tff.learning.optimizers.Optimizer,
+                 server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
+                 beta: float, local_steps: int = 0, client_weighting=None,
+                 model_distributor=None, model_aggregator=None, metrics_aggregator=None,
+                 loop_implementation=None, upload_compression=None,
+                 fb_flops_per_example: Optional[float] = None) -> tff.learning.templates.LearningProcess:
+  """FedMAX for a Keras classifier returning logits.
+
+  Unlike the other builders, FedMAX takes a Keras model function and the
+  input spec instead of `model_fn`: the penalty needs the penultimate
+  activations, so it rebuilds the model (`with_penultimate_output`) and wraps
+  it itself. The rest is `fedopt.build_fedopt` (client optimiser, server
+  optimiser — default `build_sgdm(1.0)` — and keywords).
+  """
+  if fb_flops_per_example is None:
+    # The model FedOpt sees returns [logits, a]; count the classifier itself.
+    with tf.Graph().as_default():
+      fb_flops_per_example = costs.count_fb_flops(
+          tff.learning.models.from_keras_model(
+              keras_model_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+              input_spec=input_spec), 'fedmax')
+  return fedopt.build_fedopt(
+      fedmax_model_fn(keras_model_fn, beta, input_spec), client_optimizer_fn, server_optimizer_fn,
+      local_steps=local_steps, client_weighting=client_weighting,
+      model_distributor=model_distributor, model_aggregator=model_aggregator,
+      metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation,
+      upload_compression=upload_compression, fb_flops_per_example=fb_flops_per_example,
+      algorithm='fedmax')

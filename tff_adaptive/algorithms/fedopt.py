@@ -3,27 +3,39 @@
 Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (seed 003),
 Algorithm 2.
 
-  client:  K steps (or E epochs) of SGD from x_t; Δ_i = x_t − y_K^i.
-  server:  Δ̄ = Σ_i w_i Δ_i / Σ_i w_i;  x_{t+1} = ServerOpt(x_t, Δ̄).
-  network: down |x| (model weights), up |x| (Δ_i) plus the weight w_i.
+  server → clients: x_t.
+  client:           K steps (or E epochs) of the client optimiser from x_t,
+                    its state started afresh every round (SGD in the paper:
+                    y_k = y_{k−1} − η g_k); Δ_i = x_t − y_K.
+  clients → server: Δ_i (and its weight w_i).
+  server:           Δ̄ = Σ w_i Δ_i / Σ w_i;  x_{t+1} = ServerOpt(x_t, Δ̄).
+  network per client: down |x|, up |x|.
 
-This is TFF's `build_weighted_fed_avg` with the server optimiser swapped, as TFF
-intends it to be used; we add the paper's exact optimiser semantics
-(`semantics='paper'`, see `tff_adaptive.optimizers.paper_fedopt`) and client
-learning-rate schedules, and keep TFF's composition (distributor, client work,
-aggregator, finalizer) so any TFF aggregator plugs in as `model_aggregator`.
+`build_fedopt` is the one builder: TFF's `build_weighted_fed_avg` computed by
+the package's round composer, equal to it to float tolerance with the same
+optimisers (tested), plus the package's per-round costs, round-dependent η_t /
+K_t (`process.set_hparams` or the round schedules) and exact-K local steps.
+`build_fedavg` ... `build_fedyogi` name the server optimiser; its semantics
+are TFF's as shipped (`semantics='tff'`) or the paper's Algorithm 2 exactly
+(`semantics='paper'`, `tff_adaptive.optimizers.build_paper_adam` etc.).
 """
 
+import collections
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
+import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_adaptive.algorithms import composer
+from tff_adaptive.optimizers import adapters
 
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adagrad', 'adam', 'yogi')
 ALGORITHM_SERVER_OPTIMIZER = {
     'fedavg': 'sgd', 'fedavgm': 'sgdm', 'fedadagrad': 'adagrad', 'fedadam': 'adam',
     'fedyogi': 'yogi',
 }
+SEMANTICS = ('tff', 'paper')
 
 
 def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 'tff',
@@ -34,20 +46,24 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
 
   `tff` semantics: TFF's optimisers as shipped (Adam/Yogi bias-corrected with ε =
   τ, Adagrad's ε inside the square root; `initial_accumulator` defaults to each
-  TFF builder's own default). `paper` semantics: Algorithm 2 exactly.
+  TFF builder's own default). `paper` semantics: Algorithm 2 exactly
+  (`tff_adaptive.optimizers.build_paper_{adagrad,adam,yogi}`).
   """
   if name == 'sgd':
     return tff.learning.optimizers.build_sgdm(learning_rate)
   if name == 'sgdm':
     return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
+  if semantics not in SEMANTICS:
+    raise ValueError(f"--server_optimizer_semantics must be 'tff' or 'paper'; got {semantics!r}")
   if semantics == 'paper':
     from tff_adaptive.optimizers import paper_fedopt  # pylint: disable=g-import-not-at-top
-    builder = {'adagrad': paper_fedopt.build_paper_adagrad, 'adam': paper_fedopt.build_paper_adam,
-               'yogi': paper_fedopt.build_paper_yogi}[name]
+    builders = {'adagrad': paper_fedopt.build_paper_adagrad,
+                'adam': paper_fedopt.build_paper_adam, 'yogi': paper_fedopt.build_paper_yogi}
+    if name not in builders:
+      raise ValueError(f'--server_optimizer must be one of {", ".join(SERVER_OPTIMIZERS)}; '
+                       f'got {name!r}')
     kwargs = {} if initial_accumulator is None else {'initial_accumulator_value': initial_accumulator}
-    return builder(learning_rate, beta_1=beta_1, beta_2=beta_2, tau=tau, **kwargs)
-  if semantics != 'tff':
-    raise ValueError(f"--server_optimizer_semantics must be 'tff' or 'paper'; got {semantics!r}")
+    return builders[name](learning_rate, beta_1=beta_1, beta_2=beta_2, tau=tau, **kwargs)
   if name == 'adagrad':
     kwargs = {} if initial_accumulator is None else {'initial_preconditioner_value': initial_accumulator}
     return tff.learning.optimizers.build_adagrad(learning_rate, epsilon=tau, **kwargs)
@@ -60,33 +76,117 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
   raise ValueError(f'--server_optimizer must be one of {", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
 
 
-def build_fedopt(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                 client_learning_rate: float,
-                 server_optimizer: tff.learning.optimizers.Optimizer,
-                 client_learning_rate_fn: Optional[Callable[[int], float]] = None,
-                 client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-                 model_aggregator=None) -> tff.learning.templates.LearningProcess:
-  """FedOpt: client SGD, any server optimiser on Δ̄.
+def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,
+                  client_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+                  ops_per_param: float = composer.DEFAULT_OPTIMIZER_OPS) -> composer.Recipe:
+  """Client: `client_optimizer` from a fresh state each round (None: plain SGD)."""
+
+  def init_stats(specs):
+    return server_optimizer.initialize([tf.TensorSpec(s.shape, s.dtype) for s in specs])
+
+  if client_optimizer is None:
+    # Plain SGD keeps no client state: w − ηg directly, as TFF's SGD computes it.
+    init_local = lambda b, y0: ()
+
+    def local_step(local, y, grads, lr, step):
+      del step
+      return local, [w - lr * g for w, g in zip(y, grads)]
+  else:
+    def init_local(b, y0):
+      del b
+      return client_optimizer.initialize([tf.TensorSpec(w.shape, w.dtype) for w in y0])
+
+    def local_step(local, y, grads, lr, step):
+      del step
+      local = collections.OrderedDict(local)
+      # η of this round (client_work hparams) replaces the optimiser's own.
+      local[tff.learning.optimizers.LEARNING_RATE_KEY] = tf.cast(lr, tf.float32)
+      return client_optimizer.next(local, y, grads)
+
+  def server_update(x, s, mean_delta, mean_extra, lr, local_steps):
+    del mean_extra, lr, local_steps
+    s, new_x = server_optimizer.next(s, x, mean_delta)
+    return new_x, s
+
+  return composer.Recipe(
+      name='fedopt', init_stats=init_stats, broadcast=lambda s: (),
+      init_local=init_local, local_step=local_step, server_update=server_update,
+      optimizer_ops_per_param=ops_per_param,
+      get_server_hparams=server_optimizer.get_hparams,
+      set_server_hparams=server_optimizer.set_hparams)
+
+
+def build_fedopt(
+    model_fn: composer.ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    local_steps: int = 0,
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
+    model_distributor=None,
+    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
+    metrics_aggregator=None,
+    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
+    upload_compression=None,
+    fb_flops_per_example: Optional[float] = None,
+    algorithm: str = 'fedopt',
+) -> tff.learning.templates.LearningProcess:
+  """FedOpt: any client optimiser, any server optimiser on Δ̄ (module docstring).
 
   Args:
-    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
-    client_learning_rate: η, the client SGD learning rate.
-    server_optimizer: the server optimiser, e.g. from `build_server_optimizer`.
-    client_learning_rate_fn: optional round → η schedule (TFF's
-      `build_weighted_fed_avg_with_optimizer_schedule`); overrides the constant.
-    client_weighting: example-weighted (the paper) or uniform.
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
+      or a `tff.learning.models.FunctionalModel`.
+    client_optimizer_fn: a `tff.learning.optimizers.Optimizer` (the paper:
+      `build_sgdm(η)`); its learning rate is the initial η
+      (`state.client_work['learning_rate']`).
+    server_optimizer_fn: default `build_sgdm(1.0)` (FedAvg).
+    local_steps: K > 0: exactly K minibatch steps per client (cycling its
+      data); 0: one pass over the client's dataset as given (E epochs).
+    client_weighting: default NUM_EXAMPLES (the paper).
+    model_distributor: not supported (ValueError; see `composer`).
     model_aggregator: a `tff.aggregators` factory for Δ (weighted, or
       unweighted with uniform weighting; DP factories are unweighted).
+    metrics_aggregator, loop_implementation: as in TFF's builders.
+    upload_compression: see `composer.build_process`.
+    fb_flops_per_example: forward+backward FLOPs per example; None: counted
+      from the model (see `composer.count_fb_flops`).
+    algorithm: the name in messages (`build_fedadam` etc. pass theirs).
   """
-  if client_learning_rate_fn is not None:
-    return tff.learning.algorithms.build_weighted_fed_avg_with_optimizer_schedule(
-        model_fn, client_learning_rate_fn=client_learning_rate_fn,
-        client_optimizer_fn=tff.learning.optimizers.build_sgdm,
-        server_optimizer_fn=server_optimizer, model_aggregator=model_aggregator)
-  if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
-    return tff.learning.algorithms.build_unweighted_fed_avg(
-        model_fn, tff.learning.optimizers.build_sgdm(client_learning_rate),
-        server_optimizer, model_aggregator=model_aggregator)
-  return tff.learning.algorithms.build_weighted_fed_avg(
-      model_fn, tff.learning.optimizers.build_sgdm(client_learning_rate), server_optimizer,
-      client_weighting=client_weighting, model_aggregator=model_aggregator)
+  model_fn = composer.variable_model_fn(model_fn, algorithm)
+  info = adapters.describe(client_optimizer_fn, algorithm=algorithm)
+  server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)
+  adapters.describe(server_optimizer_fn, algorithm=algorithm, role='server_optimizer_fn')
+  client = None if info.kind == 'sgd' else client_optimizer_fn
+  return composer.build_process(
+      model_fn, fedopt_recipe(server_optimizer_fn, client, info.ops_per_param(moving=True)),
+      client_learning_rate=adapters.learning_rate(client_optimizer_fn, algorithm=algorithm),
+      local_steps=local_steps, model_aggregator=model_aggregator,
+      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
+      upload_compression=upload_compression, model_distributor=model_distributor,
+      metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)
+
+
+def _named(algorithm: str, server_name: str):
+  def build(model_fn: composer.ModelFn, client_optimizer_fn: tff.learning.optimizers.Optimizer,
+            server_learning_rate: float = 1.0, *, semantics: str = 'tff', beta_1: float = 0.9,
+            beta_2: float = 0.99, tau: float = 1e-3, initial_accumulator: Optional[float] = None,
+            momentum: float = 0.9, **kwargs: Any) -> tff.learning.templates.LearningProcess:
+    server = build_server_optimizer(
+        server_name, server_learning_rate, semantics=semantics, beta_1=beta_1, beta_2=beta_2,
+        tau=tau, initial_accumulator=initial_accumulator, momentum=momentum)
+    return build_fedopt(model_fn, client_optimizer_fn, server, algorithm=algorithm, **kwargs)
+
+  build.__name__ = f'build_{algorithm}'
+  build.__doc__ = (
+      f'{algorithm}: `build_fedopt` with the server optimiser '
+      f'`build_server_optimizer({server_name!r}, server_learning_rate, semantics=..., '
+      'beta_1, beta_2, tau, initial_accumulator, momentum)`; other keywords go to '
+      '`build_fedopt`.')
+  return build
+
+
+build_fedavg: Callable[..., tff.learning.templates.LearningProcess] = _named('fedavg', 'sgd')
+build_fedavgm = _named('fedavgm', 'sgdm')
+build_fedadagrad = _named('fedadagrad', 'adagrad')
+build_fedadam = _named('fedadam', 'adam')
+build_fedyogi = _named('fedyogi', 'yogi')

@@ -11,31 +11,53 @@ Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020.
 Wraps `tff.learning.algorithms.build_weighted_fed_prox` unchanged.
 """
 
-from collections.abc import Callable
 from typing import Optional
 
 import tensorflow_federated as tff
 
 from tff_adaptive.accounting import costs
 from tff_adaptive.algorithms import composer
+from tff_adaptive.optimizers import adapters
 
 
-def build_fedprox(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                  proximal_strength: float, client_learning_rate: float,
-                  server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-                  client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-                  model_aggregator=None,
-                  fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
+def build_fedprox(
+    model_fn: composer.ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    proximal_strength: float,
+    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    model_distributor=None,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    metrics_aggregator=None,
+    loop_implementation: tff.learning.LoopImplementation = composer.TFF_CLIENT_LOOP,
+    fb_flops_per_example: Optional[float] = None,
+) -> tff.learning.templates.LearningProcess:
+  """TFF's `build_weighted_fed_prox` with `cost/` metrics (module docstring).
+
+  `client_optimizer_fn` (the paper: `build_sgdm(η)`) and `server_optimizer_fn`
+  (default `build_sgdm(1.0)`) are TFF optimisers; `proximal_strength` is μ.
+  Others go to TFF's builder; `fb_flops_per_example=None` counts FLOPs from
+  the model.
+  """
   if proximal_strength < 0:
     raise ValueError(f'--fedprox_mu must be ≥ 0; got {proximal_strength}')
+  info = adapters.describe(client_optimizer_fn, algorithm='fedprox')
+  server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)
+  adapters.describe(server_optimizer_fn, algorithm='fedprox', role='server_optimizer_fn')
   process = tff.learning.algorithms.build_weighted_fed_prox(
-      model_fn, proximal_strength, tff.learning.optimizers.build_sgdm(client_learning_rate),
-      server_optimizer or tff.learning.optimizers.build_sgdm(1.0),
-      client_weighting=client_weighting, model_aggregator=model_aggregator,
-      loop_implementation=composer.TFF_CLIENT_LOOP)
+      model_fn, proximal_strength, client_optimizer_fn, server_optimizer_fn,
+      client_weighting=client_weighting, model_distributor=model_distributor,
+      model_aggregator=model_aggregator, metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation)
   n = costs.num_trainable_params(process)
+  if fb_flops_per_example is None:
+    fb_flops_per_example = costs.count_fb_flops(model_fn, 'fedprox')
+  # The proximal term adds 3 ops per parameter (w − x_t, ·μ, +) to the client
+  # optimiser's step.
   return costs.with_cost_metrics(
       process, download_floats=costs.model_weights_bits(process) / 32,
       upload_floats=costs.measure_upload(process).bits / 32,  # Δ, from the types
       client_state_floats=0,
-      optimizer_flops_per_step=5 * n, fb_flops_per_example=fb_flops_per_example)
+      optimizer_flops_per_step=(info.ops_per_param(moving=True) + 3) * n,
+      fb_flops_per_example=fb_flops_per_example)

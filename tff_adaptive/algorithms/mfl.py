@@ -14,14 +14,14 @@ the thesis's FedAvg-Adam (ch. 3/4), the base of CE-FedAvg.
   network per client: down |x| + |s|, up |x| + |s|.
 """
 
-from collections.abc import Callable
 from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
+from tff_adaptive.optimizers import adapters
+from tff_adaptive.optimizers import biased as biased_optimizers
 
 
 def mfl_recipe(optimizer: biased_optimizers.BiasedOptimizer,
@@ -60,16 +60,35 @@ def _like(reference, value):
   return tf.nest.pack_sequence_as(reference, tf.nest.flatten(value))
 
 
-def build_mfl(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-              optimizer: biased_optimizers.BiasedOptimizer, client_learning_rate: float,
-              local_steps: int = 0,
-              client_weighting: Optional[tff.learning.ClientWeighting] = None,
-              model_aggregator=None, upload_compression=None,
-              upload_state_deltas: bool = False,
-              fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
-  """MFL with `optimizer` ∈ {sgdm, rmsprop, adam}; `local_steps=0` runs epochs."""
+def build_mfl(
+    model_fn: composer.ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    *,
+    local_steps: int = 0,
+    bias_correction: bool = False,
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
+    model_distributor=None,
+    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
+    metrics_aggregator=None,
+    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
+    upload_compression=None,
+    upload_state_deltas: bool = False,
+    fb_flops_per_example: Optional[float] = None,
+) -> tff.learning.templates.LearningProcess:
+  """MFL (see module docstring); `local_steps=0` runs epochs.
+
+  `client_optimizer_fn` is read as for FedGBO (`adapters.to_biased`: TFF's
+  `build_sgdm`, `build_rmsprop`, `build_adam` or the paper-semantics Adam);
+  its state moves on the clients (SPEC §2 table, m = 0, v = 1);
+  `bias_correction` switches on Adam's bias correction. No server optimiser:
+  x_{t+1} = x_t − Δ̄. Other arguments as `fedgbo.build_fedgbo`.
+  """
+  optimizer, learning_rate = adapters.to_biased(client_optimizer_fn, algorithm='mfl',
+                                                bias_correction=bias_correction)
   return composer.build_process(
       model_fn, mfl_recipe(optimizer, upload_state_deltas),
-      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      client_learning_rate=learning_rate, local_steps=local_steps,
       model_aggregator=model_aggregator, client_weighting=client_weighting,
-      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression)
+      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression,
+      model_distributor=model_distributor, metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation)

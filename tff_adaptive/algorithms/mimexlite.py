@@ -19,15 +19,14 @@ extra forward/backward pass here; with K = 1 and a one-batch dataset this is
 exactly TFF's Mimelite (tested).
 """
 
-from collections.abc import Callable
-from typing import Optional
-
 import collections
+from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import composer
+from tff_adaptive.optimizers import adapters
 
 
 def _with_learning_rate(state, lr):
@@ -62,22 +61,54 @@ def mimexlite_recipe(base_optimizer: tff.learning.optimizers.Optimizer,
       name='mimexlite', init_stats=init_stats, broadcast=lambda stats: stats['base'],
       init_local=lambda s, y0: s, local_step=local_step, server_update=server_update,
       upload=lambda s, g0: list(g0), optimizer_ops_per_param=ops_per_param,
-      uses_first_gradient=True)
+      uses_first_gradient=True,
+      get_server_hparams=lambda stats: collections.OrderedDict(
+          server_optimizer.get_hparams(stats['server'])),
+      set_server_hparams=lambda stats, hparams: collections.OrderedDict(
+          base=stats['base'], server=server_optimizer.set_hparams(stats['server'], hparams)))
 
 
-def build_mimexlite(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                    base_optimizer: tff.learning.optimizers.Optimizer,
-                    server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-                    client_learning_rate: float, local_steps: int,
-                    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-                    model_aggregator=None, ops_per_param: float = 5.0,
-                    fb_flops_per_example: float = 0.0) -> tff.learning.templates.LearningProcess:
-  """MimeXlite; `base_optimizer` is any TFF optimiser (its lr is replaced by η_t)."""
+def build_mimexlite(
+    model_fn: composer.ModelFn,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    local_steps: int,
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
+    model_distributor=None,
+    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
+    metrics_aggregator=None,
+    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
+    ops_per_param: Optional[float] = None,
+    fb_flops_per_example: Optional[float] = None,
+) -> tff.learning.templates.LearningProcess:
+  """MimeXlite (see module docstring).
+
+  Args:
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
+      or a `tff.learning.models.FunctionalModel`.
+    client_optimizer_fn: Mime's base optimiser, any
+      `tff.learning.optimizers.Optimizer` with a `learning_rate` (TFF's, the
+      paper-semantics or SM3 ones); its learning rate is the initial η,
+      `state.client_work['learning_rate']`, which replaces the optimiser
+      state's own at every local step (so schedules can change it).
+    server_optimizer_fn: default `build_sgdm(1.0)`.
+    local_steps: K ≥ 1 (required).
+    ops_per_param: optimiser ops per parameter per step with fixed state;
+      None: from the optimiser's kind (`adapters`).
+    Others: as `fedgbo.build_fedgbo`.
+  """
   if not local_steps or local_steps < 1:
     raise ValueError('--local_steps: MimeXlite needs exactly K ≥ 1 local steps')
-  server_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(1.0)
+  info = adapters.describe(client_optimizer_fn, algorithm='mimexlite')
+  learning_rate = adapters.learning_rate(client_optimizer_fn, algorithm='mimexlite')
+  server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)
+  adapters.describe(server_optimizer_fn, algorithm='mimexlite', role='server_optimizer_fn')
+  if ops_per_param is None:
+    ops_per_param = info.ops_per_param(moving=False)
   return composer.build_process(
-      model_fn, mimexlite_recipe(base_optimizer, server_optimizer, ops_per_param),
-      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      model_fn, mimexlite_recipe(client_optimizer_fn, server_optimizer_fn, ops_per_param),
+      client_learning_rate=learning_rate, local_steps=local_steps,
       model_aggregator=model_aggregator, client_weighting=client_weighting,
-      fb_flops_per_example=fb_flops_per_example)
+      fb_flops_per_example=fb_flops_per_example, model_distributor=model_distributor,
+      metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)

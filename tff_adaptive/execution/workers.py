@@ -640,13 +640,9 @@ def _keep_subround_order_of_client_results() -> None:
 
 
 def has_round_hparams(process) -> bool:
-  """Whether `process` runs K local steps itself (composer-built: 'hparams' in state)."""
-  from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.types import computation_types  # pylint: disable=g-import-not-at-top
-  state_type = process.initialize.type_signature.result
-  member = getattr(state_type, 'member', state_type)
-  return (isinstance(member, computation_types.StructType) and
-          'hparams' in structure.name_list(member))
+  """Whether `process` runs K local steps itself (`local_steps` in its state's client_work)."""
+  from tff_adaptive.algorithms import composer  # pylint: disable=g-import-not-at-top
+  return composer.runs_local_steps(process.initialize.type_signature.result)
 
 
 def compose_data_on_workers(process, task, local_steps: Optional[int] = None):

@@ -26,9 +26,11 @@ pFedMe (SPEC §7): the composer's round (`composer.py`) with three additions.
 Per-client data: `OrderedDict(train=batched train dataset, test=batched test
 dataset[, private=OrderedDict(name → tensor)])`; per-client output:
 `OrderedDict(ua=OrderedDict(correct, examples, loss_sum)[, private=...])`.
-The server state is the composer's OrderedDict (global_model_weights, stats,
-aggregator, hparams, round_num), so round schedules and the loop's K-step
-handling work unchanged.
+The server state has the composer's layout (a
+`tff.learning.templates.LearningAlgorithmState`: client_work =
+OrderedDict(learning_rate=η, local_steps=K), aggregator, finalizer = the
+server statistics), so round schedules and the loop's K-step handling work
+unchanged; metrics likewise (`client_work/first_minibatch_loss`).
 """
 
 import collections
@@ -313,7 +315,7 @@ def build_personalized_process(
   shared_opt_initial = shared_opt(opt_initial)
 
   hparams_type = tff.StructWithPythonType(
-      [('client_learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
+      [('learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
   members = [('train', data_type), ('test', data_type)]
   if has_private:
     members.append(('private', private_type))
@@ -406,7 +408,7 @@ def build_personalized_process(
   def client_update(model, counters, broadcast, hparams, data):
     counters.reset()
     trainable, non_trainable, opt = assemble(model, broadcast, data)
-    lr = hparams['client_learning_rate']
+    lr = hparams['learning_rate']
     ua = user_accuracy(model, trainable, non_trainable, data, lr, counters)
     x_t = [tf.identity(v) for v in trainable]
     n_t = [tf.identity(v) for v in non_trainable]
@@ -475,7 +477,7 @@ def build_personalized_process(
     def evaluate(broadcast, hparams, data):
       trainable, non_trainable, _ = assemble(model, broadcast, data)
       return collections.OrderedDict(ua=user_accuracy(
-          model, trainable, non_trainable, data, hparams['client_learning_rate'], counters))
+          model, trainable, non_trainable, data, hparams['learning_rate'], counters))
 
     return evaluate(broadcast, hparams, data)
 
@@ -530,20 +532,16 @@ def build_personalized_process(
   def initialize_fn():
     weights = tff.federated_eval(
         tff.tensorflow.computation(lambda: _initial_weights(model_fn)), tff.SERVER)
-    return tff.federated_zip(collections.OrderedDict(
+    return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
         global_model_weights=weights,
-        stats=tff.federated_eval(init_stats, tff.SERVER),
-        aggregator=aggregator.initialize(),
-        hparams=tff.federated_value(collections.OrderedDict(
-            client_learning_rate=np.float32(client_learning_rate),
+        distributor=tff.federated_value((), tff.SERVER),
+        client_work=tff.federated_value(collections.OrderedDict(
+            learning_rate=np.float32(client_learning_rate),
             local_steps=np.int32(local_steps)), tff.SERVER),
-        round_num=tff.federated_value(np.int32(0), tff.SERVER)))
+        aggregator=aggregator.initialize(),
+        finalizer=tff.federated_eval(init_stats, tff.SERVER)))
 
   state_type = initialize_fn.type_signature.result
-
-  @tff.tensorflow.computation(np.int32)
-  def add_one(n):
-    return n + 1
 
   @tff.tensorflow.computation(np.int32)
   def one_client(n):
@@ -555,43 +553,38 @@ def build_personalized_process(
   @tff.federated_computation(state_type, federated_data_type)
   def next_fn(state, client_data):
     broadcast = tff.federated_broadcast(
-        tff.federated_map(broadcast_fn, (state.global_model_weights, state.stats)))
-    hparams = tff.federated_broadcast(state.hparams)
+        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
+    hparams = tff.federated_broadcast(state.client_work)
     upload, weight, local_metrics, client_stats, client_out = tff.federated_map(
         client_update_fn, (broadcast, hparams, client_data))
     agg = aggregator.next(state.aggregator, upload, weight)
     new_weights, new_stats = tff.federated_map(
-        server_update_fn, (state.global_model_weights, state.stats, agg.result))
+        server_update_fn, (state.global_model_weights, state.finalizer, agg.result))
     num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
     cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.grad_examples),
                                        tff.federated_sum(client_stats.local_steps), num_clients))
-    new_state = tff.federated_zip(collections.OrderedDict(
-        global_model_weights=new_weights, stats=new_stats, aggregator=agg.state,
-        hparams=state.hparams, round_num=tff.federated_map(add_one, state.round_num)))
+    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=new_weights, distributor=state.distributor,
+        client_work=state.client_work, aggregator=agg.state, finalizer=new_stats))
     metrics = tff.federated_zip(collections.OrderedDict(
+        distributor=tff.federated_value((), tff.SERVER),
         client_work=tff.federated_zip(collections.OrderedDict(
-            train=metrics_aggregation_fn(local_metrics))),
+            train=metrics_aggregation_fn(local_metrics),
+            first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss))),
         aggregator=agg.measurements,
-        first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss),
+        finalizer=tff.federated_value((), tff.SERVER),
         cost=cost))
     return PersonalizedOutput(new_state, metrics, client_out)
 
   @tff.federated_computation(state_type, federated_data_type)
   def evaluate_fn(state, client_data):
     broadcast = tff.federated_broadcast(
-        tff.federated_map(broadcast_fn, (state.global_model_weights, state.stats)))
+        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
     return tff.federated_map(client_eval_fn,
-                             (broadcast, tff.federated_broadcast(state.hparams), client_data))
+                             (broadcast, tff.federated_broadcast(state.client_work), client_data))
 
-  @tff.tensorflow.computation(state_type.member)
-  def get_model_weights(state):
-    return state['global_model_weights']
-
-  @tff.tensorflow.computation(state_type.member, weights_type)
-  def set_model_weights(state, weights):
-    state = collections.OrderedDict(state)
-    state['global_model_weights'] = weights
-    return state
+  get_model_weights, set_model_weights = composer.model_weights_fns(state_type.member,
+                                                                    weights_type)
 
   identity = collections.OrderedDict(
       algorithm=name, local=local.name,

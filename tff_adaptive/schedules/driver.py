@@ -6,15 +6,17 @@ learning rate γ_t are server state, broadcast every round; η_s is the server
 optimiser's learning rate.
 
 One mechanism for every algorithm: before round t the driver asks each
-schedule for its value and writes it into the server state at a fixed place,
-which the round then reads:
+schedule for its value and writes it into the server state (a
+`tff.learning.templates.LearningAlgorithmState`) at a fixed place, which the
+round then reads:
 
   * composer-built processes (FedAvg/FedSGD, the FedOpt family, FedGBO, MFL,
-    FedAda2, MimeXlite, FedMAX, CE-FedAvg): K_t and γ_t into
-    `state['hparams']`, broadcast to clients with the model (FedGBO's server
-    inverse step reads the same K_t and γ_t); η_s into the server optimiser
-    state, `state['stats']['learning_rate']` (MimeXlite:
-    `state['stats']['server']['learning_rate']`). FedGBO, MFL and CE-FedAvg
+    FedAda2, MimeXlite, FedMAX, CE-FedAvg) and the personalised ones: K_t and
+    γ_t into `state.client_work` (`local_steps`, `learning_rate`), broadcast
+    to clients with the model (FedGBO's server inverse step reads the same
+    K_t and γ_t); η_s into the server optimiser state,
+    `state.finalizer['learning_rate']` (MimeXlite:
+    `state.finalizer['server']['learning_rate']`). FedGBO, MFL and CE-FedAvg
     have no server learning rate (x ← x − Δ̄).
   * processes built by TFF's own builders (Mimelite, FedProx): K_t through the
     data (each client gets exactly K_t batches, `program.client_datasets`),
@@ -23,13 +25,20 @@ which the round then reads:
     its client learning rate inside the computation, so it cannot be
     scheduled).
 
+These are the fields that `process.get_hparams` / `set_hparams` expose
+(`client_work` and `finalizer`, TFF's hparams layout). The driver writes them
+in Python instead of calling `set_hparams`: a TFF call would carry the whole
+state (model and optimiser statistics) through the executor and back every
+round for two scalars.
+
 `check_process` finds those places in the process's state type before
 training, so an impossible combination is a usage error naming the flag, not
 a failure at round 1.
 
 After the round, feedback-driven schedules observe what they need: the mean
 loss that the sampled clients report on their FIRST local minibatch
-(`train/first_minibatch_loss`, which composer-built processes report), or the
+(`train/client_work/first_minibatch_loss`, which composer-built processes
+report), or the
 validation accuracy on the loop's regular evaluation rounds only. The
 driver's whole state is a JSON string saved with every checkpoint, so a
 resumed run continues the exact same sequence.
@@ -53,17 +62,18 @@ from tff_adaptive.schedules import core as schedules
 # Where each scheduled quantity lives in a process's server state, in order of
 # preference. A path is a sequence of field names (str) and positions (int).
 Path = tuple[Union[str, int], ...]
-LOCAL_STEPS_PATHS: tuple[Path, ...] = (('hparams', 'local_steps'),)
+LOCAL_STEPS_PATHS: tuple[Path, ...] = (('client_work', 'local_steps'),)
 CLIENT_LR_PATHS: tuple[Path, ...] = (
-    ('hparams', 'client_learning_rate'),  # composer
+    ('client_work', 'learning_rate'),  # composer
     ('client_work', 0, 'learning_rate'),  # TFF's Mimelite: the base optimiser's state
 )
 SERVER_LR_PATHS: tuple[Path, ...] = (
-    ('stats', 'learning_rate'),  # composer, server optimiser state (FedOpt, FedAda2, FedMAX)
-    ('stats', 'server', 'learning_rate'),  # MimeXlite
-    ('finalizer', 'learning_rate'),  # TFF's builders (Mimelite, FedProx)
+    # Composer (server optimiser state: FedOpt, FedAda2, FedMAX) and TFF's
+    # builders (Mimelite, FedProx).
+    ('finalizer', 'learning_rate'),
+    ('finalizer', 'server', 'learning_rate'),  # MimeXlite, personalised processes
 )
-FIRST_MINIBATCH_LOSS = 'train/first_minibatch_loss'
+FIRST_MINIBATCH_LOSS = 'train/client_work/first_minibatch_loss'
 # The step schedules watch validation accuracy; tasks without one (the EMNIST
 # autoencoder, StackOverflow tags) are watched through −eval/loss instead.
 VALIDATION_ACCURACY = 'eval/accuracy'
@@ -196,7 +206,10 @@ class RoundSchedules:
     if self.needs_first_minibatch_loss:
       metrics_type = process.next.type_signature.result[1]
       metrics_type = getattr(metrics_type, 'member', metrics_type)
-      if _type_child(metrics_type, FIRST_MINIBATCH_LOSS.split('/', 1)[1]) is None:
+      found = metrics_type
+      for key in FIRST_MINIBATCH_LOSS.split('/')[1:]:
+        found = None if found is None else _type_child(found, key)
+      if found is None:
         flag = next(_FLAGS[n] for n, s in self._all().items()
                     if s is not None and s.feedback == schedules.FEEDBACK_FIRST_MINIBATCH_LOSS)
         raise ScheduleError(f'{flag}=error needs the loss of each client\'s first minibatch, '

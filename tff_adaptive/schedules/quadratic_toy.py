@@ -13,7 +13,7 @@ clients in √z), so full participation with uniform weighting is the
 deterministic expected FedSGD update; each client's "minibatch" is its one
 example, so its K local steps are exact gradient descent.
 
-The process is the package's own FedAvg/FedSGD (`fedopt_process`, server SGD
+The process is the package's own FedAvg/FedSGD (`fedopt.build_fedopt`, server SGD
 with learning rate η), and K_t / γ_t reach it through `round_schedules`, the
 same mechanism bin/train uses.
 """
@@ -27,7 +27,7 @@ import tensorflow_federated as tff
 
 from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import core as schedules
-from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import fedopt
 
 _INPUT_SPEC = collections.OrderedDict(
     x=tf.TensorSpec([None, 1], tf.float32), y=tf.TensorSpec([None, 1], tf.float32))
@@ -63,9 +63,9 @@ def client_datasets(num_clients: int) -> list[tf.data.Dataset]:
 
 def build_process(gamma: float, k0: int, server_lr: float = 1.0, x0: float = 0.4):
   """FedSGD on the toy: client GD with step γ for K steps, server SGD with η."""
-  return fedopt_process.build_fedopt_process(
-      model_fn(x0), server_optimizer=tff.learning.optimizers.build_sgdm(server_lr),
-      client_learning_rate=gamma, local_steps=k0,
+  return fedopt.build_fedopt(
+      model_fn(x0), tff.learning.optimizers.build_sgdm(gamma),
+      tff.learning.optimizers.build_sgdm(server_lr), local_steps=k0,
       client_weighting=tff.learning.ClientWeighting.UNIFORM)
 
 
@@ -81,7 +81,7 @@ def run(driver: round_schedules.RoundSchedules, num_rounds: int, *, gamma: float
   data = client_datasets(num_clients)
   state = process.initialize()
   # The composer's state holds the weights as NumPy: read x without a TFF call.
-  x_of = lambda s: float(np.asarray(s['global_model_weights'].trainable[0]).reshape(-1)[0])
+  x_of = lambda s: float(np.asarray(s.global_model_weights.trainable[0]).reshape(-1)[0])
   xs = [x_of(state)]
   rows = []
   for round_num in range(1, num_rounds + 1):
@@ -89,7 +89,8 @@ def run(driver: round_schedules.RoundSchedules, num_rounds: int, *, gamma: float
     output = process.next(state, data)
     state = output.state
     row.update({f'cost/{k}': float(v) for k, v in output.metrics['cost'].items()})
-    row['train/first_minibatch_loss'] = float(output.metrics['first_minibatch_loss'])
+    row[round_schedules.FIRST_MINIBATCH_LOSS] = float(
+        output.metrics['client_work']['first_minibatch_loss'])
     row.update(driver.observe(round_num, row, num_clients))
     rows.append(row)
     xs.append(x_of(state))
