@@ -40,7 +40,7 @@ from tasks import digits
 from workflow import program
 from tff_adaptive.execution import runtime
 from tff_adaptive.execution import workers
-from tff_adaptive.algorithms import fedopt_process
+from tff_adaptive.algorithms import fedopt
 
 flags.DEFINE_integer('rounds', 5, 'Timed rounds per configuration (after one warm-up round).')
 flags.DEFINE_integer('num_clients', 32, 'Clients of the digits task.')
@@ -113,9 +113,9 @@ class _Config:
   def __init__(self, name: str, task):
     self.name = name
     self.task = task
-    self.process = fedopt_process.build_fedopt_process(
-        task.model_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-        client_learning_rate=0.05, local_steps=FLAGS.local_steps)
+    self.process = fedopt.build_fedopt(
+        task.model_fn, tff.learning.optimizers.build_sgdm(0.05),
+        tff.learning.optimizers.build_sgdm(1.0), local_steps=FLAGS.local_steps)
     self.started: list[workers.WorkerProcess] = []
     self.ids_only = name.endswith('data_on_workers')
     if name == 'local':

@@ -259,7 +259,7 @@ def main():
   plot_cmds.append(plot(opts.runs_dir, names, labels, 'round',
                         os.path.join(FIGURES, 'schedules_digits_k.png'),
                         metrics='schedule/local_steps,schedule/client_learning_rate,'
-                                'train/first_minibatch_loss'))
+                                'train/client_work/first_minibatch_loss'))
 
   results = {}
   for name, label, _ in RUNS:

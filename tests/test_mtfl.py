@@ -102,8 +102,8 @@ def arrays():
 
 @pytest.fixture(scope='module')
 def mtfl_all():
-  return mtfl.build_mtfl(bn_model_fn, bn_keras_model, private='all', strategy='fedavg',
-                         client_learning_rate=LR, local_steps=K)
+  return mtfl.build_mtfl(bn_model_fn, bn_keras_model, tff.learning.optimizers.build_sgdm(LR),
+                         private='all', strategy='fedavg', local_steps=K)
 
 
 def _train_datasets(task, ids):
@@ -237,8 +237,9 @@ def test_private_values_never_in_upload_or_bits(mtfl_all, task):
   assert out.metrics['cost']['download_bits_per_client'] == 32 * SHARED_FLOATS + 64
 
   # FedAvg-Adam: the private γ, β keep their Adam moments on the client too.
-  adam = mtfl.build_mtfl(bn_model_fn, bn_keras_model, private='all', strategy='fedavg_adam',
-                         client_learning_rate=0.01, local_steps=K)
+  adam = mtfl.build_mtfl(bn_model_fn, bn_keras_model,
+                         tff.learning.optimizers.build_adam(0.01, beta_2=0.99, epsilon=1e-8),
+                         private='all', strategy='fedavg_adam', local_steps=K)
   assert sorted(adam.private_initial) == sorted(
       [GAMMA, BETA, MEAN, VAR, 'optimizer_m_2', 'optimizer_m_3', 'optimizer_v_2',
        'optimizer_v_3'])
@@ -262,8 +263,8 @@ def test_private_values_never_in_upload_or_bits(mtfl_all, task):
 
 
 def test_none_equals_fedavg(task, arrays):
-  ours = mtfl.build_mtfl(bn_model_fn, bn_keras_model, private='none', strategy='fedavg',
-                         client_learning_rate=LR, local_steps=K)
+  ours = mtfl.build_mtfl(bn_model_fn, bn_keras_model, tff.learning.optimizers.build_sgdm(LR),
+                         private='none', strategy='fedavg', local_steps=K)
   assert not ours.has_private_state
   fedavg = fedopt.build_fedopt(
       bn_model_fn, tff.learning.optimizers.build_sgdm(LR), fedopt.build_server_optimizer('sgd', 1.0),
@@ -375,8 +376,8 @@ def test_store_snapshots_restore_and_trim(tmp_path):
 
 def test_perfedavg_evaluation_is_one_sgd_step_on_one_batch(task, arrays):
   alpha = 0.3
-  process = perfedavg.build_perfedavg(bn_model_fn, client_learning_rate=alpha, beta=0.05,
-                                      local_steps=2)
+  process = perfedavg.build_perfedavg(bn_model_fn, tff.learning.optimizers.build_sgdm(alpha),
+                                      beta=0.05, local_steps=2)
   hook = personalization.PersonalizationHook(process, task)
   ids = ['c1', 'c3']
   data = hook.client_data(1, ids, _train_datasets(task, ids))
@@ -423,7 +424,7 @@ def _np_pfedme_round(x, clients, steps, inner, lam, eta_p, eta, beta):
 
 def test_pfedme_matches_numpy_reference():
   lam, eta_p, eta, beta, inner, steps = 2.0, 0.05, 0.2, 0.7, 2, 3
-  process = pfedme.build_pfedme(at.model_fn, client_learning_rate=eta, lam=lam,
+  process = pfedme.build_pfedme(at.model_fn, tff.learning.optimizers.build_sgdm(eta), lam=lam,
                                 personal_learning_rate=eta_p, inner_steps=inner, beta=beta,
                                 local_steps=steps)
   clients = at.make_clients((7, 12, 5), seed=1)
@@ -476,7 +477,7 @@ def test_bad_input_gets_clear_errors(tmp_path):
   with pytest.raises(ValueError, match=r'--private=gamma_beta needs a model with '
                                        r'BatchNormalization'):
     mtfl.build_mtfl(common.keras_model_fn(mlp_keras_model, _SPEC), mlp_keras_model,
-                    private='gamma_beta', client_learning_rate=LR)
+                    tff.learning.optimizers.build_sgdm(LR), private='gamma_beta')
   with pytest.raises(ValueError, match='--private must be one of'):
     mtfl.patch_layout(bn_keras_model(), 'everything')
   # Through the registry, as bin/train builds it (exit 2 with this one line).

@@ -267,34 +267,31 @@ def _build_mtfl(task, cfg):
   if strategy != 'fedavg_adam' and client_opt != 'sgd':
     raise ConfigError(f'--client_optimizer={client_opt} contradicts --mtfl_strategy={strategy} '
                       '(SGD clients); --mtfl_strategy=fedavg_adam runs Adam clients')
-  client_optimizer = None
+  client_optimizer = _client_sgd(cfg)
   if strategy == 'fedavg_adam':
-    client_optimizer = biased_optimizers.BiasedOptimizer(
-        'adam', beta_1=cfg.get('client_beta_1', 0.9), beta_2=cfg.get('client_beta_2', 0.99),
-        epsilon=cfg.get('client_epsilon', 1e-8),
-        bias_correction=cfg.get('mfl_bias_correction', False))
+    client_optimizer = _biased_client_optimizer(dict(cfg, client_optimizer='adam'))
   return mtfl.build_mtfl(
-      task.model_fn, task.keras_model_fn, private=cfg.get('private') or 'all', strategy=strategy,
-      client_learning_rate=cfg['client_learning_rate'], local_steps=cfg.get('local_steps', 0),
-      server_optimizer=_server_optimizer('fedadam' if strategy == 'fedadam' else 'fedavg', cfg),
-      client_optimizer=client_optimizer, client_weighting=weighting,
+      task.model_fn, task.keras_model_fn, client_optimizer,
+      _server_optimizer('fedadam' if strategy == 'fedadam' else 'fedavg', cfg),
+      private=cfg.get('private') or 'all', strategy=strategy,
+      local_steps=cfg.get('local_steps', 0),
+      bias_correction=cfg.get('mfl_bias_correction', False), client_weighting=weighting,
       fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_perfedavg(task, cfg):
   weighting = _personalized_checks('perfedavg', cfg)
   return perfedavg.build_perfedavg(
-      task.model_fn, client_learning_rate=cfg['client_learning_rate'],
+      task.model_fn, _client_sgd(cfg), _server_optimizer('perfedavg', cfg),
       beta=cfg.get('perfedavg_beta', 0.001), local_steps=cfg.get('local_steps', 0),
-      server_optimizer=_server_optimizer('perfedavg', cfg), client_weighting=weighting,
+      client_weighting=weighting,
       fb_flops_per_example=fb_flops_per_example(task))
 
 
 def _build_pfedme(task, cfg):
   weighting = _personalized_checks('pfedme', cfg)
   return pfedme.build_pfedme(
-      task.model_fn, client_learning_rate=cfg['client_learning_rate'],
-      lam=cfg.get('pfedme_lambda', 15.0),
+      task.model_fn, _client_sgd(cfg), lam=cfg.get('pfedme_lambda', 15.0),
       personal_learning_rate=cfg.get('pfedme_personal_learning_rate', 0.01),
       inner_steps=cfg.get('pfedme_inner_steps', 1), beta=cfg.get('pfedme_beta', 1.0),
       local_steps=cfg.get('local_steps', 0), client_weighting=weighting,

@@ -40,8 +40,8 @@ def trainable_specs(process: tff.learning.templates.LearningProcess) -> list:
 def count_fb_flops(model: Any, algorithm: str) -> Optional[float]:
   """Forward+backward FLOPs per example of a model, or None (with a warning).
 
-  `model`: a `VariableModel`, a no-arg callable returning one, or a
-  `FunctionalModel`. `tff.learning.models.from_keras_model` keeps the Keras
+  `model`: a Keras model, a `VariableModel`, a no-arg callable returning one,
+  or a `FunctionalModel`. `tff.learning.models.from_keras_model` keeps the Keras
   model it wraps (a private attribute of TFF's wrapper, read defensively),
   which `flops.model_counts` counts. Other models, and Keras layers the
   counter does not know, cannot be counted: the caller then leaves the FLOP
@@ -50,11 +50,13 @@ def count_fb_flops(model: Any, algorithm: str) -> Optional[float]:
   """
   from tff_adaptive.accounting import flops  # pylint: disable=g-import-not-at-top
   reason = 'the model does not come from tff.learning.models.from_keras_model'
-  if callable(model) and not isinstance(model, tff.learning.models.VariableModel) and not (
-      isinstance(model, tff.learning.models.FunctionalModel)):
-    with tf.Graph().as_default():
-      model = model()
-  keras_model = getattr(model, '_keras_model', None)
+  if isinstance(model, tf.keras.Model):
+    keras_model = model
+  else:
+    if callable(model) and not isinstance(model, tff.learning.models.VariableModel):
+      with tf.Graph().as_default():
+        model = model()
+    keras_model = getattr(model, '_keras_model', None)
   if isinstance(keras_model, tf.keras.Model):
     try:
       return float(flops.model_counts(keras_model).fb_flops)

@@ -108,11 +108,7 @@ def build_fedmax(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
   """
   if fb_flops_per_example is None:
     # The model FedOpt sees returns [logits, a]; count the classifier itself.
-    with tf.Graph().as_default():
-      fb_flops_per_example = costs.count_fb_flops(
-          tff.learning.models.from_keras_model(
-              keras_model_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(),
-              input_spec=input_spec), 'fedmax')
+    fb_flops_per_example = costs.count_fb_flops(keras_model_fn(), 'fedmax')
   return fedopt.build_fedopt(
       fedmax_model_fn(keras_model_fn, beta, input_spec), client_optimizer_fn, server_optimizer_fn,
       local_steps=local_steps, client_weighting=client_weighting,

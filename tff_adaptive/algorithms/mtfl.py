@@ -34,6 +34,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.personalization import process as personalized
@@ -102,28 +103,31 @@ def adam_recipe(optimizer: biased_optimizers.BiasedOptimizer) -> personalized.Lo
 
 
 def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
-               keras_model_fn: Callable[[], tf.keras.Model], *,
-               private: str = 'all', strategy: str = 'fedavg',
-               client_learning_rate: float, local_steps: int = 0,
-               server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-               client_optimizer: Optional[biased_optimizers.BiasedOptimizer] = None,
+               keras_model_fn: Callable[[], tf.keras.Model],
+               client_optimizer_fn: tff.learning.optimizers.Optimizer,
+               server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
+               private: str = 'all', strategy: str = 'fedavg', local_steps: int = 0,
+               bias_correction: bool = False,
                client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-               fb_flops_per_example: float = 0.0) -> personalized.PersonalizedProcess:
+               fb_flops_per_example: Optional[float] = None) -> personalized.PersonalizedProcess:
   """MTFL(strategy) with `private` batch-norm values.
 
   Args:
     model_fn: the TFF model (built from `keras_model_fn`'s model).
-    keras_model_fn: the Keras model, to find the batch-norm layers.
+    keras_model_fn: the Keras model, to find the batch-norm layers (MTFL
+      needs both, so it takes no FunctionalModel).
+    client_optimizer_fn: `tff.learning.optimizers.build_sgdm(η)` for the
+      fedavg and fedadam strategies; an Adam (`build_adam(η, beta_1, beta_2,
+      epsilon)`, read as MFL's Adam: m = 0, v = 1, `bias_correction`) for
+      fedavg_adam.
+    server_optimizer_fn: defaults: SGD with rate 1 (an average) for fedavg and
+      fedavg_adam, TFF's Adam (rate 0.01) for fedadam.
     private: all | mu_sigma | gamma_beta | none.
     strategy: fedavg | fedadam | fedavg_adam (thesis Table 4.1).
-    client_learning_rate: η.
     local_steps: K (0: one pass over the client data per round).
-    server_optimizer: defaults: SGD with rate 1 (an average) for fedavg and
-      fedavg_adam, TFF's Adam (rate 0.01) for fedadam.
-    client_optimizer: fedavg_adam's client Adam (default β = 0.9, 0.99, no
-      bias correction, the package's MFL-Adam).
     client_weighting: weights of the average.
-    fb_flops_per_example: forward+backward FLOPs per example.
+    fb_flops_per_example: forward+backward FLOPs per example; None: counted
+      from the model.
   """
   if strategy not in STRATEGIES:
     raise ValueError(f'--mtfl_strategy must be one of {", ".join(STRATEGIES)}; got {strategy!r}')
@@ -137,19 +141,26 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
   if tff_shapes != keras_shapes:
     raise ValueError('model_fn and keras_model_fn build different models; MTFL finds the '
                      'batch-norm patches in the Keras model')
-  if server_optimizer is None:
-    server_optimizer = (fedopt.build_server_optimizer('adam', 0.01) if strategy == 'fedadam'
-                        else fedopt.build_server_optimizer('sgd', 1.0))
+  if server_optimizer_fn is None:
+    server_optimizer_fn = (fedopt.build_server_optimizer('adam', 0.01) if strategy == 'fedadam'
+                           else fedopt.build_server_optimizer('sgd', 1.0))
   if strategy == 'fedavg_adam':
-    local = adam_recipe(client_optimizer or biased_optimizers.BiasedOptimizer('adam'))
+    optimizer, client_learning_rate = adapters.to_biased(
+        client_optimizer_fn, algorithm='mtfl', bias_correction=bias_correction)
+    if optimizer.name != 'adam':
+      raise ValueError(f'--mtfl_strategy=fedavg_adam runs Adam clients; got {optimizer.name} '
+                       '(pass tff.learning.optimizers.build_adam)')
+    local = adam_recipe(optimizer)
   else:
-    if client_optimizer is not None:
-      raise ValueError(f'--mtfl_strategy={strategy} trains clients with SGD; a client '
-                       'optimiser is only used by --mtfl_strategy=fedavg_adam')
+    try:
+      client_learning_rate = adapters.sgd_learning_rate(client_optimizer_fn, algorithm='mtfl')
+    except ValueError as e:
+      raise ValueError(f'--mtfl_strategy={strategy} trains clients with SGD; an adaptive client '
+                       f'optimiser is only used by --mtfl_strategy=fedavg_adam ({e})') from None
     local = personalized.sgd_recipe()
   return personalized.build_personalized_process(
       model_fn, name=f'mtfl_{strategy}', layout=layout, local=local,
-      server_optimizer=server_optimizer, client_learning_rate=client_learning_rate,
+      server_optimizer=server_optimizer_fn, client_learning_rate=client_learning_rate,
       local_steps=local_steps, client_weighting=client_weighting,
       fb_flops_per_example=fb_flops_per_example,
       fingerprint={'private': private, 'strategy': strategy})

@@ -10,7 +10,8 @@ first-order variant (FO, the paper's §5 (i)), as in the thesis's experiments.
   personalised model (UA, measured before local training): ONE SGD step of
   size α on ONE minibatch of the client's training data from x_t:
            x_t − α ∇f(x_t; D_1).
-α is `client_learning_rate` (the round hparam), β `beta`.
+α is the client optimiser's learning rate (the round hparam
+`state.client_work['learning_rate']`), β `beta`.
 network per client: down |x|, up |x| (no private state).
 """
 
@@ -20,6 +21,7 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.optimizers import adapters
 from tff_adaptive.personalization import process as personalized
 
 
@@ -47,16 +49,20 @@ def perfedavg_recipe(beta: float) -> personalized.LocalRecipe:
       optimizer_ops_per_param=4.0)
 
 
-def build_perfedavg(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                    client_learning_rate: float, beta: float, local_steps: int = 0,
-                    server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+def build_perfedavg(model_fn: Callable[[], tff.learning.models.VariableModel],
+                    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+                    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
+                    beta: float, local_steps: int = 0,
                     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-                    fb_flops_per_example: float = 0.0) -> personalized.PersonalizedProcess:
-  """Per-FedAvg (FO): α = `client_learning_rate`, meta rate `beta`, K meta-steps."""
+                    fb_flops_per_example: Optional[float] = None) -> personalized.PersonalizedProcess:
+  """Per-FedAvg (FO): α = the learning rate of `client_optimizer_fn`
+  (`tff.learning.optimizers.build_sgdm(α)`: its inner steps are plain SGD),
+  meta rate `beta`, K meta-steps; server default SGD(1)."""
   return personalized.build_personalized_process(
       model_fn, name='perfedavg', layout=personalized.PatchLayout(),
       local=perfedavg_recipe(beta),
-      server_optimizer=server_optimizer or fedopt.build_server_optimizer('sgd', 1.0),
-      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      server_optimizer=server_optimizer_fn or fedopt.build_server_optimizer('sgd', 1.0),
+      client_learning_rate=adapters.sgd_learning_rate(client_optimizer_fn,
+                                                      algorithm='perfedavg'), local_steps=local_steps,
       client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
       fingerprint={'beta': beta})

@@ -15,7 +15,8 @@ train each round).
   inner steps on the client's first training minibatch from θ = w = x_t —
   pFedMe's personalised model is θ̂_i(w) = prox_{f_i/λ}(w), and this computes
   it for the model being evaluated (no state is carried between rounds).
-η is `client_learning_rate`, η_p `personal_learning_rate`. The authors'
+η is the client optimiser's learning rate (`state.client_work['learning_rate']`), η_p
+`personal_learning_rate`. The authors'
 optional weight decay (μ) is not part of Algorithm 1 and is left out.
 network per client: down |x|, up |x|.
 """
@@ -28,6 +29,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.optimizers import adapters
 from tff_adaptive.personalization import process as personalized
 
 
@@ -73,22 +75,24 @@ def pfedme_recipe(lam: float, personal_learning_rate: float,
       optimizer_ops_per_param=4.0 * inner_steps + 3.0)
 
 
-def build_pfedme(model_fn: Callable[[], tff.learning.models.VariableModel], *,
-                 client_learning_rate: float, lam: float = 15.0,
-                 personal_learning_rate: float = 0.01, inner_steps: int = 1,
+def build_pfedme(model_fn: Callable[[], tff.learning.models.VariableModel],
+                 client_optimizer_fn: tff.learning.optimizers.Optimizer,
+                 server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
+                 lam: float = 15.0, personal_learning_rate: float = 0.01, inner_steps: int = 1,
                  beta: float = 1.0, local_steps: int = 0,
                  client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-                 fb_flops_per_example: float = 0.0,
-                 server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+                 fb_flops_per_example: Optional[float] = None,
                  ) -> personalized.PersonalizedProcess:
-  """pFedMe: η = `client_learning_rate`, λ `lam`, η_p, K inner steps, server β."""
+  """pFedMe: η = the learning rate of `client_optimizer_fn` (`build_sgdm(η)`, the
+  local w update is plain SGD), λ `lam`, η_p, K inner steps; server default SGD(β)."""
   if not beta > 0:
     raise ValueError(f'--pfedme_beta must be positive; got {beta}')
   return personalized.build_personalized_process(
       model_fn, name='pfedme', layout=personalized.PatchLayout(),
       local=pfedme_recipe(lam, personal_learning_rate, inner_steps),
-      server_optimizer=server_optimizer or fedopt.build_server_optimizer('sgd', beta),
-      client_learning_rate=client_learning_rate, local_steps=local_steps,
+      server_optimizer=server_optimizer_fn or fedopt.build_server_optimizer('sgd', beta),
+      client_learning_rate=adapters.sgd_learning_rate(client_optimizer_fn, algorithm='pfedme'),
+      local_steps=local_steps,
       client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
       fingerprint={'lambda': lam, 'personal_learning_rate': personal_learning_rate,
                    'inner_steps': inner_steps, 'beta': beta})

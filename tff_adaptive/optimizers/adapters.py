@@ -102,6 +102,16 @@ def learning_rate(optimizer: Any, *, algorithm: str, role: str = 'client_optimiz
   return info.learning_rate
 
 
+def sgd_learning_rate(optimizer: Any, *, algorithm: str) -> float:
+  """η of a plain-SGD client optimiser (`build_sgdm(η)`); ValueError for any other."""
+  info = describe(optimizer, algorithm=algorithm)
+  if info.kind != 'sgd':
+    raise ValueError(f'{algorithm} cannot take the client optimiser {type(optimizer).__name__} '
+                     f'({info.kind}): its clients run plain SGD; it accepts '
+                     'tff.learning.optimizers.build_sgdm(learning_rate) without momentum')
+  return info.learning_rate
+
+
 BIASED_ACCEPTS = ('tff.learning.optimizers.build_sgdm (SGD or momentum), build_rmsprop, '
                   'build_adam, or tff_adaptive.optimizers.build_paper_client_adam / '
                   'build_paper_adam')

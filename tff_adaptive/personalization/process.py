@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive.accounting import costs
 from tff_adaptive.algorithms import composer
 
 Structure = Any
@@ -229,7 +230,7 @@ def build_personalized_process(
     client_learning_rate: float,
     local_steps: int,
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-    fb_flops_per_example: float = 0.0,
+    fb_flops_per_example: Optional[float] = None,
     fingerprint: Optional[Mapping[str, Any]] = None,
 ) -> PersonalizedProcess:
   """Builds the personalised round of `local` with private `layout`.
@@ -245,7 +246,8 @@ def build_personalized_process(
     client_learning_rate: initial η (state hparams; schedules may change it).
     local_steps: K > 0 local steps (cycling the data), 0: one pass.
     client_weighting: weights of the uploads in the average.
-    fb_flops_per_example: forward+backward FLOPs per example (SPEC §8).
+    fb_flops_per_example: forward+backward FLOPs per example (SPEC §8);
+      None: counted from the model, or the FLOP metrics left out (warned).
     fingerprint: extra JSON-able identity for the client-state store.
   """
   if local_steps < 0:
@@ -253,6 +255,8 @@ def build_personalized_process(
   with tf.Graph().as_default():
     model = model_fn()
     metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(model.metric_finalizers())
+    if fb_flops_per_example is None:
+      fb_flops_per_example = costs.count_fb_flops(model, name)
   element_type = tff.types.tensorflow_to_type(model.input_spec)
   data_type = tff.SequenceType(element_type)
   weights_type = tff.learning.models.weights_type_from_model(model)
@@ -515,18 +519,20 @@ def build_personalized_process(
                               tff.TensorType(np.int32))
   def cost_fn(grad_examples, steps, clients):
     clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
-    flops = (tf.cast(grad_examples, tf.float64) * fb_flops_per_example +
-             tf.cast(steps, tf.float64) * optimizer_flops_per_step)
-    return collections.OrderedDict(
+    cost = collections.OrderedDict(
         download_bits_per_client=tf.constant(float(down_bits), tf.float64),
         upload_bits_per_client=tf.constant(float(upload_bits), tf.float64),
         download_bits=tf.constant(float(down_bits), tf.float64) * clients,
         upload_bits=tf.constant(float(upload_bits), tf.float64) * clients,
-        client_steps=tf.cast(steps, tf.float64),
-        client_flops=flops,
-        client_flops_per_client=flops / clients,
-        client_optimizer_state_floats=tf.constant(float(opt_floats), tf.float64),
-        client_private_state_floats=tf.constant(float(private_floats), tf.float64))
+        client_steps=tf.cast(steps, tf.float64))
+    if fb_flops_per_example is not None:
+      flops = (tf.cast(grad_examples, tf.float64) * fb_flops_per_example +
+               tf.cast(steps, tf.float64) * optimizer_flops_per_step)
+      cost['client_flops'] = flops
+      cost['client_flops_per_client'] = flops / clients
+    cost['client_optimizer_state_floats'] = tf.constant(float(opt_floats), tf.float64)
+    cost['client_private_state_floats'] = tf.constant(float(private_floats), tf.float64)
+    return cost
 
   @tff.federated_computation
   def initialize_fn():
