@@ -46,6 +46,11 @@ intrinsics (a broadcast for the distributor, another for client work's
 state, ...); a round here is one broadcast and one `federated_sum` (plus the
 aggregator's own intrinsics when one is plugged in), measured to matter in
 TFF's C++ executor (docs/performance.md). Only the containers are TFF's.
+Like TFF's, the state keeps no round counter (the training loop counts). The
+layout before TFF's (an OrderedDict of global_model_weights, stats,
+aggregator, hparams, round_num) has one leaf more than this one, so a
+checkpoint written with it is refused by `workflow.program` in one line
+(`IncompatibleCheckpoint`), never loaded leaf by leaf into the wrong places.
 
 Optionally (`measure_client_drift`), each round also reports client drift,
 seed 000's Fig. 6.1 diagnostic (see `accounting/drift.py`).
@@ -165,7 +170,8 @@ def build_process(
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
       or a `tff.learning.models.FunctionalModel` (see `variable_model_fn`).
     recipe: the algorithm.
-    client_learning_rate: initial η (the state's hparams; schedules change it).
+    client_learning_rate: initial η (`state.client_work['learning_rate']`;
+      `process.set_hparams` or schedules change it).
     local_steps: initial K: clients run exactly K minibatch steps, cycling
       through their data (reshuffled by the dataset pipeline each pass); 0
       means one pass over the client dataset as preprocessed (E epochs).

@@ -78,7 +78,8 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
 
 def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,
                   client_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-                  ops_per_param: float = composer.DEFAULT_OPTIMIZER_OPS) -> composer.Recipe:
+                  ops_per_param: float = composer.DEFAULT_OPTIMIZER_OPS,
+                  name: str = 'fedopt') -> composer.Recipe:
   """Client: `client_optimizer` from a fresh state each round (None: plain SGD)."""
 
   def init_stats(specs):
@@ -109,7 +110,7 @@ def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,
     return new_x, s
 
   return composer.Recipe(
-      name='fedopt', init_stats=init_stats, broadcast=lambda s: (),
+      name=name, init_stats=init_stats, broadcast=lambda s: (),
       init_local=init_local, local_step=local_step, server_update=server_update,
       optimizer_ops_per_param=ops_per_param,
       get_server_hparams=server_optimizer.get_hparams,
@@ -158,7 +159,8 @@ def build_fedopt(
   adapters.describe(server_optimizer_fn, algorithm=algorithm, role='server_optimizer_fn')
   client = None if info.kind == 'sgd' else client_optimizer_fn
   return composer.build_process(
-      model_fn, fedopt_recipe(server_optimizer_fn, client, info.ops_per_param(moving=True)),
+      model_fn, fedopt_recipe(server_optimizer_fn, client, info.ops_per_param(moving=True),
+                              name=algorithm),
       client_learning_rate=adapters.learning_rate(client_optimizer_fn, algorithm=algorithm),
       local_steps=local_steps, model_aggregator=model_aggregator,
       client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
