@@ -21,7 +21,6 @@ What it shows (docs/library.md explains each part):
 import argparse
 import asyncio
 import collections
-import os
 import sys
 import tempfile
 
@@ -133,11 +132,20 @@ def evaluate(weights, data) -> float:
 # ---- 5. tff.learning.programs.train_model with resume --------------------------
 
 def run_program(process, data, program_dir: str, total_rounds: int) -> int:
-  datasets = [preprocess(data.create_tf_dataset_for_client(c)) for c in data.client_ids]
+  """Trains until `total_rounds` under TFF's program logic; resumes from `program_dir`."""
+  # The data source is saved with the program state (TFF deep-copies it), and
+  # tf.data.Datasets cannot be copied: clients are named by id and build
+  # their own datasets inside the computation.
+  @tff.tensorflow.computation(tf.string)
+  def client_dataset(client_id):
+    return preprocess(data.serializable_dataset_fn(client_id))
+
+  by_id = tff.simulation.compose_dataset_computation_with_learning_process(
+      client_dataset, process)
   state_manager = tff.program.FileProgramStateManager(program_dir)
   asyncio.run(tff.learning.programs.train_model(
-      train_process=process,
-      train_data_source=tff.program.DatasetDataSource(datasets),
+      train_process=by_id,
+      train_data_source=tff.program.ClientIdDataSource(data.client_ids),
       train_per_round_clients=NUM_CLIENTS, train_total_rounds=total_rounds,
       program_state_manager=state_manager,
       model_output_manager=tff.program.MemoryReleaseManager(),
@@ -163,6 +171,8 @@ def main(argv):
       print(f'{name:14s} {agg_name:7s} {args.rounds} rounds: eval loss {loss:.4f}, '
             f'upload bits/client {float(metrics["cost"]["upload_bits_per_client"]):.0f}')
   program_dir = args.program_dir or tempfile.mkdtemp(prefix='quickstart_program_')
+  # tff.program logic needs a FederatedContext (value references, not values).
+  runtime.use_local_cpp_program_context()
   process = builders()['fedgbo'](None)
   first = run_program(process, data, program_dir, total_rounds=1)
   resumed = run_program(process, data, program_dir, total_rounds=args.rounds + 1)

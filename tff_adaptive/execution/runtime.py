@@ -336,6 +336,25 @@ def use_local_cpp_context(max_concurrent_computation_calls: Optional[int] = 0,
       max_concurrent_computation_calls=resolve_concurrency(max_concurrent_computation_calls))
 
 
+def use_local_cpp_program_context(max_concurrent_computation_calls: Optional[int] = 0,
+                                  default_num_clients: int = 0) -> None:
+  """Sets TFF's local C++ context for `tff.program` code, with a tracked worker.
+
+  `tff.learning.programs.train_model` and other `tff.program` logic need a
+  `tff.program.FederatedContext` (TFF's async C++ context wrapped in
+  `tff.program.NativeFederatedContext`); under it, computations return value
+  references instead of values, so plain `process.next(...)` loops use
+  `use_local_cpp_context()` instead. Arguments as there.
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # pylint: disable=g-import-not-at-top
+  _install_process_hooks()
+  context = tff.backends.native.create_async_local_cpp_execution_context(
+      default_num_clients=default_num_clients,
+      max_concurrent_computation_calls=resolve_concurrency(max_concurrent_computation_calls))
+  context_stack_impl.context_stack.set_default_context(tff.program.NativeFederatedContext(context))
+
+
 def find_worker_processes(parent_pid: Optional[int] = None) -> list[int]:
   """PIDs of running `worker_binary` processes (children of `parent_pid` if set)."""
   pids = []
