@@ -6,8 +6,9 @@ out=${1:-demo_output}
 common=(--task=digits --partition=dirichlet --num_clients=20 --clients_per_round=10
         --client_batch_size=10 --client_learning_rate=0.05 --total_rounds=60
         --rounds_per_eval=5 --rounds_per_checkpoint=20 --root_output_dir="$out" --seed=0)
-.venv/bin/python bin/train.py "${common[@]}" --algorithm=fedavg
-.venv/bin/python bin/train.py "${common[@]}" --algorithm=fedadam --server_learning_rate=0.01
+.venv/bin/python bin/train.py "${common[@]}" --algorithm=fedavg --experiment_name=digits_fedavg
+.venv/bin/python bin/train.py "${common[@]}" --algorithm=fedadam --server_learning_rate=0.01 \
+    --experiment_name=digits_fedadam
 .venv/bin/python bin/plot.py --runs="$out/digits_fedavg,$out/digits_fedadam" \
     --labels=FedAvg,FedAdam --out="$out/digits_fedavg_vs_fedadam.png" \
     --title="digits (Dirichlet 0.5, 20 clients, 10 per round)" >/dev/null

@@ -1,5 +1,16 @@
-"""Task names (`--task`) → `FederatedTask` builders from a flat config."""
+"""Task names (`--task`) → `FederatedTask` builders from a flat config.
 
+Besides the registered names, `--task=package.module:function` trains a task
+defined outside this package: `function(config)` (or `function()`) returns a
+`tasks.base.FederatedTask`; `config` is the run's flag dict (docs/tasks.md,
+"Your own task"). The module is imported from `sys.path` or, failing that,
+from the current directory.
+"""
+
+import importlib
+import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,7 +67,49 @@ TASKS.update({
 })
 
 
+def is_custom(name: str) -> bool:
+  """Whether `name` is a `package.module:function` task."""
+  return ':' in name
+
+
+def custom_task_function(name: str) -> Callable[..., base.FederatedTask]:
+  """The function of `--task=package.module:function`; ValueError naming --task if absent."""
+  module_name, _, function_name = name.partition(':')
+  if not module_name or not function_name:
+    raise ValueError(f'--task={name}: expected package.module:function')
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    if os.getcwd() in sys.path or e.name != module_name.split('.')[0]:
+      raise ValueError(f'--task={name}: cannot import {module_name} ({e})') from None
+    sys.path.append(os.getcwd())  # a module beside the user's command
+    try:
+      module = importlib.import_module(module_name)
+    except ImportError as e2:
+      raise ValueError(f'--task={name}: cannot import {module_name} ({e2})') from None
+  function = getattr(module, function_name, None)
+  if not callable(function):
+    raise ValueError(f'--task={name}: {module_name} has no function {function_name!r}')
+  return function
+
+
+def _call_task_function(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask:
+  function = custom_task_function(name)
+  try:
+    takes_config = bool(inspect.signature(function).parameters)
+  except (TypeError, ValueError):
+    takes_config = True
+  task = function(cfg) if takes_config else function()
+  if not isinstance(task, base.FederatedTask):
+    raise ValueError(f'--task={name} returned {type(task).__name__}, not a '
+                     'tasks.base.FederatedTask')
+  return task
+
+
 def create_task(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask:
+  if is_custom(name):
+    return _call_task_function(name, cfg)
   if name not in TASKS:
-    raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}; got {name!r}')
+    raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}, or '
+                     f'package.module:function; got {name!r}')
   return TASKS[name](cfg)

@@ -327,8 +327,9 @@ BAD_FLAGS = [
       '--client_epsilon=-1e-8'], '--client_epsilon'),
     (['--algorithm=fedyogi', '--server_epsilon=-0.001'], '--server_epsilon'),
     (['--algorithm=fedadam', '--server_epsilon=0'], '--server_epsilon'),
-    (['--algorithm=fedgbo', '--client_optimizer=sgdm'], '--local_steps'),
-    (['--algorithm=mimexlite', '--client_optimizer=sgdm'], '--local_steps'),
+    # Their default K = 10 applies unless --local_steps is given: 0 contradicts it.
+    (['--algorithm=fedgbo', '--client_optimizer=sgdm', '--local_steps=0'], '--local_steps'),
+    (['--algorithm=mimexlite', '--client_optimizer=sgdm', '--local_steps=0'], '--local_steps'),
 ]
 SUBPROCESS_CASES = (0, 4, 8, 13)  # optimiser, β, ε, local steps
 

@@ -33,7 +33,8 @@ def _train(args, **kwargs):
     (['--client_learning_rate=-0.1'], '--client_learning_rate'),
     (['--server_learning_rate=nan'], '--server_learning_rate'),
     (['--partition=random'], '--partition'),
-    (['--algorithm=fedgbo', '--client_optimizer=adam'], '--local_steps'),
+    # fedgbo's default K = 10 applies unless --local_steps is given: 0 contradicts it.
+    (['--algorithm=fedgbo', '--client_optimizer=adam', '--local_steps=0'], '--local_steps'),
     (['--client_beta_1=1.0'], '--client_beta_1'),
     (['--client_epsilon=0'], '--client_epsilon'),
 ])
@@ -72,6 +73,7 @@ def _final_weights(out_dir):
 @pytest.mark.parametrize('algorithm', ['fedadam', 'fedgbo'])
 def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
   args = [*SMALL, '--total_rounds=8', f'--algorithm={algorithm}', '--client_learning_rate=0.05',
+          f'--experiment_name=digits_{algorithm}',
           '--server_learning_rate=0.02' if algorithm == 'fedadam' else '--local_steps=3',
           '--client_optimizer=' + ('adam' if algorithm == 'fedgbo' else 'sgd')]
   whole = _train([*args, f'--root_output_dir={tmp_path}/whole'])
@@ -111,17 +113,20 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
 
 
 def test_resume_with_contradicting_flags_is_refused(tmp_path):
+  # Only with a shared --experiment_name: by default the names differ (test_train_workflow).
   out = f'--root_output_dir={tmp_path}'
-  first = _train([*SMALL, '--total_rounds=1', out])
+  first = _train([*SMALL, '--total_rounds=1', out, '--experiment_name=same'])
   assert first.returncode == 0, first.stderr[-2000:]
-  again = _train([*SMALL, '--total_rounds=2', '--client_learning_rate=0.5', out])
+  again = _train([*SMALL, '--total_rounds=2', '--client_learning_rate=0.5', out,
+                  '--experiment_name=same'])
   assert again.returncode == 2
   assert '--client_learning_rate' in again.stderr.strip().splitlines()[-1]
 
 
 def test_run_from_before_a_flag_existed_resumes_at_that_flags_default(tmp_path):
   out = f'--root_output_dir={tmp_path}'
-  first = _train([*SMALL, '--total_rounds=1', out])
+  small = [*SMALL, '--experiment_name=digits_fedavg']
+  first = _train([*small, '--total_rounds=1', out])
   assert first.returncode == 0, first.stderr[-2000:]
   flags_path = tmp_path / 'digits_fedavg' / 'flags.json'
 
@@ -132,17 +137,18 @@ def test_run_from_before_a_flag_existed_resumes_at_that_flags_default(tmp_path):
     flags_path.write_text(json.dumps(saved))
 
   drop('upload_mbps', 'fedmax_beta')
-  resumed = _train([*SMALL, '--total_rounds=2', out])
+  resumed = _train([*small, '--total_rounds=2', out])
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert 'Resuming from the checkpoint after round 1' in resumed.stderr
   drop('fedmax_beta')
-  changed = _train([*SMALL, '--total_rounds=3', '--fedmax_beta=2.0', out])
+  changed = _train([*small, '--total_rounds=3', '--fedmax_beta=2.0', out])
   assert changed.returncode == 2
   assert '--fedmax_beta' in changed.stderr.strip().splitlines()[-1]
 
 
 def test_divergence_stops_with_message_and_keeps_last_checkpoint(tmp_path):
   result = _train([*SMALL, '--total_rounds=6', '--rounds_per_checkpoint=1',
+                   '--experiment_name=digits_fedavgm',
                    '--algorithm=fedavgm', '--server_learning_rate=1e30', '--client_learning_rate=1.0',
                    f'--root_output_dir={tmp_path}'])
   assert result.returncode == 1

@@ -40,12 +40,27 @@ class ConfigError(ValueError):
 Builder = Callable[[task_base.FederatedTask, Mapping[str, Any]], tff.learning.templates.LearningProcess]
 
 
+Defaults = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmEntry:
+  """An algorithm of `--algorithm`.
+
+  Attributes:
+    build: (task, config) -> learning process.
+    client_optimizers: the `--client_optimizer` values it takes.
+    needs_local_steps: whether it needs `--local_steps` > 0.
+    doc: one line for --help and the README table.
+    defaults: config -> {flag: value}, the algorithm's paper defaults for
+      flags that were not given (`apply_defaults`); with only `--algorithm`
+      given, the algorithm runs with them.
+  """
   build: Builder
   client_optimizers: tuple[str, ...] = ('sgd',)
   needs_local_steps: bool = False
   doc: str = ''
+  defaults: Defaults = lambda cfg: {}
 
 
 WEIGHTINGS = {'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
@@ -86,12 +101,42 @@ def upload_compression(cfg):
                                                    quantize=name == 'topk_uniq')
 
 
+AGGREGATORS = ('mean', 'robust', 'secure')
+
+
 def model_aggregator(cfg):
-  """TFF's DP aggregator when --dp is set, else None (the builder's mean)."""
-  if not uses_dp(cfg):
+  """The aggregation factory of Δ: DP (--dp), --aggregator=robust|secure, or None (the mean).
+
+  robust and secure are TFF's `tff.learning.robust_aggregator` and
+  `secure_aggregator` with --aggregator_zeroing / --aggregator_clipping,
+  weighted unless --client_weighting=uniform. Secure aggregation runs on
+  TFF's test execution context (`needs_secure_context`).
+  """
+  name = cfg.get('aggregator') or 'mean'
+  if name not in AGGREGATORS:
+    raise ConfigError(f'--aggregator must be one of {", ".join(AGGREGATORS)}; got {name!r}')
+  if uses_dp(cfg):
+    if name != 'mean':
+      raise ConfigError(f'--aggregator={name} cannot be combined with --dp (DP is its own '
+                        'aggregator)')
+    return privacy.dp_aggregator(cfg.get('dp_noise_multiplier'), cfg.get('dp_clip_norm'),
+                                 cfg['clients_per_round'])
+  if name == 'mean':
     return None
-  return privacy.dp_aggregator(cfg.get('dp_noise_multiplier'), cfg.get('dp_clip_norm'),
-                               cfg['clients_per_round'])
+  if (cfg.get('upload_compression') or 'none') != 'none':
+    raise ConfigError(f'--aggregator={name} cannot be combined with --upload_compression (the '
+                      'compression is its own aggregator)')
+  kwargs = dict(zeroing=bool(cfg.get('aggregator_zeroing', True)),
+                clipping=bool(cfg.get('aggregator_clipping', True)),
+                weighted=(cfg.get('client_weighting') or 'default') != 'uniform')
+  if name == 'robust':
+    return tff.learning.robust_aggregator(**kwargs)
+  return tff.learning.secure_aggregator(**kwargs)
+
+
+def needs_secure_context(cfg) -> bool:
+  """Secure aggregation's intrinsics run on TFF's test C++ context, not the native one."""
+  return (cfg.get('aggregator') or 'mean') == 'secure'
 
 
 def fb_flops_per_example(task: task_base.FederatedTask) -> float:
@@ -167,6 +212,9 @@ def _build_ce_fedavg(task, cfg):
   if (cfg.get('upload_compression') or 'none') == 'none':
     raise ConfigError('--algorithm=ce_fedavg compresses its uploads: set --upload_compression='
                       'topk or topk_uniq (or use --algorithm=mfl --client_optimizer=adam)')
+  if (cfg.get('aggregator') or 'mean') != 'mean':
+    raise ConfigError(f'--aggregator={cfg["aggregator"]} is not available for '
+                      '--algorithm=ce_fedavg (its compressed upload is its own aggregator)')
   beta_1, beta_2 = cfg.get('client_beta_1', 0.9), cfg.get('client_beta_2', 0.999)
   epsilon = cfg.get('client_epsilon', 1e-8)
   biased_optimizers.BiasedOptimizer('adam', beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
@@ -249,7 +297,7 @@ def _build_fedada2(task, cfg):
 def _personalized_checks(name, cfg):
   """Flags the personalised processes (their own round, not the composer's) lack."""
   for flag, unset in (('dp', False), ('upload_compression', 'none'),
-                      ('measure_client_drift', False)):
+                      ('measure_client_drift', False), ('aggregator', 'mean')):
     if (cfg.get(flag) or unset) != unset:
       raise ConfigError(f'--{flag} is not available for --algorithm={name} (personalised round '
                         'with private client state)')
@@ -298,27 +346,105 @@ def _build_pfedme(task, cfg):
       fb_flops_per_example=fb_flops_per_example(task))
 
 
+# Paper defaults (AlgorithmEntry.defaults). Adaptive servers: seed 003's
+# FedAdam/FedYogi/FedAdagrad need a server lr far below FedAvg's 1 (the demo's
+# 0.01; τ = 1e-3). Seed 000 (FedGBO, MFL, MimeXlite) runs Adam with K = 10;
+# seed 002 (FedAda2) SM3-Adam clients, Adam server, K = 10 (dense Adam clients
+# with --preconditioner=dja, which SM3 cannot start from); thesis ch. 3
+# (CE-FedAvg) top-k + 8-bit quantised uploads of Adam clients; thesis ch. 4
+# (MTFL) a model with batch normalisation, the patch it keeps private.
+_ADAPTIVE_SERVER = {'server_learning_rate': 0.01}
+MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
+               'cifar10': ('cifar10_model', 'mtfl_cnn')}
+
+
+def _fedada2_defaults(cfg):
+  dense = cfg.get('preconditioner') == 'dja'
+  return {'client_optimizer': 'adam' if dense else 'sm3_adam', 'local_steps': 10,
+          'client_learning_rate': 0.01, 'server_learning_rate': 0.03}
+
+
+def _mtfl_defaults(cfg):
+  flag, model = MTFL_MODELS.get(cfg.get('task'), (None, None))
+  out = {flag: model} if flag else {}
+  if cfg.get('mtfl_strategy') == 'fedavg_adam':
+    out['client_optimizer'] = 'adam'
+  return out
+
+
 ALGORITHMS: dict[str, AlgorithmEntry] = {
-    **{name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt, server {opt} (seed 003)')
+    **{name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt, server {opt} (seed 003)',
+                            defaults=(lambda cfg: _ADAPTIVE_SERVER) if opt in (
+                                'adam', 'yogi', 'adagrad') else (lambda cfg: {}))
        for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()},
     'fedgbo': AlgorithmEntry(_build_fedgbo, biased_optimizers.NAMES, needs_local_steps=True,
-                             doc='global biased optimiser, fixed on clients (seed 000)'),
+                             doc='global biased optimiser, fixed on clients (seed 000)',
+                             defaults=lambda cfg: {'client_optimizer': 'adam', 'local_steps': 10}),
     'mfl': AlgorithmEntry(_build_mfl, biased_optimizers.NAMES,
-                          doc='locally moving optimiser state, averaged (seed 000)'),
+                          doc='locally moving optimiser state, averaged (seed 000)',
+                          defaults=lambda cfg: {'client_optimizer': 'adam'}),
     'mimelite': AlgorithmEntry(_build_mimelite, MIME_OPTIMIZERS, doc="TFF's Mimelite"),
     'mimexlite': AlgorithmEntry(_build_mimexlite, MIME_OPTIMIZERS, needs_local_steps=True,
-                                doc='Mimelite with a one-minibatch gradient (seed 000)'),
+                                doc='Mimelite with a one-minibatch gradient (seed 000)',
+                                defaults=lambda cfg: {'local_steps': 10}),
     'fedprox': AlgorithmEntry(_build_fedprox, doc="TFF's FedProx"),
     'fedmax': AlgorithmEntry(_build_fedmax, doc='max-entropy activation penalty'),
     'ce_fedavg': AlgorithmEntry(_build_ce_fedavg, ('adam',),
-                                doc='MFL-Adam with compressed uploads (thesis ch. 3)'),
+                                doc='MFL-Adam with compressed uploads (thesis ch. 3)',
+                                defaults=lambda cfg: {'client_optimizer': 'adam',
+                                                      'upload_compression': 'topk_uniq'}),
     'fedada2': AlgorithmEntry(_build_fedada2, fedada2.CLIENT_OPTIMIZERS,
-                              doc='joint client+server adaptivity, SM3 clients (seed 002)'),
+                              doc='joint client+server adaptivity, SM3 clients (seed 002)',
+                              defaults=_fedada2_defaults),
     'mtfl': AlgorithmEntry(_build_mtfl, ('sgd', 'adam'),
-                           doc='private batch-norm patches, per-client state (thesis ch. 4)'),
+                           doc='private batch-norm patches, per-client state (thesis ch. 4)',
+                           defaults=_mtfl_defaults),
     'perfedavg': AlgorithmEntry(_build_perfedavg, doc='Per-FedAvg, first order (thesis ch. 4)'),
     'pfedme': AlgorithmEntry(_build_pfedme, doc='pFedMe, Moreau envelopes (thesis ch. 4)'),
 }
+
+
+def algorithm_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
+  """The paper defaults of `cfg['algorithm']`, given the rest of `cfg`."""
+  entry = ALGORITHMS.get(cfg.get('algorithm'))
+  return dict(entry.defaults(cfg)) if entry else {}
+
+
+def apply_defaults(cfg: Mapping[str, Any], explicit) -> tuple[dict[str, Any], list[str]]:
+  """`cfg` with the algorithm's defaults for the flags not in `explicit`.
+
+  Returns (config, the applied defaults as `--flag=value` strings). Explicit
+  flags (the command line, a preset) always win; a default that equals the
+  value already set is not reported.
+  """
+  out = dict(cfg)
+  applied = []
+  for flag, value in algorithm_defaults(cfg).items():
+    if flag in explicit or out.get(flag) == value:
+      continue
+    out[flag] = value
+    applied.append(f'--{flag}={value}')
+  return out, applied
+
+
+def documented_defaults(flag: str) -> dict[str, str]:
+  """{algorithm: its default of `flag`} for --help (conditions spelled out)."""
+  out = {}
+  for name in ALGORITHMS:
+    plain = algorithm_defaults({'algorithm': name, 'task': 'digits'})
+    if flag not in plain:
+      continue
+    text = str(plain[flag])
+    if name == 'fedada2' and flag == 'client_optimizer':
+      text += ' (adam with --preconditioner=dja)'
+    if name == 'mtfl' and flag in ('digits_model', 'mnist_model', 'cifar10_model'):
+      continue
+    out[name] = text
+  if flag in ('digits_model', 'mnist_model', 'cifar10_model'):
+    out['mtfl'] = dict(MTFL_MODELS.values())[flag]
+  if flag == 'client_optimizer':
+    out['mtfl'] = 'adam with --mtfl_strategy=fedavg_adam'
+  return out
 
 
 # Built by TFF's own templates, not the composer: no client-drift measurement.

@@ -13,37 +13,15 @@ from typing import Any, NoReturn
 from absl import flags
 from absl import logging
 
+from workflow import train_flags
+
 # Flags whose change does not alter the computation: allowed on resume.
 RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
                                'show_progress', 'execution_concurrency', 'root_output_dir',
                                # Where rounds run, not what they compute: a run
                                # may resume on other or fewer workers.
                                'workers', 'worker_retry', 'data_on_workers'})
-TRAIN_FLAG_NAMES = (
-    'task', 'partition', 'num_clients', 'dirichlet_alpha', 'digits_model', 'synthetic_alpha',
-    'synthetic_beta', 'data_dir', 'max_client_examples', 'cifar100_image_model',
-    'emnist_character_model', 'shakespeare_character_model', 'femnist_model',
-    'shakespeare_leaf_model', 'mnist_model', 'cifar10_model', 'finetune', 'pretrained_weights',
-    'allow_random_init', 'measure_client_drift',
-    'clients_per_round', 'client_batch_size', 'client_epochs_per_round',
-    'local_steps', 'client_optimizer', 'client_learning_rate', 'client_beta_1', 'client_beta_2',
-    'client_epsilon', 'client_weighting', 'algorithm', 'server_optimizer',
-    'server_learning_rate', 'server_optimizer_semantics', 'server_beta_1', 'server_beta_2',
-    'server_epsilon', 'fedgbo_upload', 'mfl_bias_correction', 'fedprox_mu', 'fedmax_beta',
-    'preconditioner', 'client_lr_warmup', 'sm3_variant', 'sm3_delay', 'client_bias_correction',
-    'upload_compression', 'sparsity', 'dp', 'dp_clip_norm', 'dp_noise_multiplier', 'dp_delta', 'local_steps_schedule',
-    'local_steps_decay', 'local_steps_theory_b', 'schedule_window', 'plateau_patience',
-    'plateau_min_delta', 'client_lr_schedule', 'client_lr_decay_rate', 'client_lr_decay_steps',
-    'client_lr_staircase', 'client_lr_warmup_rounds', 'server_lr_schedule',
-    'server_lr_decay_rate', 'server_lr_decay_steps', 'server_lr_staircase',
-    'server_lr_warmup_rounds', 'step_time_seconds', 'measure_step_time', 'download_mbps',
-    'upload_mbps', 'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
-    'root_output_dir', 'experiment_name', 'seed', 'execution_concurrency', 'show_progress',
-    'workers', 'worker_retry', 'data_on_workers',
-    # Personalised FL (thesis ch. 4): MTFL, Per-FedAvg, pFedMe.
-    'private', 'mtfl_strategy', 'perfedavg_beta', 'pfedme_lambda', 'pfedme_personal_learning_rate',
-    'pfedme_inner_steps', 'pfedme_beta', 'noisy_client_fraction', 'noise_stddev',
-    'client_state_dir')
+TRAIN_FLAG_NAMES = train_flags.TRAIN_FLAG_NAMES
 POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_round',
                  'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint')
 NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples')
@@ -63,20 +41,73 @@ def fail(message: str) -> NoReturn:
   sys.exit(2)
 
 
-def parse_flags_or_exit(argv):
+HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
+
+
+def parse_flags_or_exit(argv, doc: str = ''):
+  """absl's parser for bin/train: one-line errors; `--help` is the grouped help."""
+  if any(a in HELP_ARGS for a in argv[1:]):
+    from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+    runtime.track_tff_workers()  # TFF's default context then exits quietly
+    sys.stdout.write(train_flags.grouped_help(os.path.basename(argv[0]), doc))
+    sys.exit(0)
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e))
 
 
+def resolve_flags(flag_values: flags.FlagValues) -> tuple[dict[str, Any], list[str]]:
+  """The run config of parsed bin/train flags: --preset, then the algorithm's defaults.
+
+  Flags given on the command line win over the preset, and both over the
+  algorithm's defaults (`workflow.algorithms.AlgorithmEntry.defaults`).
+  Returns (config, notes): what the preset and the defaults set, one line
+  each, for `run_training` to print once the config is known to be valid.
+  Raises UsageError for an unknown preset.
+  """
+  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow import presets  # pylint: disable=g-import-not-at-top
+  explicit = train_flags.explicit_flags(flag_values)
+  notes = []
+  if flag_values['preset'].value:
+    name = flag_values['preset'].value
+    try:
+      applied = presets.apply(name, flag_values)
+    except presets.UnknownPresetError as e:
+      raise UsageError(str(e)) from None
+    notes.append(f'--preset={name} sets {" ".join(applied) or "nothing (all given)"}')
+    explicit |= {a[2:].split('=', 1)[0] for a in applied}
+  cfg = train_flags.config_from_flags(flag_values)
+  cfg, applied = algorithm_registry.apply_defaults(cfg, explicit)
+  notes += [f'{cfg["algorithm"]}: {a} (this algorithm\'s default)' for a in applied]
+  return cfg, notes
+
+
+def config_from_args(args, program: str = 'bin/train.py') -> tuple[dict[str, Any], list[str]]:
+  """`resolve_flags` of a bin/train command line (without the program), parsed on its own
+  FlagValues: what bin/train would run, for tests and scripts that run in-process."""
+  values = flags.FlagValues()
+  train_flags.define_flags(values)
+  try:
+    values([program, *args])
+  except flags.Error as e:
+    raise UsageError(str(e)) from None
+  return resolve_flags(values)
+
+
 def validate(cfg: Mapping[str, Any]) -> None:
   """Raises UsageError naming the first bad flag."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
-  if cfg['task'] not in task_registry.TASKS:
-    raise UsageError(f'--task must be one of {", ".join(sorted(task_registry.TASKS))}; '
-                     f'got {cfg["task"]!r}')
+  if task_registry.is_custom(cfg['task']):
+    try:
+      task_registry.custom_task_function(cfg['task'])
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+  elif cfg['task'] not in task_registry.TASKS:
+    raise UsageError(f'--task must be one of {", ".join(sorted(task_registry.TASKS))}, or '
+                     f'package.module:function; got {cfg["task"]!r}')
   if cfg['algorithm'] not in algorithm_registry.ALGORITHMS:
     raise UsageError(f'--algorithm must be one of '
                      f'{", ".join(sorted(algorithm_registry.ALGORITHMS))}; got {cfg["algorithm"]!r}')
@@ -115,6 +146,19 @@ def validate(cfg: Mapping[str, Any]) -> None:
                        ' (its upload is aggregated inside TFF\'s own builder)')
     if cfg.get('dp'):
       raise UsageError('--upload_compression cannot be combined with --dp')
+  aggregator = cfg.get('aggregator') or 'mean'
+  if aggregator not in algorithm_registry.AGGREGATORS:
+    raise UsageError(f'--aggregator must be one of {", ".join(algorithm_registry.AGGREGATORS)}; '
+                     f'got {aggregator!r}')
+  if aggregator != 'mean':
+    if cfg.get('dp'):
+      raise UsageError(f'--aggregator={aggregator} cannot be combined with --dp (DP is its own '
+                       'aggregator)')
+    if (cfg.get('upload_compression') or 'none') != 'none':
+      raise UsageError(f'--aggregator={aggregator} cannot be combined with --upload_compression '
+                       '(the compression is its own aggregator)')
+    if cfg.get('workers') and aggregator == 'secure':
+      raise UsageError('--aggregator=secure runs on TFF\'s local test context, not on --workers')
   if not 0 <= cfg.get('sparsity', 0.0) < 1:
     raise UsageError(f'--sparsity must be in [0, 1); got {cfg["sparsity"]}')
   from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
@@ -142,8 +186,65 @@ def validate(cfg: Mapping[str, Any]) -> None:
     raise UsageError(str(e)) from None
 
 
+# Flags that do not name a run: where it runs and for how long (resumable
+# changes), where its files and data are.
+NOT_IN_NAME = RESUMABLE_CHANGES | {'experiment_name', 'data_dir', 'client_state_dir', 'task',
+                                   'algorithm'}
+MAX_NAME_SUFFIX = 80
+
+
+def _name_value(value: Any) -> str:
+  if isinstance(value, bool):
+    return 'true' if value else 'false'
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def run_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+  """The flags of `cfg` that change the computation and differ from their defaults.
+
+  A flag's default is the algorithm's default where it has one
+  (`workflow.algorithms`), else bin/train's. Sorted by flag name.
+  """
+  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  defaults = {**train_flags.DEFAULTS, **algorithm_registry.algorithm_defaults(cfg)}
+  return {k: cfg[k] for k in sorted(cfg)
+          if k not in NOT_IN_NAME and k in defaults and cfg[k] != defaults[k]}
+
+
+def task_slug(task: str) -> str:
+  """A task name fit for a directory name (`pkg.mod:fn` -> `pkg.mod.fn`)."""
+  return task.replace(':', '.').replace(os.sep, '.')
+
+
+def default_experiment_name(cfg: Mapping[str, Any]) -> str:
+  """`<task>_<algorithm>`, then `-flag=value` for each flag of `run_settings`.
+
+  Runs whose computation differs never share a name; rerunning the same
+  command (or raising --total_rounds) gives the same name, so it resumes. A
+  suffix longer than MAX_NAME_SUFFIX characters, or one whose values had to be
+  made fit for a path, keeps its start and ends in a hash of all the settings.
+  """
+  import hashlib  # pylint: disable=g-import-not-at-top
+  base = f'{task_slug(cfg["task"])}_{cfg["algorithm"]}'
+  settings = run_settings(cfg)
+  if not settings:
+    return base
+  parts = [f'{k}={_name_value(v)}' for k, v in settings.items()]
+  safe = [p.replace(os.sep, '%') for p in parts]
+  suffix = '-'.join(safe)
+  if len(suffix) > MAX_NAME_SUFFIX or safe != parts:
+    digest = hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:8]
+    kept = ''
+    for p in safe:
+      if len(kept) + len(p) + 1 > MAX_NAME_SUFFIX - 9:
+        break
+      kept += f'-{p}'
+    suffix = f'{kept[1:]}-{digest}' if kept else digest
+  return f'{base}-{suffix}'
+
+
 def experiment_dir(cfg: Mapping[str, Any]) -> str:
-  name = cfg.get('experiment_name') or f'{cfg["task"]}_{cfg["algorithm"]}'
+  name = cfg.get('experiment_name') or default_experiment_name(cfg)
   return os.path.join(cfg['root_output_dir'], name)
 
 
@@ -151,11 +252,8 @@ _NO_DEFAULT = object()
 
 
 def _flag_default(name: str) -> Any:
-  """bin/train's default of flag `name` (a sentinel when bin/train's flags are not defined)."""
-  try:
-    return flags.FLAGS[name].default
-  except KeyError:
-    return _NO_DEFAULT
+  """bin/train's default of flag `name` (a sentinel for a flag bin/train does not have)."""
+  return train_flags.DEFAULTS.get(name, _NO_DEFAULT)
 
 
 def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
@@ -239,8 +337,12 @@ def _dp_metrics_fn(cfg, task):
       'dp/delta': delta}
 
 
-def run_training(cfg: Mapping[str, Any]):
-  """Validates `cfg`, builds task and algorithm, trains; returns (state, last metrics)."""
+def run_training(cfg: Mapping[str, Any], notes=()):
+  """Validates `cfg`, builds task and algorithm, trains; returns (state, last metrics).
+
+  `notes` (from `resolve_flags`: what a preset and the algorithm's defaults
+  set) are printed once the run is known to start.
+  """
   try:
     validate(cfg)
   except UsageError as e:
@@ -283,13 +385,16 @@ def run_training(cfg: Mapping[str, Any]):
     fail(str(e))
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
-    runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0))
+    runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0),
+                                  secure_intrinsics=algorithm_registry.needs_secure_context(cfg))
   loop = program.LoopConfig(
       total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],
       rounds_per_eval=cfg['rounds_per_eval'], rounds_per_checkpoint=cfg['rounds_per_checkpoint'],
       output_dir=out, seed=cfg['seed'], local_steps=cfg.get('local_steps') or None,
       show_progress=cfg.get('show_progress', True),
       schedules=schedules, client_state=client_state)
+  for note in notes:
+    print(note, file=sys.stderr)
   where = f' on {len(addresses)} workers ({", ".join(addresses)})' if addresses else ''
   print(f'Training {cfg["algorithm"]} on {cfg["task"]}{where}: output in {out}', file=sys.stderr)
   try:

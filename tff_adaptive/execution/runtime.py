@@ -319,7 +319,7 @@ def resolve_concurrency(max_concurrent_computation_calls: Optional[int]) -> int:
 
 
 def use_local_cpp_context(max_concurrent_computation_calls: Optional[int] = 0,
-                          default_num_clients: int = 0) -> None:
+                          default_num_clients: int = 0, secure_intrinsics: bool = False) -> None:
   """Sets TFF's synchronous local C++ context with a tracked worker.
 
   Args:
@@ -328,10 +328,16 @@ def use_local_cpp_context(max_concurrent_computation_calls: Optional[int] = 0,
       per usable core; negative: unlimited (TFF's default).
     default_num_clients: clients cardinality for computations with no client
       arguments.
+    secure_intrinsics: whether computations use secure aggregation
+      (`tff.learning.secure_aggregator`); the native context cannot run its
+      `federated_secure_sum_bitwidth`, TFF's test context (the same C++
+      runtime) compiles it to the plain sums a simulation needs.
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   _install_process_hooks()
-  tff.backends.native.set_sync_local_cpp_execution_context(
+  setter = (tff.backends.test.set_sync_test_cpp_execution_context if secure_intrinsics
+            else tff.backends.native.set_sync_local_cpp_execution_context)
+  setter(
       default_num_clients=default_num_clients,
       max_concurrent_computation_calls=resolve_concurrency(max_concurrent_computation_calls))
 

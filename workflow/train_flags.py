@@ -1,0 +1,390 @@
+"""bin/train's flags, in groups: each flag's default, allowed values and readers.
+
+One table (`GROUPS`) defines every flag of bin/train. `define_flags()` turns it
+into absl flags whose "module" is the group, so `bin/train.py --helpfull`
+lists them group by group; `grouped_help()` is bin/train's `--help`: the groups
+in order, each flag with its allowed values, its algorithm-specific defaults
+and the algorithms that read it. Nothing is defined at import.
+
+Group order follows google-research/federated's `optimization/trainer.py`:
+task, client, server, algorithm-specific, aggregation (compression, DP, TFF
+aggregators), schedules and the runtime model, personalised FL, diagnostics,
+paper presets, the training loop, workers.
+"""
+
+import dataclasses
+import textwrap
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from absl import flags
+
+# Readers of a flag, by algorithm family (the names of workflow/algorithms.py).
+FEDOPT = ('fedavg', 'fedavgm', 'fedadagrad', 'fedadam', 'fedyogi')
+PERSONALIZED = ('mtfl', 'perfedavg', 'pfedme')
+_SERVER_OPT = FEDOPT + ('mimelite', 'mimexlite', 'fedprox', 'fedmax', 'perfedavg', 'mtfl',
+                        'fedada2')
+_CLIENT_OPT = ('fedgbo', 'mfl', 'mimelite', 'mimexlite', 'ce_fedavg', 'fedada2', 'mtfl')
+_AGGREGATED = FEDOPT + ('fedgbo', 'mfl', 'mimelite', 'mimexlite', 'fedprox', 'fedmax',
+                        'fedada2')
+_COMPRESSIBLE = FEDOPT + ('fedgbo', 'mfl', 'fedmax', 'ce_fedavg', 'fedada2')
+_DRIFT = FEDOPT + ('fedgbo', 'mfl', 'mimexlite', 'fedmax', 'ce_fedavg', 'fedada2')
+
+TASK_MODEL_FLAGS = ('digits_model', 'cifar100_image_model', 'emnist_character_model',
+                    'shakespeare_character_model', 'femnist_model', 'shakespeare_leaf_model',
+                    'mnist_model', 'cifar10_model')
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+  """One bin/train flag.
+
+  Attributes:
+    name: the flag name (without --).
+    kind: 'string' | 'enum' | 'integer' | 'float' | 'bool'.
+    default: the default (before any algorithm default).
+    help: one-paragraph description.
+    values: an enum's allowed values.
+    algorithms: the algorithms that read the flag; empty: every algorithm.
+  """
+  name: str
+  kind: str
+  default: Any
+  help: str
+  values: tuple[str, ...] = ()
+  algorithms: tuple[str, ...] = ()
+
+
+def _s(name, default, help_, algorithms=()):
+  return Flag(name, 'string', default, help_, algorithms=algorithms)
+
+
+def _e(name, default, values, help_, algorithms=()):
+  return Flag(name, 'enum', default, help_, tuple(values), algorithms)
+
+
+def _i(name, default, help_, algorithms=()):
+  return Flag(name, 'integer', default, help_, algorithms=algorithms)
+
+
+def _f(name, default, help_, algorithms=()):
+  return Flag(name, 'float', default, help_, algorithms=algorithms)
+
+
+def _b(name, default, help_, algorithms=()):
+  return Flag(name, 'bool', default, help_, algorithms=algorithms)
+
+
+_LR_SCHEDULES = ('constant', 'exp_decay', 'inv_lin_decay', 'inv_sqrt_decay', 'exp', 'rounds',
+                 'error', 'step')
+
+
+def _lr_schedule_flags(prefix: str) -> list[Flag]:
+  return [
+      _e(f'{prefix}_lr_schedule', 'constant', _LR_SCHEDULES,
+         f'{prefix} learning-rate schedule (docs/schedules.md).'),
+      _f(f'{prefix}_lr_decay_rate', None, f'{prefix} lr decay rate.'),
+      _i(f'{prefix}_lr_decay_steps', None, f'{prefix} lr decay steps (rounds).'),
+      Flag(f'{prefix}_lr_staircase', 'bool', None, f'{prefix} lr: staircase decay.'),
+      _i(f'{prefix}_lr_warmup_rounds', None, f'{prefix} lr linear warm-up rounds.'),
+  ]
+
+
+# (group key, title, flags). The key is the absl "module" of the group's flags.
+GROUPS: list[tuple[str, str, list[Flag]]] = [
+    ('task', 'Task: the data, how it is split among clients, the model', [
+        _s('task', 'digits', 'A registered task (docs/tasks.md, docs/tasks_vit.md), or '
+           '`package.module:function` returning your own tasks.base.FederatedTask '
+           '(docs/tasks.md#your-own-task).'),
+        _e('partition', 'dirichlet', ('dirichlet', 'shards', 'iid'),
+           'How a task that is split by us (digits, mnist, cifar10) divides its data among '
+           'clients.'),
+        _i('num_clients', 0, 'Number of clients (0: task default): of a task split by us; for '
+           'TFF tasks a seeded sample of the training clients; for LEAF tasks the first N users.'),
+        _f('dirichlet_alpha', 0.5, 'Dirichlet α over labels for --partition=dirichlet.'),
+        _e('digits_model', 'mlp', ('mlp', 'cnn', 'cnn_bn'), 'Model for --task=digits.'),
+        _f('synthetic_alpha', 1.0, 'α of synthetic(α, β): model heterogeneity.'),
+        _f('synthetic_beta', 1.0, 'β of synthetic(α, β): input heterogeneity.'),
+        _s('data_dir', '', 'Where a file-based task finds its data: TFF\'s cache (default '
+           '~/.tff), the LEAF data directory, or Keras\' datasets directory (default '
+           '~/.keras/datasets). See docs/tasks.md.'),
+        _i('max_client_examples', 0, 'TFF tasks: keep only the first N examples of each client '
+           '(0: all).'),
+        _e('cifar100_image_model', 'resnet18', ('resnet18', 'fedgbo_cnn', 'vit_s16'),
+           'Model for --task=cifar100_image.'),
+        _e('emnist_character_model', 'cnn_dropout', ('cnn_dropout', 'cnn', '2nn', 'fedgbo_cnn'),
+           'Model for --task=emnist_character.'),
+        _e('shakespeare_character_model', 'lstm', ('lstm', 'gru128', 'gru256'),
+           'Model for --task=shakespeare_character.'),
+        _e('femnist_model', 'cnn', ('cnn', 'dnn'), 'Model for --task=femnist.'),
+        _e('shakespeare_leaf_model', 'gru128', ('gru128', 'gru256'),
+           'Model for --task=shakespeare_leaf.'),
+        _e('mnist_model', '2nn', ('2nn', 'cnn', 'mtfl_2nn'), 'Model for --task=mnist.'),
+        _e('cifar10_model', 'cnn', ('cnn', 'mtfl_cnn', 'resnet18'),
+           'Model for --task=cifar10 (resnet18: ResNet-18-GroupNorm, seed 003; '
+           '--partition=dirichlet only).'),
+        _e('finetune', 'head', ('head', 'full'), 'ViT (gld23k, cifar100_image with vit_s16): '
+           'train only the new linear head, or every weight after the head is replaced.'),
+        _s('pretrained_weights', '', 'ViT: local .npz of pretrained weights in Google\'s ViT '
+           'checkpoint layout (no hub is used).'),
+        _b('allow_random_init', False, 'ViT: without --pretrained_weights, start from random '
+           'weights (with a warning: seed 002\'s numbers need pretrained ones).'),
+    ]),
+    ('client', 'Client: sampling, local work, client optimiser', [
+        _i('clients_per_round', 10, 'Clients sampled per round.'),
+        _i('client_batch_size', 10, 'Client minibatch size B.'),
+        _i('client_epochs_per_round', 1, 'Local epochs E (ignored with --local_steps).'),
+        _i('local_steps', 0, 'Exactly K local minibatch steps (cycling the data); 0 means use '
+           '--client_epochs_per_round.'),
+        _s('client_optimizer', 'sgd', 'Client optimiser; the allowed ones depend on '
+           '--algorithm (listed below).', _CLIENT_OPT),
+        _f('client_learning_rate', 0.1, 'Client learning rate η.'),
+        _f('client_beta_1', 0.9, 'Client optimiser β (SGDm, RMSProp) or β1 (Adam).', _CLIENT_OPT),
+        _f('client_beta_2', 0.99, 'Client optimiser β2 (Adam).', _CLIENT_OPT),
+        _f('client_epsilon', 1e-8, 'Client optimiser ε (> 0).', _CLIENT_OPT),
+        _e('client_weighting', 'default', ('default', 'num_examples', 'uniform'),
+           'Aggregation weights; default: the algorithm paper\'s choice.'),
+    ]),
+    ('server', 'Server: algorithm and server optimiser', [
+        _s('algorithm', 'fedavg', 'The algorithm (README table); each runs with only this flag '
+           'given, using its paper\'s defaults (printed at start).'),
+        _s('server_optimizer', '', 'Server optimiser: sgd | sgdm | adagrad | adam | yogi; empty: '
+           'the algorithm\'s own (FedOpt names fix it).', _SERVER_OPT),
+        _f('server_learning_rate', 1.0, 'Server learning rate η_s.', _SERVER_OPT),
+        _e('server_optimizer_semantics', 'tff', ('tff', 'paper'),
+           'tff: TFF\'s optimisers as shipped; paper: FedOpt Algorithm 2 exactly.',
+           tuple(a for a in _SERVER_OPT if a != 'fedada2')),
+        _f('server_beta_1', 0.9, 'Server β1 (momentum).', _SERVER_OPT),
+        _f('server_beta_2', 0.99, 'Server β2.', _SERVER_OPT),
+        _f('server_epsilon', 1e-3, 'Server adaptivity τ.', _SERVER_OPT),
+    ]),
+    ('algorithm', 'Algorithm-specific', [
+        _e('fedgbo_upload', 'model', ('model', 'average_gradient'),
+           'FedGBO: upload the model (tracking by inverse step) or the mean gradient.',
+           ('fedgbo',)),
+        _b('mfl_bias_correction', False, 'Adam bias correction on clients (MFL-Adam, FedGBO, '
+           'MTFL fedavg_adam).', ('fedgbo', 'mfl', 'mtfl')),
+        _f('fedprox_mu', 0.01, 'FedProx proximal strength μ.', ('fedprox',)),
+        _f('fedmax_beta', 1.0, 'FedMAX max-entropy weight β.', ('fedmax',)),
+        _e('preconditioner', 'none', ('none', 'dja'), 'FedAda2: dja = the server broadcasts its '
+           'second moment and clients start from it; none = zero start.', ('fedada2',)),
+        _b('client_lr_warmup', False, 'FedAda2: warm the client lr up over the first 10 local '
+           'steps of each round.', ('fedada2',)),
+        _e('sm3_variant', 'II', ('I', 'II'), 'SM3-AdaGrad variant.', ('fedada2',)),
+        _i('sm3_delay', 1, 'SM3: refresh the preconditioner every z local steps.', ('fedada2',)),
+        _b('client_bias_correction', False, 'FedAda2 client Adam/SM3-Adam bias correction.',
+           ('fedada2',)),
+    ]),
+    ('aggregation', 'Aggregation: TFF aggregators, upload compression, differential privacy', [
+        _e('aggregator', 'mean', ('mean', 'robust', 'secure'),
+           'How client updates are aggregated: mean (the builder\'s own), robust '
+           '(tff.learning.robust_aggregator: zeroing and adaptive clipping), secure '
+           '(tff.learning.secure_aggregator; simulated with TFF\'s test execution context, '
+           'which bin/train sets).', _AGGREGATED),
+        _b('aggregator_zeroing', True, '--aggregator=robust|secure: zero out updates with '
+           'outlying norms.', _AGGREGATED),
+        _b('aggregator_clipping', True, '--aggregator=robust|secure: adaptive L2 clipping of '
+           'updates.', _AGGREGATED),
+        _e('upload_compression', 'none', ('none', 'topk', 'topk_uniq'),
+           'Compress client uploads: top-(1-s) sparsification with Golomb-coded indices '
+           '(optimiser-state uploads share the weights\' indices); topk_uniq adds 8-bit '
+           'UniQ/ExpQ values.', _COMPRESSIBLE),
+        _f('sparsity', 0.9, 'Fraction s of each weight tensor dropped, in [0, 1).',
+           _COMPRESSIBLE),
+        _b('dp', False, 'Clip each client update and add Gaussian noise (TFF DP aggregator; '
+           'implies uniform weighting).', _AGGREGATED),
+        _f('dp_clip_norm', None, 'DP: L2 clip norm C of each client update.', _AGGREGATED),
+        _f('dp_noise_multiplier', None, 'DP: noise std σ as a multiple of C.', _AGGREGATED),
+        _f('dp_delta', 0.0, 'DP: δ for the reported ε (0: 1 / number of clients).', _AGGREGATED),
+    ]),
+    ('schedules', 'Schedules of K, η, η_s and the runtime model (docs/schedules.md)', [
+        _e('local_steps_schedule', 'constant',
+           ('constant', 'exp', 'rounds', 'error', 'step', 'theory'),
+           'K_t schedule; --local_steps is K_0.'),
+        _f('local_steps_decay', None, 'exp: K_t = ceil(K_0 d^t), d in (0, 1].'),
+        _f('local_steps_theory_b', None, 'theory: K_t = max(K_0/(b+t), 1).'),
+        _i('schedule_window', None, 'error schedules: rolling window s (default 100).'),
+        _i('plateau_patience', None, 'step schedules: evaluations without improvement before '
+           'dividing by 10 (default 10).'),
+        _f('plateau_min_delta', None, 'step schedules: smallest improvement (1e-4).'),
+        *_lr_schedule_flags('client'),
+        *_lr_schedule_flags('server'),
+        _f('step_time_seconds', 0.0, 'Runtime model: compute seconds per minibatch β.'),
+        _b('measure_step_time', False, 'Runtime model: measure β on this machine.'),
+        _f('download_mbps', 20.0, 'Runtime model: client download bandwidth D.'),
+        _f('upload_mbps', 5.0, 'Runtime model: client upload bandwidth U.'),
+    ]),
+    ('personalized', 'Personalised FL (thesis ch. 4; docs/mtfl.md)', [
+        _e('private', 'all', ('all', 'mu_sigma', 'gamma_beta', 'none'),
+           'MTFL: batch-norm values each client keeps private (its patch): all = (μ, σ, γ, β); '
+           'none = plain FL.', ('mtfl',)),
+        _e('mtfl_strategy', 'fedavg', ('fedavg', 'fedadam', 'fedavg_adam'),
+           'MTFL optimisation strategy: fedavg (SGD clients, average), fedadam (server Adam), '
+           'fedavg_adam (Adam clients, averaged moments; private moments of private γ, β).',
+           ('mtfl',)),
+        _f('perfedavg_beta', 0.001, 'Per-FedAvg meta step size β (α is --client_learning_rate).',
+           ('perfedavg',)),
+        _f('pfedme_lambda', 15.0, 'pFedMe regularisation λ.', ('pfedme',)),
+        _f('pfedme_personal_learning_rate', 0.01, 'pFedMe inner (personal) step η_p.',
+           ('pfedme',)),
+        _i('pfedme_inner_steps', 1, 'pFedMe inner steps per local step (the thesis: 1).',
+           ('pfedme',)),
+        _f('pfedme_beta', 1.0, 'pFedMe server mixing β.', ('pfedme',)),
+        _f('noisy_client_fraction', 0.0, 'This fraction of clients gets fixed Gaussian noise on '
+           'its training inputs; user accuracy is averaged over the other clients.',
+           PERSONALIZED),
+        _f('noise_stddev', 0.2, 'Standard deviation of the noisy clients\' input noise.',
+           PERSONALIZED),
+        _s('client_state_dir', '', 'Where each client\'s private state is kept (default '
+           '<experiment dir>/client_state).', PERSONALIZED),
+    ]),
+    ('diagnostics', 'Diagnostics', [
+        _b('measure_client_drift', False, 'Report client_drift/{delta,model}_cosine_distance '
+           'each round: mean pairwise cosine distance between the sampled clients\' updates Δ_i '
+           '(delta) or final weights (model), seed 000 Fig. 6.1. Costs two extra float64 sums of '
+           'model size per client per round (simulation only, not counted in cost/ bits).',
+           _DRIFT),
+    ]),
+    ('preset', 'Paper presets (workflow/presets.py)', [
+        _s('preset', '', 'Set a paper\'s published settings, <paper>:<task> (e.g. '
+           'fedgbo:femnist, fedopt:emnist_character, decayk:femnist). Flags given on the command '
+           'line win; --data_dir is never set by a preset.'),
+    ]),
+    ('loop', 'Training loop and output', [
+        _i('total_rounds', 100, 'Total rounds (may be raised when resuming).'),
+        _i('rounds_per_eval', 5, 'Evaluate every this many rounds.'),
+        _i('rounds_per_checkpoint', 10, 'Checkpoint every this many rounds.'),
+        _s('root_output_dir', 'runs', 'Root directory for experiment outputs.'),
+        _s('experiment_name', '', 'Experiment directory name. Default: <task>_<algorithm>, '
+           'then -flag=value for each flag that changes the computation and differs from its '
+           'default (the algorithm\'s default where it has one); long suffixes end in a hash. '
+           'Rerunning the same command resumes.'),
+        _i('seed', 0, 'Seed for data splits, client sampling and shuffling.'),
+        _b('show_progress', True, 'Show a progress bar.'),
+    ]),
+    ('execution', 'Execution: local runtime and workers (docs/workers.md)', [
+        _i('execution_concurrency', 0, 'Max concurrent client computations in TFF\'s C++ '
+           'runtime. 0: two per CPU core (the fastest measured, docs/performance.md); -1: '
+           'unlimited (TFF\'s default).'),
+        _s('workers', '', 'Comma-separated host:port of TFF workers started with bin/worker.py; '
+           'each round\'s clients are split across them. Empty: run locally. '
+           '--execution_concurrency does not apply (pass --max_concurrent_computation_calls to '
+           'each worker).'),
+        _b('worker_retry', False, 'When a worker is lost mid-round, re-run the round on the '
+           'remaining workers instead of failing.'),
+        _b('data_on_workers', False, 'Workers build client datasets from client ids (the task\'s '
+           'serializable dataset function) instead of receiving them; file-based tasks need '
+           'their data at the same --data_dir on every worker.'),
+    ]),
+]
+
+FLAGS_BY_NAME: dict[str, Flag] = {f.name: f for _, _, group in GROUPS for f in group}
+DEFAULTS: dict[str, Any] = {name: f.default for name, f in FLAGS_BY_NAME.items()}
+# The flags a run's config holds (flags.json); --preset is expanded, not kept.
+TRAIN_FLAG_NAMES: tuple[str, ...] = tuple(n for n in FLAGS_BY_NAME if n != 'preset')
+GROUP_OF: dict[str, str] = {f.name: key for key, _, group in GROUPS for f in group}
+
+
+def absl_module_name(group_key: str) -> str:
+  """The absl "module" of a group's flags: `--helpfull` prints one section per group, in order."""
+  index = [key for key, _, _ in GROUPS].index(group_key)
+  return f'bin/train.py flags {index + 1:02d}: {group_key}'
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines every flag of the table on `flag_values` (once; a second call does nothing)."""
+  if 'task' in flag_values and 'total_rounds' in flag_values:
+    return
+  for key, _, group in GROUPS:
+    module = absl_module_name(key)
+    for f in group:
+      help_ = _absl_help(f)
+      common = dict(flag_values=flag_values, module_name=module)
+      if f.kind == 'string':
+        flags.DEFINE_string(f.name, f.default, help_, **common)
+      elif f.kind == 'enum':
+        flags.DEFINE_enum(f.name, f.default, list(f.values), help_, **common)
+      elif f.kind == 'integer':
+        flags.DEFINE_integer(f.name, f.default, help_, **common)
+      elif f.kind == 'float':
+        flags.DEFINE_float(f.name, f.default, help_, **common)
+      elif f.kind == 'bool':
+        flags.DEFINE_bool(f.name, f.default, help_, **common)
+      else:
+        raise ValueError(f'unknown flag kind {f.kind!r} of --{f.name}')
+
+
+def _readers(f: Flag) -> str:
+  return 'all algorithms' if not f.algorithms else ', '.join(f.algorithms)
+
+
+def _absl_help(f: Flag) -> str:
+  text = f.help
+  if f.algorithms:
+    text += f' Read by: {_readers(f)}.'
+  return text
+
+
+def _algorithm_notes(name: str) -> list[str]:
+  """Per-algorithm values and defaults of `name`, from the algorithm registry."""
+  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  notes = []
+  if name == 'algorithm':
+    notes.append('values: ' + ' | '.join(algorithms.ALGORITHMS))
+  if name == 'task':
+    from tasks import registry  # pylint: disable=g-import-not-at-top
+    notes.append('values: ' + ' | '.join(registry.TASKS) + ' | package.module:function')
+  if name == 'client_optimizer':
+    by_values: dict[tuple[str, ...], list[str]] = {}
+    for algorithm, entry in algorithms.ALGORITHMS.items():
+      by_values.setdefault(entry.client_optimizers, []).append(algorithm)
+    notes.append('values: ' + '; '.join(f'{", ".join(names)}: {" | ".join(values)}'
+                                         for values, names in by_values.items()))
+  defaults = algorithms.documented_defaults(name)
+  if defaults:
+    notes.append('algorithm defaults: ' + '; '.join(f'{a}: {v}' for a, v in defaults.items()))
+  return notes
+
+
+def grouped_help(program: str = 'bin/train.py', doc: str = '') -> str:
+  """bin/train's --help: every group, each flag with its values, defaults and readers."""
+  lines = [doc.strip(), ''] if doc else []
+  lines += [f'Flags of {program}, by group (--helpfull: absl\'s listing, with its own flags).']
+  wrap = lambda text, indent: textwrap.fill(text, 100, initial_indent=indent,
+                                            subsequent_indent=indent)
+  for _, title, group in GROUPS:
+    lines += ['', f'{title}:']
+    for f in group:
+      default = '' if f.default in (None, '') else repr(f.default) if f.kind != 'bool' else (
+          'true' if f.default else 'false')
+      lines.append(f'  --{f.name}' + (f' (default: {default})' if default else ''))
+      lines.append(wrap(f.help, '      '))
+      if f.values:
+        lines.append(wrap('values: ' + ' | '.join(f.values), '      '))
+      for note in _algorithm_notes(f.name):
+        lines.append(wrap(note, '      '))
+      if f.algorithms:
+        lines.append(wrap(f'read by: {_readers(f)}', '      '))
+  return '\n'.join(lines) + '\n'
+
+
+def config_from_flags(flag_values: flags.FlagValues) -> dict[str, Any]:
+  """The run config (TRAIN_FLAG_NAMES) of parsed `flag_values`."""
+  return {k: flag_values[k].value for k in TRAIN_FLAG_NAMES if k in flag_values}
+
+
+def explicit_flags(flag_values: flags.FlagValues) -> set[str]:
+  """Flags given on the command line."""
+  return {k for k in TRAIN_FLAG_NAMES if k in flag_values and flag_values[k].present}
+
+
+def flag_default(name: str) -> Optional[Any]:
+  return DEFAULTS.get(name)
+
+
+def check_table(names: Mapping[str, Any]) -> None:
+  """Raises ValueError if a flag's readers name an unregistered algorithm."""
+  for f in FLAGS_BY_NAME.values():
+    unknown = set(f.algorithms) - set(names)
+    if unknown:
+      raise ValueError(f'--{f.name} is read by unknown algorithms {sorted(unknown)}')
