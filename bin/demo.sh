@@ -9,9 +9,10 @@ common=(--task=digits --partition=dirichlet --num_clients=20 --clients_per_round
 .venv/bin/python bin/train.py "${common[@]}" --algorithm=fedavg --experiment_name=digits_fedavg
 .venv/bin/python bin/train.py "${common[@]}" --algorithm=fedadam --server_learning_rate=0.01 \
     --experiment_name=digits_fedadam
+# Title (task, shared settings), axis words and legend (algorithm, differing settings)
+# come from the runs' flags.json.
 .venv/bin/python bin/plot.py --runs="$out/digits_fedavg,$out/digits_fedadam" \
-    --labels=FedAvg,FedAdam --out="$out/digits_fedavg_vs_fedadam.png" \
-    --title="digits (Dirichlet 0.5, 20 clients, 10 per round)" >/dev/null
+    --out="$out/digits_fedavg_vs_fedadam.png" >/dev/null
 .venv/bin/python - "$out" <<'PY'
 import sys
 from workflow import plotting

@@ -18,6 +18,7 @@ runs the sweep and then this).
 """
 
 import os
+import shlex
 import sys
 
 from absl import app
@@ -52,6 +53,12 @@ flags.DEFINE_float('sweep_minutes', None, '--reproduction: the sweep\'s wall tim
 FLAGS = flags.FLAGS
 
 
+def regenerate_command() -> str:
+  """The command line this report was made with, as run (interpreter, script, flags), quoted."""
+  argv = list(getattr(sys, 'orig_argv', None) or [sys.executable, *sys.argv])
+  return shlex.join(argv)
+
+
 def _fail(message: str):
   print(f'report: error: {message}', file=sys.stderr)
   sys.exit(2)
@@ -78,7 +85,7 @@ def main(argv):
     _fail('--out is required')
   try:
     rule = sweep.parse_rule(FLAGS.select_rule, FLAGS.select_metric, FLAGS.select_mode)
-    command = ' '.join(['.venv/bin/python', 'bin/report.py', *sys.argv[1:]])
+    command = regenerate_command()
     report.write_sweep_report(FLAGS.sweep_dir, FLAGS.out, rule, FLAGS.target, FLAGS.x,
                               FLAGS.title, FLAGS.confidence, FLAGS.all_configs, command)
   except (sweep.SpecError, ValueError) as e:

@@ -8,14 +8,20 @@ start-up per run.
 
 import csv
 import os
+import shlex
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from workflow import algorithm_defaults
 from workflow import algorithms
 from workflow import cli
+from workflow import plotting
+from workflow import report
+from workflow import sweep
+from workflow import tensorboard_hparams
 from workflow import train_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,13 +42,35 @@ def _rounds(run_dir):
     return [r['round'] for r in csv.DictReader(f)]
 
 
+def _texts(artists):
+  return [a.get_text() for a in artists]
+
+
 def test_every_algorithm_runs_with_only_its_name(tmp_path, capsys):
+  assert set(algorithm_defaults.DEFAULTS) == set(algorithms.ALGORITHMS)
   cases = [[f'--algorithm={name}'] for name in algorithms.ALGORITHMS]
   cases.append(['--algorithm=fedada2', '--preconditioner=dja'])  # dense clients by default
+  run_dirs = {}
   for args in cases:
     cfg, notes, row = _run(tmp_path, *args, '--total_rounds=1')
     assert np.isfinite(row['eval/loss']), args
     assert _rounds(cli.experiment_dir(cfg)) == ['1'], args
+    run_dirs.setdefault(cfg['algorithm'], cli.experiment_dir(cfg))
+  # The demo's plot (bin/demo.sh: bin/plot.py over two runs), of these one-round runs.
+  fig = plotting.plot_runs_figure([run_dirs['fedavg'], run_dirs['fedadam']],
+                                  metrics=('eval/accuracy', 'eval/loss'))
+  title = fig._suptitle.get_text()  # pylint: disable=protected-access
+  assert title.startswith('digits: ') and 'num_clients=4' in title and 'clients_per_round=2' in title
+  assert [ax.get_xlabel() for ax in fig.axes] == ['round', 'round']
+  assert [ax.get_ylabel() for ax in fig.axes] == ['test accuracy', 'test loss']
+  # Each algorithm's own server lr is its default: the legend is the algorithms alone.
+  assert _texts(fig.legends[0].get_texts()) == ['fedavg', 'fedadam']
+  assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ['1']
+  plotting.plt.close(fig)
+  # The run's flags as a TensorBoard HParams session, beside its scalars.
+  hparams = tensorboard_hparams.read_hparams(os.path.join(run_dirs['fedgbo'], 'tensorboard'))
+  assert hparams['algorithm'] == 'fedgbo' and hparams['client_optimizer'] == 'adam'
+  assert hparams['local_steps'] == 10 and 'root_output_dir' not in hparams
   err = capsys.readouterr().err
   # The defaults are printed when the run starts.
   assert "fedgbo: --client_optimizer=adam (this algorithm's default)" in err
@@ -155,3 +183,78 @@ def test_robust_and_secure_aggregators_train(tmp_path):
     assert secure_row[key] == pytest.approx(mean_row[key], rel=1e-4, abs=1e-5), key
   with pytest.raises(cli.UsageError, match='--aggregator=robust cannot be combined with --dp'):
     cli.validate({**robust_cfg, 'dp': True, 'dp_clip_norm': 1.0, 'dp_noise_multiplier': 0.1})
+
+
+def test_plot_legend_names_differing_settings_and_metric_words(tmp_path):
+  runs = []
+  for lr in ('0.05', '0.2'):
+    cfg, _ = cli.config_from_args([*TINY, '--algorithm=fedadam', f'--client_learning_rate={lr}',
+                                   f'--root_output_dir={tmp_path}'])
+    run = cli.prepare_output_dir(cfg)
+    with open(os.path.join(run, 'metrics.csv'), 'w') as f:  # four rounds, one evaluation
+      f.write('round,train/client_work/train/loss,cost/cumulative_upload_bits,eval/accuracy\n'
+              '1,2.0,100,\n2,1.5,200,\n3,1.2,300,\n4,1.0,400,0.5\n')
+    runs.append(run)
+  fig = plotting.plot_runs_figure(runs, metrics=('eval/accuracy', 'train/client_work/train/loss'))
+  assert _texts(fig.legends[0].get_texts()) == ['fedadam, client_learning_rate=0.05',
+                                                'fedadam, client_learning_rate=0.2']
+  assert fig.axes[1].get_ylabel() == 'training loss (sampled clients)'
+  assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ['1', '2', '3', '4']
+  assert 'fedadam' in fig._suptitle.get_text()  # pylint: disable=protected-access
+  plotting.plt.close(fig)
+  fig = plotting.plot_runs_figure(runs, x='cost/cumulative_upload_bits',
+                                  metrics=('train/client_work/train/loss',))
+  assert fig.axes[0].get_xlabel() == 'cumulative upload, all clients (bits)'
+  plotting.plt.close(fig)
+  assert plotting.metric_label('cost/client_flops') == 'client compute, all clients per round (FLOPs)'
+  assert plotting.metric_label('sim/cumulative_minutes') == 'simulated time (minutes)'
+
+
+def _fake_sweep(tmp_path, name, seeds):
+  from tests import test_sweep_report  # pylint: disable=g-import-not-at-top
+  script = tmp_path / 'fake_trial.py'
+  script.write_text(test_sweep_report.FAKE_TRIAL)
+  os.environ.setdefault('FAKE_CALLS', str(tmp_path / 'calls.txt'))
+  sweep_dir = str(tmp_path / name)
+  fixed = {'total_rounds': '10', 'task': 'digits'}
+  trials = sweep.expand(sweep.parse_grid('avg: algorithm=fedavg; client_learning_rate=0.7,0.95 | '
+                                         'mfl: algorithm=mfl; client_learning_rate=0.8'),
+                        list(seeds), fixed)
+  sweep.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=2,
+                  command=[sys.executable, str(script)], log=lambda _: None)
+  return sweep_dir
+
+
+def test_report_figure_bands_from_three_seeds_and_regenerate_line(tmp_path, monkeypatch):
+  monkeypatch.setenv('FAKE_CALLS', str(tmp_path / 'calls.txt'))
+  rule = sweep.parse_rule('last_mean:2')
+  for seeds, band in (((0, 1), False), ((0, 1, 2), True)):
+    sweep_dir = _fake_sweep(tmp_path, f'sw{len(seeds)}', seeds)
+    results, _ = sweep.load_results(sweep_dir)
+    summaries = sweep.summarize(results, rule)
+    fig = report.mean_curves_figure(
+        report.best_curves(summaries, rule, ('round', 'cost/cumulative_upload_bits')),
+        rule.metric)
+    assert 'test accuracy' in fig._suptitle.get_text()  # pylint: disable=protected-access
+    assert [ax.get_xlabel() for ax in fig.axes] == ['round',
+                                                    'cumulative upload, all clients (bits)']
+    assert {ax.get_ylabel() for ax in fig.axes} == {'test accuracy'}
+    legend = _texts(fig.legends[0].get_texts())
+    n = len(seeds)
+    suffix = (f'(mean of {n} seeds ± 95% CI)' if band
+              else f'(mean of {n} seeds; CI band from 3 seeds)')
+    assert legend == [f'avg: algorithm=fedavg, client_learning_rate=0.95 {suffix}',
+                      f'mfl: algorithm=mfl, client_learning_rate=0.8 {suffix}'], legend
+    assert (len(fig.axes[0].collections) > 0) == band  # fill_between bands
+    ticks = [float(t) for t in fig.axes[0].get_xticks()]
+    assert ticks == [int(t) for t in ticks]
+    report.plt.close(fig)
+  # bin/report.py: the "Regenerate with" line is the command that ran.
+  out = tmp_path / 'rep' / 'r.md'
+  command = [sys.executable, os.path.join(ROOT, 'bin', 'report.py'), f'--sweep_dir={sweep_dir}',
+             f'--out={out}', '--select_rule=last_mean:2', '--title=Fake sweep']
+  done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  text = out.read_text()
+  assert f'    {shlex.join(command)}\n' in text
+  assert os.path.getsize(tmp_path / 'rep' / 'r_curves.png') > 5000

@@ -14,6 +14,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base as task_base
+from workflow import algorithm_defaults as algorithm_defaults_table
 from tff_adaptive.accounting import flops
 from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
@@ -346,68 +347,38 @@ def _build_pfedme(task, cfg):
       fb_flops_per_example=fb_flops_per_example(task))
 
 
-# Paper defaults (AlgorithmEntry.defaults). Adaptive servers: seed 003's
-# FedAdam/FedYogi/FedAdagrad need a server lr far below FedAvg's 1 (the demo's
-# 0.01; τ = 1e-3). Seed 000 (FedGBO, MFL, MimeXlite) runs Adam with K = 10;
-# seed 002 (FedAda2) SM3-Adam clients, Adam server, K = 10 (dense Adam clients
-# with --preconditioner=dja, which SM3 cannot start from); thesis ch. 3
-# (CE-FedAvg) top-k + 8-bit quantised uploads of Adam clients; thesis ch. 4
-# (MTFL) a model with batch normalisation, the patch it keeps private.
-_ADAPTIVE_SERVER = {'server_learning_rate': 0.01}
-MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
-               'cifar10': ('cifar10_model', 'mtfl_cnn')}
-
-
-def _fedada2_defaults(cfg):
-  dense = cfg.get('preconditioner') == 'dja'
-  return {'client_optimizer': 'adam' if dense else 'sm3_adam', 'local_steps': 10,
-          'client_learning_rate': 0.01, 'server_learning_rate': 0.03}
-
-
-def _mtfl_defaults(cfg):
-  flag, model = MTFL_MODELS.get(cfg.get('task'), (None, None))
-  out = {flag: model} if flag else {}
-  if cfg.get('mtfl_strategy') == 'fedavg_adam':
-    out['client_optimizer'] = 'adam'
-  return out
-
-
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     **{name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt, server {opt} (seed 003)',
-                            defaults=(lambda cfg: _ADAPTIVE_SERVER) if opt in (
-                                'adam', 'yogi', 'adagrad') else (lambda cfg: {}))
+                            defaults=algorithm_defaults_table.DEFAULTS[name])
        for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()},
     'fedgbo': AlgorithmEntry(_build_fedgbo, biased_optimizers.NAMES, needs_local_steps=True,
                              doc='global biased optimiser, fixed on clients (seed 000)',
-                             defaults=lambda cfg: {'client_optimizer': 'adam', 'local_steps': 10}),
+                             defaults=algorithm_defaults_table.DEFAULTS['fedgbo']),
     'mfl': AlgorithmEntry(_build_mfl, biased_optimizers.NAMES,
                           doc='locally moving optimiser state, averaged (seed 000)',
-                          defaults=lambda cfg: {'client_optimizer': 'adam'}),
+                          defaults=algorithm_defaults_table.DEFAULTS['mfl']),
     'mimelite': AlgorithmEntry(_build_mimelite, MIME_OPTIMIZERS, doc="TFF's Mimelite"),
     'mimexlite': AlgorithmEntry(_build_mimexlite, MIME_OPTIMIZERS, needs_local_steps=True,
                                 doc='Mimelite with a one-minibatch gradient (seed 000)',
-                                defaults=lambda cfg: {'local_steps': 10}),
+                                defaults=algorithm_defaults_table.DEFAULTS['mimexlite']),
     'fedprox': AlgorithmEntry(_build_fedprox, doc="TFF's FedProx"),
     'fedmax': AlgorithmEntry(_build_fedmax, doc='max-entropy activation penalty'),
     'ce_fedavg': AlgorithmEntry(_build_ce_fedavg, ('adam',),
                                 doc='MFL-Adam with compressed uploads (thesis ch. 3)',
-                                defaults=lambda cfg: {'client_optimizer': 'adam',
-                                                      'upload_compression': 'topk_uniq'}),
+                                defaults=algorithm_defaults_table.DEFAULTS['ce_fedavg']),
     'fedada2': AlgorithmEntry(_build_fedada2, fedada2.CLIENT_OPTIMIZERS,
                               doc='joint client+server adaptivity, SM3 clients (seed 002)',
-                              defaults=_fedada2_defaults),
+                              defaults=algorithm_defaults_table.DEFAULTS['fedada2']),
     'mtfl': AlgorithmEntry(_build_mtfl, ('sgd', 'adam'),
                            doc='private batch-norm patches, per-client state (thesis ch. 4)',
-                           defaults=_mtfl_defaults),
+                           defaults=algorithm_defaults_table.DEFAULTS['mtfl']),
     'perfedavg': AlgorithmEntry(_build_perfedavg, doc='Per-FedAvg, first order (thesis ch. 4)'),
     'pfedme': AlgorithmEntry(_build_pfedme, doc='pFedMe, Moreau envelopes (thesis ch. 4)'),
 }
 
 
-def algorithm_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
-  """The paper defaults of `cfg['algorithm']`, given the rest of `cfg`."""
-  entry = ALGORITHMS.get(cfg.get('algorithm'))
-  return dict(entry.defaults(cfg)) if entry else {}
+algorithm_defaults = algorithm_defaults_table.algorithm_defaults
+MTFL_MODELS = algorithm_defaults_table.MTFL_MODELS
 
 
 def apply_defaults(cfg: Mapping[str, Any], explicit) -> tuple[dict[str, Any], list[str]]:

@@ -205,8 +205,8 @@ def run_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
   A flag's default is the algorithm's default where it has one
   (`workflow.algorithms`), else bin/train's. Sorted by flag name.
   """
-  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
-  defaults = {**train_flags.DEFAULTS, **algorithm_registry.algorithm_defaults(cfg)}
+  from workflow import algorithm_defaults  # pylint: disable=g-import-not-at-top
+  defaults = {**train_flags.DEFAULTS, **algorithm_defaults.algorithm_defaults(cfg)}
   return {k: cfg[k] for k in sorted(cfg)
           if k not in NOT_IN_NAME and k in defaults and cfg[k] != defaults[k]}
 
@@ -375,7 +375,11 @@ def run_training(cfg: Mapping[str, Any], notes=()):
       process, data_steps = workers.compose_data_on_workers(
           process, task, cfg.get('local_steps') or None)
       client_data_fn = workers.client_ids_fn(data_steps)
+    fresh = not os.path.exists(os.path.join(experiment_dir(cfg), 'flags.json'))
     out = prepare_output_dir(cfg)
+    if fresh:  # the run's settings in TensorBoard's HParams table (once per run)
+      from workflow import tensorboard_hparams  # pylint: disable=g-import-not-at-top
+      tensorboard_hparams.write_hparams(out, cfg)
     runtime.set_worker_log_dir(out)  # worker.log beside the run's other files
     # Personalised algorithms: noisy clients, the per-client state store
     # (a ClientStateError, a ValueError, names a foreign directory).

@@ -23,11 +23,13 @@ across seeds; FLOPs differ by the examples each client holds).
 import dataclasses
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
 import numpy as np
 
+from workflow import plotting
 from workflow import stats
 from workflow import sweep
 
@@ -119,26 +121,41 @@ def mean_curve(results: Sequence[sweep.TrialResult], metric: str, x: str = 'roun
   return Curve(np.array(xs), np.array(means), np.array(halves), len(per_seed))
 
 
-def plot_mean_curves(curves: Mapping[str, Mapping[str, Curve]], metric: str, out: str,
-                     title: str = '') -> str:
-  """One panel per x axis (curves[x][label]); mean lines with CI bands."""
+# A t-interval from 2 seeds is ±12.7 standard errors wide (1 degree of
+# freedom): bands start at 3 seeds; below, the legend says what the line is.
+MIN_SEEDS_FOR_BAND = 3
+
+
+def curve_label(label: str, curve: Curve, confidence: float = 0.95) -> str:
+  """The legend entry: the group and what its line and band are."""
+  if curve.seeds >= MIN_SEEDS_FOR_BAND and np.any(np.isfinite(curve.half_width)):
+    return f'{label} (mean of {curve.seeds} seeds ± {confidence:.0%} CI)'
+  if curve.seeds == 1:
+    return f'{label} (1 seed)'
+  return f'{label} (mean of {curve.seeds} seeds; CI band from {MIN_SEEDS_FOR_BAND} seeds)'
+
+
+def mean_curves_figure(curves: Mapping[str, Mapping[str, Curve]], metric: str, title: str = '',
+                       confidence: float = 0.95):
+  """One panel per x axis (curves[x][label]): mean lines, CI bands from 3 seeds; the open figure."""
   axes_names = [x for x in curves if curves[x]]
   if not axes_names:
     raise ValueError('no curves to plot')
-  fig, axes = plt.subplots(1, len(axes_names), figsize=(4.6 * len(axes_names), 3.8),
+  fig, axes = plt.subplots(1, len(axes_names), figsize=(4.8 * len(axes_names), 4.2),
                            squeeze=False)
   for ax, x in zip(axes[0], axes_names):
     for i, (label, c) in enumerate(curves[x].items()):
       color = f'C{i % 10}'
-      ax.plot(c.x, c.mean, color=color, label=label, lw=1.5)
-      if np.any(np.isfinite(c.half_width)):
+      ax.plot(c.x, c.mean, color=color, label=curve_label(label, c, confidence), lw=1.5,
+              marker='o' if len(c.x) < 20 else None, markersize=3)
+      if c.seeds >= MIN_SEEDS_FOR_BAND and np.any(np.isfinite(c.half_width)):
         ax.fill_between(c.x, c.mean - c.half_width, c.mean + c.half_width, color=color,
-                        alpha=0.1, lw=0)
-    ax.set_xlabel(COST_AXES.get(x, x))
+                        alpha=0.15, lw=0)
+    ax.set_xlabel(plotting.metric_label(x))
     if x != 'round':
       ax.set_xscale('log')
-    # With few seeds a t-interval is wide (±12.7 standard errors for 2): the
-    # axes follow the mean curves, and bands beyond them are cut off.
+    plotting.integer_ticks(ax, x, np.concatenate([c.x for c in curves[x].values()]))
+    # A wide band must not flatten the curves: the axes follow the means.
     means = np.concatenate([c.mean for c in curves[x].values()])
     low, high = float(np.min(means)), float(np.max(means))
     pad = 0.15 * (high - low) or 0.05
@@ -146,12 +163,17 @@ def plot_mean_curves(curves: Mapping[str, Mapping[str, Curve]], metric: str, out
     if 'accuracy' in metric:
       low, high = max(low, 0.0), min(high, 1.0)
     ax.set_ylim(low, high)
-    ax.set_ylabel(metric)
+    ax.set_ylabel(plotting.metric_label(metric))
     ax.grid(alpha=0.3)
-  axes[0][0].legend(fontsize=8)
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
+  plotting.finish_figure(fig, axes[0][0], title or f'{plotting.metric_label(metric)}: the '
+                         'selected configuration of each group')
+  return fig
+
+
+def plot_mean_curves(curves: Mapping[str, Mapping[str, Curve]], metric: str, out: str,
+                     title: str = '', confidence: float = 0.95) -> str:
+  """Writes `mean_curves_figure` to `out` (PNG); returns `out`."""
+  fig = mean_curves_figure(curves, metric, title, confidence)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   fig.savefig(out, dpi=100)
   plt.close(fig)
@@ -268,6 +290,11 @@ def best_curves(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
                 xs: Sequence[str], groups: Optional[Sequence[str]] = None,
                 confidence: float = 0.95) -> dict[str, dict[str, Curve]]:
   best = sweep.select_best(summaries, rule)
+  # Legend: the group and the settings in which the plotted configurations differ.
+  configs = {group: dict(s.config) for group, s in best.items()
+             if groups is None or group in groups}
+  keys = sorted({k for c in configs.values() for k in c})
+  differing = [k for k in keys if len({c.get(k) for c in configs.values()}) > 1]
   curves = {}
   for x in xs:
     curves[x] = {}
@@ -276,7 +303,8 @@ def best_curves(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
         continue
       c = mean_curve([r for r in s.results if r.finished], rule.metric, x, confidence)
       if c is not None:
-        curves[x][group] = c
+        own = ', '.join(f'{k}={configs[group][k]}' for k in differing if k in configs[group])
+        curves[x][f'{group}: {own}' if own else group] = c
   return curves
 
 
@@ -289,8 +317,13 @@ def write_sweep_report(sweep_dir: str, out_md: str, rule: sweep.Rule,
   results, fixed = sweep.load_results(sweep_dir)
   summaries = sweep.summarize(results, rule, confidence)
   stem = os.path.splitext(out_md)[0]
+  figure_title = title
+  if not figure_title:
+    shared = ', '.join(f'{k}={v}' for k, v in fixed.items() if k not in sweep.MANAGED_FLAGS)
+    figure_title = (f'{plotting.metric_label(rule.metric)}: the selected configuration of each '
+                    f'group' + (f'\n{textwrap.shorten(shared, 110)}' if shared else ''))
   figure = plot_mean_curves(best_curves(summaries, rule, xs, confidence=confidence),
-                            rule.metric, f'{stem}_curves.png', title)
+                            rule.metric, f'{stem}_curves.png', figure_title, confidence)
   parts = [f'# {title or "Sweep report"}', '']
   if command:
     parts += ['Regenerate with:', '', f'    {command}', '']
@@ -299,8 +332,9 @@ def write_sweep_report(sweep_dir: str, out_md: str, rule: sweep.Rule,
               '']
   parts += [markdown_tables(summaries, rule, target, confidence, all_configs), '',
             f'![mean curves]({os.path.relpath(figure, os.path.dirname(os.path.abspath(out_md)))})',
-            '', f'Curves: the selected configuration of each group, mean over seeds with a '
-            f'{confidence:.0%} CI band.', '']
+            '', f'Curves: the selected configuration of each group, mean over seeds; with '
+            f'{MIN_SEEDS_FOR_BAND} or more seeds a {confidence:.0%} CI band (the legend says '
+            'which).', '']
   text = '\n'.join(parts)
   os.makedirs(os.path.dirname(os.path.abspath(out_md)), exist_ok=True)
   with open(out_md, 'w') as f:
