@@ -174,7 +174,7 @@ def integer_ticks(ax, x: str, xs: Sequence[float] = ()) -> None:
     ax.set_xticks(range(first, last + 1))
     ax.set_xlim(first - 0.5, last + 0.5)
   else:
-    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 def plot_runs(runs: Sequence[str], out: str, *, x: str = 'round',
