@@ -154,6 +154,7 @@ def test_run_names_differ_by_setting_and_reruns_resume(tmp_path, capsys):
 
 
 def test_user_defined_task_from_outside_tasks(tmp_path):
+  from tests import custom_task_fixture  # pylint: disable=g-import-not-at-top,unused-import
   cfg, _, row = _run(tmp_path, '--task=tests.custom_task_fixture:make_task', '--total_rounds=2',
                      '--algorithm=fedadam')
   assert os.path.basename(cli.experiment_dir(cfg)).startswith(
