@@ -64,6 +64,9 @@ TRAIN_SUFFIXES = {
     'accuracy': 'training accuracy (sampled clients)',
     'num_examples': 'training examples per round',
     'num_batches': 'training minibatches per round',
+    'first_minibatch_loss': 'training loss, first minibatch',
+    'delta_cosine_distance': 'client drift: cosine distance of updates',
+    'model_cosine_distance': 'client drift: cosine distance of models',
 }
 
 
