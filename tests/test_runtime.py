@@ -115,3 +115,33 @@ def test_worker_of_tffs_default_context_does_not_outlive_parent():
   pids = [int(p) for p in line.split()[1:]]
   assert pids, 'TFF started no tracked worker'
   assert _gone(pids), f'worker(s) {pids} of TFF\'s default context outlived the program'
+
+
+def test_a_second_context_after_shutdown_prints_no_tff_noise():
+  """Two runs in one process: the first run's stopped worker is not signalled again.
+
+  TFF's ServiceManager.__del__ (when the second context replaces the first)
+  would `os.kill` the first worker's impossible pid and print "Exception
+  ignored ... ProcessLookupError"; `shutdown_workers` detaches it first.
+  """
+  code = textwrap.dedent(f'''
+      import gc, sys
+      sys.path.insert(0, {ROOT!r})
+      import tensorflow as tf
+      import tensorflow_federated as tff
+      from tff_adaptive.execution import runtime
+      @tff.tensorflow.computation(tf.int32)
+      def add_one(x):
+        return x + 1
+      for _ in range(2):
+        runtime.use_local_cpp_context()
+        assert add_one(1) == 2
+        runtime.shutdown_workers()
+      gc.collect()
+      print('done', flush=True)
+  ''')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert result.returncode == 0 and 'done' in result.stdout, result.stderr[-3000:]
+  assert 'Exception ignored' not in result.stderr, result.stderr[-3000:]
+  assert 'ProcessLookupError' not in result.stderr, result.stderr[-3000:]

@@ -147,6 +147,24 @@ def shutdown_workers(timeout: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
       proc.kill()
       proc.wait()
+  if children:
+    _forget_stopped_workers(children)
+
+
+def _forget_stopped_workers(children) -> None:
+  """Detaches stopped workers from the TFF ServiceManagers that started them.
+
+  A ServiceManager's `__del__` (when its context is replaced, e.g. a second
+  training run in one process) does `os.kill(process.pid, SIGINT)`; for a
+  reaped worker our pid is impossible (see `_TrackedPopen`), which TFF reports
+  as "Exception ignored ... ProcessLookupError". With `_process` cleared,
+  `__del__` has nothing to stop.
+  """
+  stopped = {id(p) for p in children}
+  for obj in gc.get_objects():
+    if (type(obj).__name__ == 'ServiceManager' and
+        id(getattr(obj, '_process', None)) in stopped):
+      obj._process = None  # pylint: disable=protected-access
 
 
 def _disarm_service_managers() -> None:
