@@ -122,7 +122,7 @@ def test_fedgbo_fixed_factors_give_the_direction_bit_for_bit(name):
   # U(g, s) written out in full, every term evaluated per step.
   if name == 'sgdm':
     expected = [opt.beta_1 * m + (1 - opt.beta_1) * gi for m, gi in zip(state['m'], g)]
-  elif name == 'rmsprop':
+  elif name in ('rmsprop', 'adagrad'):
     expected = [gi / (tf.sqrt(v) + opt.epsilon) for gi, v in zip(g, state['v'])]
   else:
     expected = [(opt.beta_1 * m + (1 - opt.beta_1) * gi) / (tf.sqrt(v) + opt.epsilon)

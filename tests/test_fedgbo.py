@@ -23,6 +23,7 @@ K = 3
 LR = 0.1
 SIZES = (7, 12, 5)  # partial batches; the 5-example client cycles within a round
 BETA_1, BETA_2, EPS = 0.8, 0.9, 1e-3
+V0 = 0.5  # AdaGrad's initial accumulator (the other rows start from v = 1)
 UNIFORM = tff.learning.ClientWeighting.UNIFORM
 
 
@@ -44,6 +45,9 @@ def _opt(name, beta_1=BETA_1):
     return tff.learning.optimizers.build_sgdm(LR, momentum=beta_1)
   if name == 'rmsprop':
     return tff.learning.optimizers.build_rmsprop(LR, decay=beta_1, epsilon=EPS)
+  if name == 'adagrad':
+    return tff.learning.optimizers.build_adagrad(LR, initial_preconditioner_value=V0,
+                                                 epsilon=EPS)
   return tff.learning.optimizers.build_adam(LR, beta_1=beta_1, beta_2=BETA_2, epsilon=EPS)
 
 
@@ -83,6 +87,8 @@ def _np_init(name, x):
     s['m'] = [np.zeros_like(a) for a in x]
   if name in ('rmsprop', 'adam'):
     s['v'] = [np.ones_like(a) for a in x]
+  if name == 'adagrad':
+    s['v'] = [np.full_like(a, V0) for a in x]
   if name == 'adam':
     s['step'] = 0.0
   return s
@@ -92,7 +98,7 @@ def _np_fixed_direction(name, s, g):
   """U(g, s) with s fixed."""
   if name == 'sgdm':
     return [BETA_1 * m + (1 - BETA_1) * gi for m, gi in zip(s['m'], g)]
-  if name == 'rmsprop':
+  if name in ('rmsprop', 'adagrad'):
     return [gi / (np.sqrt(v) + EPS) for gi, v in zip(g, s['v'])]
   return [(BETA_1 * m + (1 - BETA_1) * gi) / (np.sqrt(v) + EPS)
           for m, gi, v in zip(s['m'], g, s['v'])]
@@ -103,7 +109,9 @@ def _np_track(name, s, g):
   s = collections.OrderedDict(s)
   if 'm' in s:
     s['m'] = [BETA_1 * m + (1 - BETA_1) * gi for m, gi in zip(s['m'], g)]
-  if 'v' in s:
+  if 'v' in s and name == 'adagrad':  # accumulates
+    s['v'] = [v + gi**2 for v, gi in zip(s['v'], g)]
+  elif 'v' in s:
     beta = BETA_1 if name == 'rmsprop' else BETA_2  # RMSProp's one β
     s['v'] = [beta * v + (1 - beta) * gi**2 for v, gi in zip(s['v'], g)]
   if 'step' in s:
@@ -161,7 +169,7 @@ def test_fedgbo_tracks_mean_of_all_minibatch_gradients(clients, name):
   state = process.initialize()
   x = at.trainable(process, state)
   s = _np_init(name, x)
-  _assert_stats_close(_stats(state), s, 0, 0, 'initial state (m = 0, v = 1)')
+  _assert_stats_close(_stats(state), s, 0, 0, 'initial state (m = 0, v = 1 or V0)')
   data = at.datasets(clients)
   for r in range(2):  # round 2 starts from m ≠ 0, v ≠ 1
     output = process.next(state, data)
@@ -172,7 +180,7 @@ def test_fedgbo_tracks_mean_of_all_minibatch_gradients(clients, name):
     # The identity is sharp: tracking only the clients' first gradients (what
     # a one-minibatch estimate would give) does not match.
     wrong = _np_track(name, s, g_first)
-    key = 'v' if name == 'rmsprop' else 'm'
+    key = 'v' if name in ('rmsprop', 'adagrad') else 'm'
     assert at.max_abs_diff(wrong[key], s_next[key]) > 1e-3
     s = s_next
     assert output.metrics['cost']['client_steps'] == K * len(SIZES)

@@ -177,6 +177,10 @@ def _fedopt_family(algorithm: str) -> Builder:
   return build
 
 
+# The seed's table (SPEC §2); the library's FedGBO/MFL also take an AdaGrad.
+BIASED_FLAG_OPTIMIZERS = ('sgdm', 'rmsprop', 'adam')
+
+
 def _biased_client_optimizer(cfg):
   """--client_optimizer of FedGBO/MFL as the TFF optimiser whose hyperparameters
   the builders read (β1 is SGDm's momentum and RMSProp's decay, SPEC §2)."""
@@ -351,10 +355,10 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     **{name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt, server {opt} (seed 003)',
                             defaults=algorithm_defaults_table.DEFAULTS[name])
        for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()},
-    'fedgbo': AlgorithmEntry(_build_fedgbo, biased_optimizers.NAMES, needs_local_steps=True,
+    'fedgbo': AlgorithmEntry(_build_fedgbo, BIASED_FLAG_OPTIMIZERS, needs_local_steps=True,
                              doc='global biased optimiser, fixed on clients (seed 000)',
                              defaults=algorithm_defaults_table.DEFAULTS['fedgbo']),
-    'mfl': AlgorithmEntry(_build_mfl, biased_optimizers.NAMES,
+    'mfl': AlgorithmEntry(_build_mfl, BIASED_FLAG_OPTIMIZERS,
                           doc='locally moving optimiser state, averaged (seed 000)',
                           defaults=algorithm_defaults_table.DEFAULTS['mfl']),
     'mimelite': AlgorithmEntry(_build_mimelite, MIME_OPTIMIZERS, doc="TFF's Mimelite"),

@@ -98,9 +98,11 @@ def build_fedgbo(
       whose kind and hyperparameters are read (`adapters.to_biased`):
       `tff.learning.optimizers.build_sgdm(η, momentum=β)` (SGDm; no momentum:
       FedAvg), `build_rmsprop(η, decay=β, epsilon=ε)`, `build_adam(η, beta_1,
-      beta_2, epsilon)` or the package's paper-semantics Adam. SPEC §2's
-      table applies (m = 0, v = 1, no bias correction); η is the initial
-      `state.client_work['learning_rate']`.
+      beta_2, epsilon)`, `build_adagrad(η, initial_preconditioner_value,
+      epsilon)` or the package's paper-semantics Adam / client AdaGrad. SPEC
+      §2's table applies (m = 0, v = 1, no bias correction; AdaGrad: see
+      `biased`); η is the initial `state.client_work['learning_rate']`.
+      Others (Yogi, SM3, ...) are refused with a ValueError.
     local_steps: K, identical for every client (required).
     upload: 'model' (the paper's default) or 'average_gradient'.
     client_weighting: default UNIFORM (the paper; the exact-tracking identity

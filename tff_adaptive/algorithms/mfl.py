@@ -78,7 +78,8 @@ def build_mfl(
   """MFL (see module docstring); `local_steps=0` runs epochs.
 
   `client_optimizer_fn` is read as for FedGBO (`adapters.to_biased`: TFF's
-  `build_sgdm`, `build_rmsprop`, `build_adam` or the paper-semantics Adam);
+  `build_sgdm`, `build_rmsprop`, `build_adam`, `build_adagrad` or the
+  paper-semantics Adam / client AdaGrad);
   its state moves on the clients (SPEC §2 table, m = 0, v = 1);
   `bias_correction` switches on Adam's bias correction. No server optimiser:
   x_{t+1} = x_t − Δ̄. Other arguments as `fedgbo.build_fedgbo`.

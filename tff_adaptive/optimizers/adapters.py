@@ -113,8 +113,8 @@ def sgd_learning_rate(optimizer: Any, *, algorithm: str) -> float:
 
 
 BIASED_ACCEPTS = ('tff.learning.optimizers.build_sgdm (SGD or momentum), build_rmsprop, '
-                  'build_adam, or tff_adaptive.optimizers.build_paper_client_adam / '
-                  'build_paper_adam')
+                  'build_adam, build_adagrad, or tff_adaptive.optimizers.build_paper_client_adam '
+                  '/ build_paper_adam / build_paper_client_adagrad')
 
 
 def to_biased(optimizer: Any, *, algorithm: str,
@@ -123,7 +123,8 @@ def to_biased(optimizer: Any, *, algorithm: str,
 
   SGD → 'sgdm' with β = momentum (0 without momentum: FedGBO is then FedAvg);
   RMSProp → 'rmsprop' with β = decay; Adam (TFF's or paper semantics) →
-  'adam' with β1, β2, ε. The state starts as SPEC §2 says (m = 0, v = 1) and
+  'adam' with β1, β2, ε; AdaGrad (TFF's, or the paper-semantics one without
+  momentum) → 'adagrad' with ε and its initial accumulator as v_0. The state starts as SPEC §2 says (m = 0, v = 1) and
   the table's semantics apply whatever the optimiser's own (TFF's Adam is
   bias-corrected, for instance): the optimiser names the row of the table
   and its hyperparameters. `bias_correction` (or a paper-semantics Adam built
@@ -136,12 +137,19 @@ def to_biased(optimizer: Any, *, algorithm: str,
   elif info.kind == 'rmsprop':
     opt = biased.BiasedOptimizer('rmsprop', beta_1=float(h['decay']),
                                  epsilon=float(h['epsilon']))
+  elif info.kind in ('adagrad', 'paper_adagrad'):
+    initial = getattr(optimizer, '_initial_precond', getattr(optimizer, '_v0', 1.0))
+    if float(h.get('beta_1', 0.0) or 0.0):
+      raise ValueError(f'{algorithm} cannot take an AdaGrad with momentum (beta_1 = '
+                       f'{h["beta_1"]}); it accepts {BIASED_ACCEPTS}')
+    opt = biased.BiasedOptimizer('adagrad', epsilon=float(h['epsilon']),
+                                 initial_v=float(initial))
   elif info.kind in ('adam', 'paper_adam'):
     opt = biased.BiasedOptimizer('adam', beta_1=float(h.get('beta_1', 0.0)),
                                  beta_2=float(h['beta_2']), epsilon=float(h['epsilon']),
                                  bias_correction=bias_correction or info.bias_correction)
   else:
     raise ValueError(f'{algorithm} cannot take the client optimiser {type(optimizer).__name__} '
-                     f'({info.kind}): its client step is the SGDm / RMSProp / Adam table of '
-                     f'SPEC §2; it accepts {BIASED_ACCEPTS}')
+                     f'({info.kind}): its client step is the SGDm / RMSProp / Adam (/ AdaGrad) '
+                     f'table of SPEC §2; it accepts {BIASED_ACCEPTS}')
   return opt, info.learning_rate

@@ -17,6 +17,12 @@ correction (MFL-Adam may switch it on; its step counter t is part of s):
            I = (Δ̄(√v + ε)/(ηK) − β1 m)/(1−β1)
 Ops per parameter per step (SPEC §8): C_fixed / C_moving = SGDm 5/8,
 RMSProp 5/5, Adam 8/11.
+
+AdaGrad is not in the seed's table; it is the RMSProp row with the decay
+replaced by accumulation (U = g/(√v + ε), T: v ← v + g̃², I as RMSProp's),
+ε outside √ like the other rows, and v_0 = `initial_v` (the AdaGrad
+optimiser's own initial accumulator, since seed 000's v = 1 is a choice for
+its three rows). Ops 5/6.
 """
 
 import collections
@@ -24,8 +30,8 @@ import dataclasses
 
 import tensorflow as tf
 
-NAMES = ('sgdm', 'rmsprop', 'adam')
-OPS = {'sgdm': (5, 8), 'rmsprop': (5, 5), 'adam': (8, 11)}
+NAMES = ('sgdm', 'rmsprop', 'adam', 'adagrad')
+OPS = {'sgdm': (5, 8), 'rmsprop': (5, 5), 'adam': (8, 11), 'adagrad': (5, 6)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +42,7 @@ class BiasedOptimizer:
   beta_2: float = 0.99
   epsilon: float = 1e-8
   bias_correction: bool = False
+  initial_v: float = 1.0
 
   def __post_init__(self):
     if self.name not in NAMES:
@@ -58,8 +65,8 @@ class BiasedOptimizer:
     state = collections.OrderedDict()
     if self.name in ('sgdm', 'adam'):
       state['m'] = [tf.zeros(s.shape, tf.float32) for s in specs]
-    if self.name in ('rmsprop', 'adam'):
-      state['v'] = [tf.ones(s.shape, tf.float32) for s in specs]
+    if self.name in ('rmsprop', 'adam', 'adagrad'):
+      state['v'] = [tf.fill(s.shape, tf.constant(self.initial_v, tf.float32)) for s in specs]
     if self.name == 'adam':
       state['step'] = tf.constant(0.0)  # a float so that MFL can average it
     return state
@@ -98,7 +105,9 @@ class BiasedOptimizer:
     new = collections.OrderedDict(state)
     if 'm' in state:
       new['m'] = [self.beta_1 * m + (1 - self.beta_1) * g for m, g in zip(state['m'], g_tilde)]
-    if 'v' in state:
+    if 'v' in state and self.name == 'adagrad':
+      new['v'] = [v + tf.square(g) for v, g in zip(state['v'], g_tilde)]
+    elif 'v' in state:
       beta = self.beta_1 if self.name == 'rmsprop' else self.beta_2
       new['v'] = [beta * v + (1 - beta) * tf.square(g) for v, g in zip(state['v'], g_tilde)]
     if 'step' in state:
@@ -110,7 +119,7 @@ class BiasedOptimizer:
     new = self.track(state, grads)
     if self.name == 'sgdm':
       return new, list(new['m'])
-    if self.name == 'rmsprop':
+    if self.name in ('rmsprop', 'adagrad'):
       return new, [g / d for g, d in zip(grads, self._denominator(new['v']))]
     m, v = new['m'], new['v']
     if self.bias_correction:
@@ -126,7 +135,7 @@ class BiasedOptimizer:
       return [(d * scale - self.beta_1 * m) / (1 - self.beta_1)
               for d, m in zip(mean_delta, state['m'])]
     denom = self._denominator(state['v'])
-    if self.name == 'rmsprop':
+    if self.name in ('rmsprop', 'adagrad'):
       return [d * scale * q for d, q in zip(mean_delta, denom)]
     return [(d * scale * q - self.beta_1 * m) / (1 - self.beta_1)
             for d, q, m in zip(mean_delta, denom, state['m'])]
