@@ -161,6 +161,35 @@ def build_raw(setting: Setting):
   return lambda: raw_round().numpy()
 
 
+def build_raw_pipeline(setting: Setting):
+  """Raw compute fed by tf.data: the same steps, each client's batches read from
+  `from_tensor_slices(client examples).batch(B)` (the rounds' own pipeline,
+  `Setting.client_dataset`) inside the same `tf.function`, so that round ÷
+  raw_pipeline is the executor's cost alone and raw_pipeline ÷ raw the data
+  pipeline's."""
+  model = setting.keras_fn()
+  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  variables = model.trainable_variables
+  initial = [tf.constant(v.numpy()) for v in variables]
+  xs, ys = zip(*(setting.client_tensors(c) for c in range(setting.clients)))
+  clients = tf.data.Dataset.from_tensor_slices((tf.stack(xs), tf.stack(ys)))
+
+  @tf.function
+  def raw_round():
+    loss = tf.constant(0.0)
+    for xc, yc in clients:
+      for v, w in zip(variables, initial):
+        v.assign(w)
+      for xb, yb in iter(tf.data.Dataset.from_tensor_slices((xc, yc)).batch(setting.batch)):
+        with tf.GradientTape() as tape:
+          loss = loss_fn(yb, model(xb, training=True))
+        for v, g in zip(variables, tape.gradient(loss, variables)):
+          v.assign_sub(LEARNING_RATE * g)
+    return loss
+
+  return lambda: raw_round().numpy()
+
+
 def build_process(name: str, setting: Setting):
   if name == TFF_REFERENCE:
     return tff.learning.algorithms.build_weighted_fed_avg(
@@ -230,8 +259,9 @@ def _finite_ratio(a, b):
 def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0):
   """Ratios to raw compute for `names` under each data mode, all interleaved."""
   load_before = _load()
-  fns = {'raw': build_raw(setting)}
+  fns = {'raw': build_raw(setting), 'raw_pipeline': build_raw_pipeline(setting)}
   fns['raw']()  # trace
+  fns['raw_pipeline']()
   runners = {}
   for name in names:
     for mode in data_modes:
@@ -241,6 +271,7 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
       fns[f'{name}/{mode}'] = runner
   times = interleaved(fns, reps)
   raw = statistics.median(times['raw'])
+  raw_pipeline = statistics.median(times['raw_pipeline'])
   rows = []
   for key, runner in runners.items():
     name, mode = key.split('/')
@@ -248,6 +279,7 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
     per_rep = [t / r for t, r in zip(times[key], times['raw'])]
     rows.append(collections.OrderedDict(
         algorithm=name, data=mode, round_s=med, raw_s=raw, ratio=_finite_ratio(med, raw),
+        raw_pipeline_s=raw_pipeline, ratio_to_raw_pipeline=_finite_ratio(med, raw_pipeline),
         ratio_per_rep_median=statistics.median(per_rep),
         build_s=runner.build_s, init_s=runner.init_s, first_round_s=runner.first_round_s,
         first_round_over_round=_finite_ratio(runner.first_round_s, med)))
@@ -261,7 +293,9 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
         profiles[key] = profile(runners[key], profile_rounds)
   return collections.OrderedDict(
       setting=vars_of(setting), reps=reps, load_before=load_before, load_after=_load(),
-      raw_times_s=times['raw'], rows=rows, times_s=times, profiles=profiles)
+      raw_times_s=times['raw'], raw_pipeline_times_s=times['raw_pipeline'],
+      raw_pipeline_over_raw=_finite_ratio(raw_pipeline, raw), rows=rows, times_s=times,
+      profiles=profiles)
 
 
 def vars_of(setting):
@@ -372,13 +406,19 @@ def markdown(out_dir) -> str:
                    f"{statistics.median(data['raw_times_s']):.3f} s; load "
                    f"{data['load_before']} → {data['load_after']}")
       lines.append('')
-      lines.append('| algorithm | data | round s | ÷ raw | ÷ FedAvg (same data) | build s | '
-                   'init s | first round s | first ÷ later |')
-      lines.append('|---|---|---|---|---|---|---|---|---|')
+      if 'raw_pipeline_times_s' in data:
+        lines.append(f"raw compute fed by tf.data (raw_pipeline) "
+                     f"{statistics.median(data['raw_pipeline_times_s']):.3f} s "
+                     f"({data['raw_pipeline_over_raw']:.2f}× raw)")
+        lines.append('')
+      lines.append('| algorithm | data | round s | ÷ raw | ÷ raw_pipeline | ÷ FedAvg (same data) | '
+                   'build s | init s | first round s | first ÷ later |')
+      lines.append('|---|---|---|---|---|---|---|---|---|---|')
       for r in data['rows']:
         fa = f"{r['ratio_to_fedavg']:.2f}" if r.get('ratio_to_fedavg') else '–'
+        rp = f"{r['ratio_to_raw_pipeline']:.2f}" if r.get('ratio_to_raw_pipeline') else '–'
         lines.append(f"| {r['algorithm']} | {r['data']} | {r['round_s']:.3f} | "
-                     f"{r['ratio']:.2f} | {fa} | {r['build_s']:.1f} | {r['init_s']:.1f} | "
+                     f"{r['ratio']:.2f} | {rp} | {fa} | {r['build_s']:.1f} | {r['init_s']:.1f} | "
                      f"{r['first_round_s']:.1f} | {r['first_round_over_round']:.1f} |")
     elif data['section'].startswith('native_profile'):
       s = data['setting']
@@ -414,7 +454,32 @@ def markdown(out_dir) -> str:
       lines.append('|' + '---|' * len(data['columns']))
       for e in data['entries']:
         lines.append('| ' + ' | '.join(
-            f'{e[c]:.2f}' if isinstance(e[c], float) else str(e[c]) for c in data['columns']) + ' |')
+            (f'{e[c]:.2f}' if isinstance(e[c], float) else str(e[c])) if c in e else '–'
+            for c in data['columns']) + ' |')
+    elif 'create' in data:  # bench/data_path.py
+      lines.append(f"Stand-ins in {data['data_dir']}; K = {data['local_steps']} steps × batch "
+                   f"{data['batch']}; load {data['load_before']} → {data['load_after']}")
+      lines.append('')
+      if data['create']:
+        lines.append('| task | loading | train clients | create s | RSS after imports MiB | '
+                     'peak RSS MiB |')
+        lines.append('|---|---|---|---|---|---|')
+        for c in data['create']:
+          how = "TFF's load_data" if c.get('baseline') else 'ours'
+          lines.append(f"| {c['task']} | {how} | {c['train_clients']} | {c['create_s']:.2f} | "
+                       f"{c['rss_after_import_mib']:.0f} | {c['peak_rss_mib']:.0f} |")
+        lines.append('')
+      if data['rounds']:
+        lines.append('| task | clients | sample s | build s | pipeline s | round s | '
+                     'round (in-memory data) s | (sample + build) share | pipeline ÷ round | '
+                     'peak RSS MiB |')
+        lines.append('|---|---|---|---|---|---|---|---|---|---|')
+        for r in data['rounds']:
+          m = r['medians']
+          lines.append(f"| {r['task']} | {r['clients']} | {m['sample_s']:.4f} | "
+                       f"{m['build_s']:.3f} | {m['pipeline_s']:.3f} | {m['round_s']:.2f} | "
+                       f"{m['round_mem_s']:.2f} | {100 * r['python_data_share']:.1f}% | "
+                       f"{r['pipeline_over_round']:.2f} | {r['peak_rss_mib']:.0f} |")
     lines.append('')
   text = '\n'.join(lines) + '\n'
   with open(os.path.join(out_dir, 'README.md'), 'w') as f:
@@ -475,11 +540,16 @@ def main(argv=None):
         for r in res['rows']:
           entries.append(collections.OrderedDict(
               model=model, clients=clients, algorithm=r['algorithm'], data=r['data'],
-              raw_s=r['raw_s'], round_s=r['round_s'], ratio=r['ratio'],
+              raw_s=r['raw_s'], raw_pipeline_s=r['raw_pipeline_s'], round_s=r['round_s'],
+              ratio=r['ratio'], ratio_to_raw_pipeline=r['ratio_to_raw_pipeline'],
+              rss_mib=_rss_kib() / 1024, worker_rss_mib=_worker_rss_kib() / 1024,
+              peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               load=res['load_after'][0]))
         print(entries[-len(res['rows']):], flush=True)
     written.append(write(args.out_dir, f'scaling{tag}', collections.OrderedDict(
-        columns=['model', 'clients', 'algorithm', 'data', 'raw_s', 'round_s', 'ratio', 'load'],
+        columns=['model', 'clients', 'algorithm', 'data', 'raw_s', 'raw_pipeline_s', 'round_s',
+                 'ratio', 'ratio_to_raw_pipeline', 'rss_mib', 'worker_rss_mib', 'peak_rss_mib',
+                 'load'],
         entries=entries, load_before=load_before, load_after=_load(),
         execution_concurrency=concurrency)))
   if 'memory' in sections:

@@ -31,6 +31,11 @@ the image zero-padded by 4 (SPEC §9/§10; the FedGBO code's
 
 TFF's shuffle buffers are unseeded (TFF's choice), so client datasets, unlike
 those of our offline tasks, differ between an interrupted and a resumed run.
+
+A round's client datasets are built by one traced function of the client id
+(`FederatedTask.trace_client_datasets`): tf.data otherwise traces TFF's
+parsing and preprocessing functions anew for every client (20-60 ms each,
+measured on the full-size stand-ins of `bench/standins.py`).
 """
 
 import dataclasses
@@ -116,11 +121,61 @@ def _load_sqlite(task: str, dataset: str, data_dir: str):
   try:
     if dataset == 'emnist':
       return module.load_data(only_digits=False, cache_dir=data_dir)
+    if dataset == 'stackoverflow':
+      return _load_stackoverflow(path)
     return module.load_data(cache_dir=data_dir)
   except (sqlite3.DatabaseError, tff.simulation.datasets.sql_client_data.DatabaseFormatError) as e:
     raise data_files.DataNotFoundError(
         f'--task={task}: {path} is not one of TFF\'s client-data SQLite files ({e}); '
         f'delete it and fetch it again with: {_fetch_command(spec.loader, data_dir)}') from None
+
+
+class _LazyClientData(tff.simulation.datasets.ClientData):
+  """A `ClientData` built on first use of its clients (its element type is known before)."""
+
+  def __init__(self, build: Callable[[], tff.simulation.datasets.ClientData], element_type):
+    self._build = build
+    self._data = None
+    self._element_type = element_type
+
+  def _get(self) -> tff.simulation.datasets.ClientData:
+    if self._data is None:
+      self._data = self._build()
+    return self._data
+
+  @property
+  def client_ids(self):
+    return self._get().client_ids
+
+  @property
+  def serializable_dataset_fn(self):
+    return self._get().serializable_dataset_fn
+
+  def create_tf_dataset_for_client(self, client_id):
+    return self._get().create_tf_dataset_for_client(client_id)
+
+  @property
+  def element_type_structure(self):
+    return self._element_type
+
+
+def _load_stackoverflow(path: str):
+  """TFF's `stackoverflow.load_data` (same splits, same parsing) on a file known to be there.
+
+  The held-out and test splits read their client ids (38,758 and 204,088, one
+  `SELECT DISTINCT` each, 1-2 s on the full-size file) on first use: the
+  tasks never use the held-out split and sample the test split only when
+  they first evaluate.
+  """
+  parse = tff.simulation.datasets.stackoverflow._add_proto_parsing  # pylint: disable=protected-access
+  sql = tff.simulation.datasets.SqlClientData
+  train = sql(path, 'train').preprocess(parse)
+
+  def lazy(split):
+    return _LazyClientData(lambda: sql(path, split).preprocess(parse),
+                           train.element_type_structure)
+
+  return train, lazy('heldout'), lazy('test')
 
 
 def _load_vocabulary(task: str, kind: str, data_dir: str, size: int) -> list[str]:
@@ -286,7 +341,7 @@ def create_cifar100_image(cfg: Mapping[str, Any]) -> base.FederatedTask:
         keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         lambda: [tf.keras.metrics.SparseCategoricalAccuracy()], datasets.element_type_structure))
   return base.FederatedTask(
-      name='cifar100_image', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=100,
+      trace_client_datasets=True, name='cifar100_image', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=100,
       evaluation=_classification_evaluation(baseline.datasets, from_logits))
 
 
@@ -327,7 +382,7 @@ def create_emnist_character(cfg: Mapping[str, Any]) -> base.FederatedTask:
         lambda: [tf.keras.metrics.SparseCategoricalAccuracy()],
         baseline.datasets.element_type_structure))
   return base.FederatedTask(
-      name='emnist_character', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=62,
+      trace_client_datasets=True, name='emnist_character', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=62,
       evaluation=_classification_evaluation(baseline.datasets, from_logits=model == 'fedgbo_cnn'))
 
 
@@ -344,7 +399,7 @@ def create_emnist_autoencoder(cfg: Mapping[str, Any]) -> base.FederatedTask:
                           tf.keras.metrics.MeanAbsoluteError(name='mean_absolute_error')],
       data_fn=baseline.datasets.get_centralized_test_data)
   return base.FederatedTask(
-      name='emnist_autoencoder', baseline=baseline,
+      trace_client_datasets=True, name='emnist_autoencoder', baseline=baseline,
       keras_model_fn=create_emnist_autoencoder_model, num_classes=0,
       evaluation=evaluation)
 
@@ -390,7 +445,7 @@ def create_shakespeare_character(cfg: Mapping[str, Any]) -> base.FederatedTask:
                                                                   name='accuracy')],
       data_fn=baseline.datasets.get_centralized_test_data)
   return base.FederatedTask(
-      name='shakespeare_character', baseline=baseline, keras_model_fn=keras_model_fn,
+      trace_client_datasets=True, name='shakespeare_character', baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=vocab_size, evaluation=evaluation)
 
 
@@ -437,7 +492,7 @@ def create_stackoverflow_word(cfg: Mapping[str, Any]) -> base.FederatedTask:
       data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES,
                                  cfg.get('seed', 0)))
   return base.FederatedTask(
-      name='stackoverflow_word', baseline=baseline, keras_model_fn=keras_model_fn,
+      trace_client_datasets=True, name='stackoverflow_word', baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=extended_vocab, evaluation=evaluation)
 
 
@@ -466,7 +521,7 @@ def create_stackoverflow_tag(cfg: Mapping[str, Any]) -> base.FederatedTask:
                                  cfg.get('seed', 0)),
       cache=False)
   return base.FederatedTask(
-      name='stackoverflow_tag', baseline=baseline,
+      trace_client_datasets=True, name='stackoverflow_tag', baseline=baseline,
       keras_model_fn=lambda: create_stackoverflow_logistic_regression(len(words), len(tags)),
       num_classes=len(tags), evaluation=evaluation)
 

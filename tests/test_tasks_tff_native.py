@@ -259,3 +259,38 @@ def test_bin_train_reports_missing_data_in_one_line_without_traceback(tmp_path):
   assert len(errors) == 1 and 'emnist_all.sqlite' in errors[0]
   assert 'Traceback' not in proc.stderr and 'URLError' not in proc.stderr
   assert not (tmp_path / 'runs').exists()
+
+
+def _example_set(datasets):
+  return [sorted((round(float(np.sum(x)), 3), int(y)) for b in ds for x, y in zip(*b))
+          for ds in datasets]
+
+
+def test_traced_client_datasets_equal_the_eager_ones(tmp_path):
+  # Issue 19: one traced function of the client id builds a round's datasets.
+  data_dir = str(tmp_path)
+  fixtures.write_tff_emnist(data_dir, num_clients=4, examples=5)
+  task = registry.create_task('emnist_character', _cfg(data_dir))
+  assert task.trace_client_datasets
+  ids = task.train_data.client_ids[1:]
+  traced = program.client_datasets(task, ids, None)
+  eager = [task.preprocess_train(task.train_data.create_tf_dataset_for_client(c)) for c in ids]
+  assert [d.element_spec for d in traced] == [d.element_spec for d in eager]
+  assert _example_set(traced) == _example_set(eager)
+  assert [sum(1 for _ in d) for d in program.client_datasets(task, ids, 3)] == [3, 3, 3]
+  with pytest.raises(ValueError, match='not a client'):
+    program.client_datasets(task, ['nobody'], None)
+
+
+def test_stackoverflow_heldout_and_test_client_ids_are_read_on_first_use(tff_dir):
+  task = registry.create_task('stackoverflow_tag', _cfg(tff_dir))
+  datasets = task.baseline.datasets
+  for lazy in (datasets.validation_data, datasets.test_data):
+    assert lazy._data is None  # pylint: disable=protected-access
+  _, heldout, test = tff.simulation.datasets.stackoverflow.load_data(cache_dir=tff_dir)
+  assert datasets.test_data.element_type_structure == test.element_type_structure
+  assert datasets.test_data.client_ids == test.client_ids
+  assert datasets.validation_data.client_ids == heldout.client_ids
+  cid = test.client_ids[0]
+  tokens = lambda data: [e['tokens'].numpy() for e in data.create_tf_dataset_for_client(cid)]
+  assert tokens(datasets.test_data) == tokens(test)

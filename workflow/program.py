@@ -100,12 +100,9 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = '') -> dict[str, f
 def client_datasets(task: task_base.FederatedTask, client_ids: list[str],
                     local_steps: Optional[int]) -> list[tf.data.Dataset]:
   """Preprocessed datasets; with `local_steps`, exactly K batches, cycling."""
-  datasets = []
-  for cid in client_ids:
-    ds = task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))
-    if local_steps is not None:
-      ds = ds.repeat().take(local_steps)
-    datasets.append(ds)
+  datasets = task.client_train_datasets(client_ids)
+  if local_steps is not None:
+    datasets = [ds.repeat().take(local_steps) for ds in datasets]
   return datasets
 
 
