@@ -54,6 +54,7 @@ def test_overhead_schema_and_ratios(results):
   assert set(rows) == {('fedavg', 'ids'), ('tff_fedavg', 'ids')}
   for r in rows.values():
     for key in ('round_s', 'raw_s', 'ratio', 'ratio_per_rep_median', 'first_round_s',
+                'raw_pipeline_s', 'ratio_to_raw_pipeline',
                 'first_round_over_round', 'ratio_to_fedavg'):
       assert math.isfinite(r[key]) and r[key] > 0, (key, r)
     assert len(data['times_s'][f"{r['algorithm']}/{r['data']}"]) == 2
@@ -66,6 +67,8 @@ def test_scaling_and_memory(results):
   scaling = _load(os.path.join(out, 'scaling.json'))
   assert len(scaling['entries']) == 1
   assert all(math.isfinite(e['ratio']) and e['ratio'] > 0 for e in scaling['entries'])
+  assert all(e['peak_rss_mib'] >= e['rss_mib'] > 0 for e in scaling['entries'])
+  assert math.isfinite(_load(os.path.join(out, 'overhead.json'))['raw_pipeline_over_raw'])
   memory = _load(os.path.join(out, 'memory_ids.json'))
   assert memory['rounds'] == 4 and len(memory['rss_kib']) == 4
   assert memory['peak_rss_kib'] > 0 and math.isfinite(memory['slope_second_half_kib_per_round'])

@@ -102,3 +102,19 @@ def test_tasks_read_the_standins_as_tffs_files(standin_dir, task_name):
   assert model(x).shape[0] == x.shape[0]
   if task_name == 'stackoverflow_tag':
     assert x.shape[1] == 10_000 and x.dtype == tf.float32
+
+
+def test_data_path_bench_runs_on_the_standins(standin_dir, tmp_path):
+  # bench/data_path.py's measurements in this process at a tiny size (schema only).
+  import data_path  # pylint: disable=g-import-not-at-top
+  args = data_path.main.__globals__['argparse'].Namespace(
+      data_dir=standin_dir, batch=4, local_steps=2, rounds=1, emnist_model='cnn',
+      baseline=False)
+  created = data_path.child_create(args, 'stackoverflow_tag')
+  assert created['train_clients'] == round(342_477 * 0.0001)
+  assert created['create_s'] > 0 and created['peak_rss_mib'] >= created['rss_after_import_mib'] > 0
+  rounds = data_path.child_rounds(args, 'emnist_character', 2)
+  assert len(rounds['rounds']) == 2
+  for key in ('sample_s', 'build_s', 'build_eager_s', 'pipeline_s', 'round_s', 'round_mem_s'):
+    assert rounds['medians'][key] > 0
+  assert 0 < rounds['python_data_share'] < 1
