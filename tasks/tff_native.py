@@ -34,7 +34,7 @@ those of our offline tasks, differ between an interrupted and a resumed run.
 
 A round's client datasets are built by one traced function of the client id
 (`FederatedTask.trace_client_datasets`): tf.data otherwise traces TFF's
-parsing and preprocessing functions anew for every client (20-60 ms each,
+parsing and preprocessing functions anew for every client (0.1-0.7 s each,
 measured on the full-size stand-ins of `bench/standins.py`).
 """
 
