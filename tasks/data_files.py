@@ -109,7 +109,10 @@ def write_sql_client_data(path: str,
       counts[split_name] = counts.get(split_name, 0) + len(rows)
     connection.execute('CREATE INDEX examples_by_client ON examples (client_id, split_name);')
     connection.commit()
-  finally:
+  except BaseException:
     connection.close()
+    os.remove(tmp_path)  # no half-written file left beside the data
+    raise
+  connection.close()
   os.replace(tmp_path, path)
   return counts

@@ -65,6 +65,9 @@ def generate(partition: str = 'dirichlet', num_clients: int = 20, alpha: float =
     idx = rng.permutation(np.flatnonzero(y == label))
     test_mask[idx[:len(idx) // 5]] = True
   x_train, y_train, x_test, y_test = x[~test_mask], y[~test_mask], x[test_mask], y[test_mask]
+  if not 1 <= num_clients <= len(y_train):
+    raise ValueError(f'--num_clients must be in [1, {len(y_train)}] for --task=digits (its '
+                     f'training images); got {num_clients}')
   if partition == 'dirichlet':
     train_idx, test_idx = _split_dirichlet(y_train, y_test, num_clients, alpha, rng)
   elif partition == 'shards':

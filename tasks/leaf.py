@@ -103,11 +103,18 @@ def _find_layout(task: str, leaf_name: str, data_dir: str) -> _Layout:
       f'(then use --data_dir=leaf/data/{leaf_name}/data)'))
 
 
+class DataFileError(data_files.DataNotFoundError):
+  """A LEAF file that is there but malformed; the message names it and what is wrong."""
+
+
 def _load_json(task: str, path: str) -> Mapping[str, Any]:
   try:
     with open(path) as f:
       data = json.load(f)
-    return data['user_data']
+    users = data['user_data']
+    if not isinstance(users, dict):
+      raise TypeError(f'"user_data" is a {type(users).__name__}, not an object')
+    return users
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise data_files.DataNotFoundError(
         f'--task={task}: {path} is not a LEAF data file (a JSON object with "user_data"): '
@@ -125,8 +132,27 @@ def _split_user(x: list, y: list, last: bool, rng: np.random.Generator) -> UserS
           [x[i] for i in test_idx], [y[i] for i in test_idx])
 
 
-def _iter_users(task: str, layout: _Layout, split_last: bool) -> Iterator[tuple[str, UserSamples]]:
-  """Users in file order (files sorted by name, users sorted within a file).
+def _user_xy(task: str, path: str, users: Any, user: str) -> tuple[list, list]:
+  """User `user`'s (x, y) lists, or DataFileError naming `path` and what is wrong."""
+  try:
+    x, y = users[user]['x'], users[user]['y']
+  except (KeyError, TypeError, IndexError):
+    raise DataFileError(f'--task={task}: {path}: user {user!r} is not an object with "x" and '
+                        '"y" lists') from None
+  if not isinstance(x, list) or not isinstance(y, list) or len(x) != len(y):
+    raise DataFileError(f'--task={task}: {path}: user {user!r} needs "x" and "y" lists of equal '
+                        f'length; got {type(x).__name__} of {_len(x)} and {type(y).__name__} of '
+                        f'{_len(y)}')
+  return x, y
+
+
+def _len(value) -> str:
+  return str(len(value)) if isinstance(value, (list, str, dict)) else '?'
+
+
+def _iter_users(task: str, layout: _Layout,
+                split_last: bool) -> Iterator[tuple[str, str, UserSamples]]:
+  """(file, user, samples) in file order (files sorted by name, users sorted within a file).
 
   One file (pair) is in memory at a time.
   """
@@ -135,13 +161,15 @@ def _iter_users(task: str, layout: _Layout, split_last: bool) -> Iterator[tuple[
     for path in layout.all_files:
       users = _load_json(task, path)
       for user in sorted(users):
-        yield user, _split_user(list(users[user]['x']), list(users[user]['y']), split_last, rng)
+        x, y = _user_xy(task, path, users, user)
+        yield path, user, _split_user(list(x), list(y), split_last, rng)
     return
   for train_path, test_path in zip(layout.train_files, layout.test_files):
     train, test = _load_json(task, train_path), _load_json(task, test_path)
     for user in sorted(train):
-      held_out = test.get(user, {'x': [], 'y': []})
-      yield user, (train[user]['x'], train[user]['y'], held_out['x'], held_out['y'])
+      x, y = _user_xy(task, train_path, train, user)
+      test_x, test_y = _user_xy(task, test_path, test, user) if user in test else ([], [])
+      yield f'{train_path} (or {test_path})', user, (x, y, test_x, test_y)
 
 
 def _cache_root(data_dir: str) -> str:
@@ -198,8 +226,12 @@ def _convert(task: str, converter: _Converter, data_dir: str) -> tuple[str, Mapp
   kept = []
 
   def clients():
-    for user, samples in _iter_users(task, layout, converter.split_last):
-      encoded = converter.encode(samples, settings)
+    for path, user, samples in _iter_users(task, layout, converter.split_last):
+      try:
+        encoded = converter.encode(samples, settings)
+      except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+        raise DataFileError(f'--task={task}: {path}: user {user!r}: '
+                            f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
       if encoded is None:
         continue
       # The ordinal prefix makes TFF's alphabetical client order the file order.
@@ -235,7 +267,7 @@ def _tweet_text(sample) -> str:
 def _sent140_vocabulary(task: str, layout: _Layout) -> Mapping[str, Any]:
   """The 5,000 most frequent tokens of the kept users' training tweets."""
   counts = collections.Counter()
-  for _, (train_x, train_y, _, test_y) in _iter_users(task, layout, split_last=False):
+  for _, _, (train_x, train_y, _, test_y) in _iter_users(task, layout, split_last=False):
     if len(train_y) + len(test_y) < SENT140_MIN_SAMPLES:
       continue
     for sample in train_x:
@@ -257,7 +289,8 @@ def _encode_sent140(samples: UserSamples, settings: Mapping[str, Any]):
     for sample, label in zip(xs, ys):
       tokens = [index[w] for w in _tweet_text(sample).split(' ') if w in index]
       if tokens:  # seed 000 discards tweets without any vocabulary token
-        examples.append(data_files.serialize_example({'tokens': tokens, 'label': int(label)}))
+        examples.append(data_files.serialize_example({'tokens': tokens,
+                                                       'label': _label(label, 2)}))
     splits.append(examples)
   return None if not splits[0] else (splits[0], splits[1])
 
@@ -268,8 +301,27 @@ def _encode_femnist(samples: UserSamples, settings: Mapping[str, Any]):
   if not train_y:
     return None
   return tuple([data_files.serialize_example(
-      {'pixels': np.asarray(x, np.float32), 'label': int(y)}) for x, y in zip(xs, ys)]
+      {'pixels': _femnist_pixels(x), 'label': _label(y, FEMNIST_CLASSES)}) for x, y in zip(xs, ys)]
                for xs, ys in ((train_x, train_y), (test_x, test_y)))
+
+
+FEMNIST_CLASSES = 62
+
+
+def _femnist_pixels(x) -> np.ndarray:
+  pixels = np.asarray(x, np.float32)
+  if pixels.size != 28 * 28:
+    raise ValueError(f'FEMNIST images have 784 pixels (28 x 28); got one of shape {pixels.shape}')
+  if not np.all(np.isfinite(pixels)):
+    raise ValueError('FEMNIST pixels must be finite numbers')
+  return pixels.reshape(-1)
+
+
+def _label(y, num_classes: int) -> int:
+  if isinstance(y, bool) or not isinstance(y, (int, float)) or y != int(y) or not (
+      0 <= y < num_classes):
+    raise ValueError(f'labels must be integers in [0, {num_classes - 1}]; got {y!r}')
+  return int(y)
 
 
 _CHAR_INDEX = {c: i for i, c in enumerate(SHAKESPEARE_VOCAB)}
@@ -285,6 +337,9 @@ def _encode_shakespeare(samples: UserSamples, settings: Mapping[str, Any]):
   for xs, ys in ((train_x, train_y), (test_x, test_y)):
     examples = []
     for x, y in zip(xs, ys):
+      if not isinstance(x, str) or not isinstance(y, str) or len(y) != 1:
+        raise ValueError(f'LEAF Shakespeare samples are a {SHAKESPEARE_SEQUENCE_LENGTH}-character '
+                         f'string and one next character; got {x!r:.40} and {y!r:.20}')
       if len(x) != SHAKESPEARE_SEQUENCE_LENGTH:
         raise ValueError(f'LEAF Shakespeare sequences have {SHAKESPEARE_SEQUENCE_LENGTH} '
                          f'characters; got {len(x)}: {x!r}')

@@ -51,23 +51,112 @@ def _missing(task: str, data_dir: str, expected: str,
       f'(it saves into ~/.keras/datasets)'))
 
 
+class DataFileError(ValueError):
+  """A data file that is there but malformed; the message names it and what is wrong."""
+
+
+def _checked(path: str, x: Any, y: Any, image_shape: tuple[int, ...], split: str):
+  """(x as uint8 [N, *image_shape], y as int32 [N] in [0, 10)) or DataFileError naming `path`."""
+  x, y = np.asarray(x), np.asarray(y)
+  if x.dtype.kind not in 'uif' or y.dtype.kind not in 'uif':
+    raise DataFileError(f'{path}: {split} images and labels must be numeric arrays; got '
+                        f'{x.dtype} and {y.dtype}')
+  y = y.reshape(-1) if y.ndim == 2 and y.shape[1:] == (1,) else y
+  size = int(np.prod(image_shape))
+  if y.ndim != 1 or x.ndim < 1 or x.shape[0] != len(y) or x[:1].size not in (0, size) or (
+      len(y) and x.size != len(y) * size):
+    raise DataFileError(f'{path}: {split} holds {x.shape[0] if x.ndim else 0} images of shape '
+                        f'{x.shape[1:]} and {len(y)} labels of shape {y.shape[1:]}; expected N '
+                        f'images of {image_shape} and N labels')
+  if not len(y):
+    raise DataFileError(f'{path}: {split} is empty')
+  if not np.all(np.isfinite(y)) or np.any(y != np.round(y)) or y.min() < 0 or y.max() > 9:
+    raise DataFileError(f'{path}: {split} labels must be integers in [0, 9]; got values in '
+                        f'[{y.min()}, {y.max()}]')
+  if not np.all(np.isfinite(x)) or x.min() < 0 or x.max() > 255:
+    raise DataFileError(f'{path}: {split} pixels must be in [0, 255]')
+  return x.astype(np.uint8).reshape((-1,) + image_shape), y.astype(np.int32)
+
+
+def _load_npz(path: str, image_shape: tuple[int, ...]):
+  """(x_train, y_train, x_test, y_test) from an .npz with Keras' keys, checked."""
+  keys = ('x_train', 'y_train', 'x_test', 'y_test')
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      missing = [k for k in keys if k not in f.files]
+      if missing:
+        raise DataFileError(f'{path}: missing array(s) {", ".join(missing)} (an .npz with '
+                            f'{", ".join(keys)} is expected)')
+      arrays = [f[k] for k in keys]
+  except DataFileError:
+    raise
+  except (OSError, ValueError, EOFError, KeyError) as e:  # not a zip, truncated, pickled objects
+    raise DataFileError(f'{path}: not a readable .npz of arrays ({type(e).__name__}: '
+                        f'{str(e).splitlines()[0] if str(e) else ""})') from None
+  return (*_checked(path, arrays[0], arrays[1], image_shape, 'x_train/y_train'),
+          *_checked(path, arrays[2], arrays[3], image_shape, 'x_test/y_test'))
+
+
 def load_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """(x_train, y_train, x_test, y_test) as uint8 images [N, 28, 28, 1] and int labels."""
   path = data_files.find_file(data_dir, ['mnist.npz'])
   if path is None:
     raise _missing('mnist', data_dir, 'mnist.npz', 'mnist')
-  with np.load(path, allow_pickle=False) as f:
-    arrays = [f[k] for k in ('x_train', 'y_train', 'x_test', 'y_test')]
-  return (arrays[0].reshape(-1, 28, 28, 1), arrays[1].astype(np.int32),
-          arrays[2].reshape(-1, 28, 28, 1), arrays[3].astype(np.int32))
+  return _load_npz(path, (28, 28, 1))
 
 
-def _cifar_batch(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
+class _RestrictedUnpickler(pickle.Unpickler):
+  """Builds only plain containers, bytes, strings, numbers and NumPy arrays.
+
+  CIFAR-10's batches are pickled dicts of a uint8 array and lists; anything
+  else (a class or function named by a planted file) is refused instead of
+  imported, so reading `--data_dir` cannot run code.
+  """
+
+  _ALLOWED = {
+      ('numpy', 'ndarray'), ('numpy', 'dtype'),
+      ('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
+      ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar'),
+      ('builtins', 'list'), ('builtins', 'dict'), ('builtins', 'tuple'), ('builtins', 'set'),
+      ('builtins', 'bytes'), ('builtins', 'bytearray'), ('builtins', 'str'),
+      ('builtins', 'int'), ('builtins', 'float'), ('_codecs', 'encode'),
+      ('collections', 'OrderedDict'),
+  }
+
+  def find_class(self, module, name):
+    if (module, name) in self._ALLOWED:
+      return super().find_class(module, name)
+    raise pickle.UnpicklingError(f'refusing to load {module}.{name}: only plain containers, '
+                                 'bytes and NumPy arrays are read')
+
+
+def restricted_loads(raw: bytes) -> Any:
+  import io  # pylint: disable=g-import-not-at-top
+  return _RestrictedUnpickler(io.BytesIO(raw), encoding='bytes').load()
+
+
+def _cifar_batch(raw: bytes, path: str = 'CIFAR-10 batch') -> tuple[np.ndarray, np.ndarray]:
   # Keras' `cifar.load_batch`: rows of 3072 bytes, channels first.
-  batch = pickle.loads(raw, encoding='bytes')
-  batch = {k.decode('utf8') if isinstance(k, bytes) else k: v for k, v in batch.items()}
-  x = np.asarray(batch['data'], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-  return x, np.asarray(batch['labels'], np.int32)
+  try:
+    batch = restricted_loads(raw)
+  except Exception as e:  # pylint: disable=broad-except  (any garbage: pickle, EOF, value errors)
+    raise DataFileError(f'{path}: not a CIFAR-10 batch ({type(e).__name__}: '
+                        f'{str(e).splitlines()[0] if str(e) else ""})') from None
+  if not isinstance(batch, dict):
+    raise DataFileError(f'{path}: not a CIFAR-10 batch (a pickled dict with "data" and "labels"); '
+                        f'got a {type(batch).__name__}')
+  batch = {k.decode('utf8', 'replace') if isinstance(k, bytes) else k: v for k, v in batch.items()}
+  if 'data' not in batch or 'labels' not in batch:
+    raise DataFileError(f'{path}: not a CIFAR-10 batch (no "data" and "labels" entries)')
+  try:
+    data, labels = np.asarray(batch['data']), np.asarray(batch['labels'])
+  except (ValueError, TypeError) as e:
+    raise DataFileError(f'{path}: unreadable "data" or "labels" ({e})') from None
+  if data.ndim != 2 or data.shape[1] != 3072 or labels.shape != (data.shape[0],):
+    raise DataFileError(f'{path}: "data" has shape {data.shape} and "labels" {labels.shape}; '
+                        'expected [N, 3072] and [N]')
+  x = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+  return _checked(path, x, labels, (32, 32, 3), 'the batch')
 
 
 def load_cifar10(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -79,22 +168,39 @@ def load_cifar10(data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
   if directory is not None:
     raw = {}
     for name in names:
-      with open(os.path.join(directory, name), 'rb') as f:
-        raw[name] = f.read()
+      path = os.path.join(directory, name)
+      try:
+        with open(path, 'rb') as f:
+          raw[path] = f.read()
+      except OSError as e:
+        raise DataFileError(f'{path}: cannot be read ({e.strerror}); {_CIFAR_DIR}/ must hold '
+                            f'{", ".join(names)}') from None
   elif archive is not None:
-    with tarfile.open(archive, 'r:gz') as tar:
-      raw = {name: tar.extractfile(f'{_CIFAR_DIR}/{name}').read() for name in names}
+    raw = {}
+    try:
+      with tarfile.open(archive, 'r:gz') as tar:
+        for name in names:
+          member = tar.extractfile(f'{_CIFAR_DIR}/{name}')
+          if member is None:
+            raise KeyError(f'{_CIFAR_DIR}/{name} is not a file')
+          raw[f'{archive}:{_CIFAR_DIR}/{name}'] = member.read()
+    except (tarfile.TarError, OSError, EOFError, KeyError, zlib_error()) as e:
+      raise DataFileError(f'{archive}: not a complete CIFAR-10 archive ({type(e).__name__}: '
+                          f'{str(e).splitlines()[0] if str(e) else ""})') from None
   elif npz is not None:
-    with np.load(npz, allow_pickle=False) as f:
-      return (f['x_train'], f['y_train'].reshape(-1).astype(np.int32),
-              f['x_test'], f['y_test'].reshape(-1).astype(np.int32))
+    return _load_npz(npz, (32, 32, 3))
   else:
     raise _missing('cifar10', data_dir, f'{_CIFAR_DIR}/ (or {_CIFAR_ARCHIVE}, or cifar10.npz)',
                    'cifar10')
-  train = [_cifar_batch(raw[name]) for name in names[:5]]
-  x_test, y_test = _cifar_batch(raw['test_batch'])
+  batches = [_cifar_batch(data, path) for path, data in raw.items()]
+  train, (x_test, y_test) = batches[:5], batches[5]
   return (np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train]),
           x_test, y_test)
+
+
+def zlib_error():
+  import zlib  # pylint: disable=g-import-not-at-top
+  return zlib.error
 
 
 def split_indices(partition: str, y_train: np.ndarray, y_test: np.ndarray, num_clients: int,

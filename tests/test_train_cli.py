@@ -81,15 +81,20 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
 
   cut_args = [*args, f'--root_output_dir={tmp_path}/cut']
   proc = subprocess.Popen([sys.executable, TRAIN, *cut_args], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+                          stderr=subprocess.PIPE, text=True)
   marker = tmp_path / 'cut' / f'digits_{algorithm}' / 'checkpoints' / 'program_state_4'
   deadline = time.time() + 240
   while not marker.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
   assert proc.poll() is None, 'run finished before it could be interrupted'
   proc.send_signal(signal.SIGINT)  # Ctrl-C
-  proc.wait(timeout=60)
-  assert proc.returncode != 0
+  _, err = proc.communicate(timeout=60)
+  # One line, no traceback (docs/reliability.md), exit 128 + SIGINT.
+  assert proc.returncode == 130, err[-3000:]
+  assert 'Traceback' not in err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('SIGINT: stopped at round ') and last.endswith(
+      'resume with the same command'), last
   resumed = _train(cut_args)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert 'Resuming from the checkpoint after round' in resumed.stderr

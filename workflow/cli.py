@@ -4,8 +4,12 @@ Kept out of the binary so that tests (and users' own scripts) can call
 `run_training(config)` in-process with a plain dict.
 """
 
+import errno
+import fcntl
 import json
+import math
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
@@ -20,15 +24,28 @@ RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'rounds_per_ch
                                'show_progress', 'execution_concurrency', 'root_output_dir',
                                # Where rounds run, not what they compute: a run
                                # may resume on other or fewer workers.
-                               'workers', 'worker_retry', 'data_on_workers'})
+                               'workers', 'worker_retry', 'data_on_workers',
+                               # When to stop a run, not what a round computes.
+                               'divergence_factor', 'divergence_rounds',
+                               'trust_command_line'})
 TRAIN_FLAG_NAMES = train_flags.TRAIN_FLAG_NAMES
 POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_round',
-                 'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint')
-NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples')
+                 'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'sm3_delay',
+                 'pfedme_inner_steps', 'divergence_rounds', 'schedule_window',
+                 'plateau_patience', 'client_lr_decay_steps', 'server_lr_decay_steps')
+NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples', 'seed',
+                     'client_lr_warmup_rounds', 'server_lr_warmup_rounds')
 POSITIVE_FLOATS = ('client_learning_rate', 'server_learning_rate', 'server_epsilon',
-                   'client_epsilon', 'dirichlet_alpha', 'download_mbps', 'upload_mbps')
-NON_NEGATIVE_FLOATS = ('fedprox_mu', 'fedmax_beta', 'step_time_seconds')
-UNIT_INTERVAL = ('server_beta_1', 'server_beta_2', 'client_beta_1', 'client_beta_2')  # [0, 1)
+                   'client_epsilon', 'dirichlet_alpha', 'download_mbps', 'upload_mbps',
+                   'perfedavg_beta', 'pfedme_personal_learning_rate', 'pfedme_lambda',
+                   'pfedme_beta', 'client_lr_decay_rate', 'server_lr_decay_rate')
+NON_NEGATIVE_FLOATS = ('fedprox_mu', 'fedmax_beta', 'step_time_seconds', 'synthetic_alpha',
+                       'synthetic_beta', 'noise_stddev', 'local_steps_theory_b',
+                       'plateau_min_delta', 'divergence_factor')
+UNIT_INTERVAL = ('server_beta_1', 'server_beta_2', 'client_beta_1', 'client_beta_2',
+                 'sparsity')  # [0, 1)
+CLOSED_UNIT_INTERVAL = ('noisy_client_fraction',)  # [0, 1]
+MAX_SEED = 2**32 - 1  # NumPy's and TF's seeds
 
 
 class UsageError(ValueError):
@@ -111,35 +128,61 @@ def validate(cfg: Mapping[str, Any]) -> None:
   if cfg['algorithm'] not in algorithm_registry.ALGORITHMS:
     raise UsageError(f'--algorithm must be one of '
                      f'{", ".join(sorted(algorithm_registry.ALGORITHMS))}; got {cfg["algorithm"]!r}')
+  # Every number first: a NaN or inf passes comparisons that forget it (and
+  # hangs the DP accountant), so no float flag may hold one.
+  for name, value in cfg.items():
+    if isinstance(value, float) and not math.isfinite(value):
+      raise UsageError(f'--{name} must be a finite number; got {value}')
   for name in POSITIVE_INTS:
-    if name in cfg and cfg[name] < 1:
-      raise UsageError(f'--{name} must be a positive integer; got {cfg[name]}')
+    if cfg.get(name) is not None and cfg[name] < 1:
+      raise UsageError(f'--{name} must be a positive integer (>= 1); got {cfg[name]}')
   for name in NON_NEGATIVE_INTS:
-    if name in cfg and cfg[name] < 0:
-      raise UsageError(f'--{name} must be a non-negative integer; got {cfg[name]}')
+    if cfg.get(name) is not None and cfg[name] < 0:
+      raise UsageError(f'--{name} must be a non-negative integer (>= 0); got {cfg[name]}')
   for name in POSITIVE_FLOATS:
     value = cfg.get(name)
-    if value is not None and not (value > 0 and value < float('inf')):
-      raise UsageError(f'--{name} must be a positive number; got {value}')
+    if value is not None and not value > 0:
+      raise UsageError(f'--{name} must be a positive number (> 0); got {value}')
   for name in NON_NEGATIVE_FLOATS:
     value = cfg.get(name)
-    if value is not None and not 0 <= value < float('inf'):
-      raise UsageError(f'--{name} must be a non-negative number; got {value}')
+    if value is not None and not value >= 0:
+      raise UsageError(f'--{name} must be a non-negative number (>= 0); got {value}')
   for name in UNIT_INTERVAL:
     value = cfg.get(name)
     if value is not None and not 0 <= value < 1:
       raise UsageError(f'--{name} must be in [0, 1); got {value}')
+  for name in CLOSED_UNIT_INTERVAL:
+    value = cfg.get(name)
+    if value is not None and not 0 <= value <= 1:
+      raise UsageError(f'--{name} must be in [0, 1]; got {value}')
+  if cfg.get('seed') is not None and cfg['seed'] > MAX_SEED:
+    raise UsageError(f'--seed must be in [0, {MAX_SEED}]; got {cfg["seed"]}')
+  if cfg.get('execution_concurrency') is not None and cfg['execution_concurrency'] < -1:
+    raise UsageError('--execution_concurrency must be -1 (unlimited), 0 (default) or a positive '
+                     f'integer; got {cfg["execution_concurrency"]}')
+  if cfg.get('local_steps_decay') is not None and not 0 < cfg['local_steps_decay'] <= 1:
+    raise UsageError(f'--local_steps_decay must be in (0, 1]; got {cfg["local_steps_decay"]}')
+  if cfg.get('divergence_factor') and cfg['divergence_factor'] <= 1:
+    raise UsageError('--divergence_factor must be 0 (off) or a number above 1; got '
+                     f'{cfg["divergence_factor"]}')
+  num_clients, per_round = cfg.get('num_clients'), cfg.get('clients_per_round')
+  if num_clients and per_round and per_round > num_clients:
+    raise UsageError(f'--clients_per_round must be in [1, --num_clients={num_clients}]; '
+                     f'got {per_round}')
+  _validate_experiment_name(cfg)
   from tff_adaptive.algorithms import fedopt  # pylint: disable=g-import-not-at-top
   if cfg.get('server_optimizer') and cfg['server_optimizer'] not in fedopt.SERVER_OPTIMIZERS:
     raise UsageError(f'--server_optimizer must be one of {", ".join(fedopt.SERVER_OPTIMIZERS)}; '
                      f'got {cfg["server_optimizer"]!r}')
   if cfg.get('dp'):
     if not cfg.get('dp_clip_norm') or cfg['dp_clip_norm'] <= 0:
-      raise UsageError('--dp needs --dp_clip_norm, a positive L2 clip norm C')
+      raise UsageError('--dp needs --dp_clip_norm, a positive L2 clip norm C (> 0)')
     if cfg.get('dp_noise_multiplier') is None or cfg['dp_noise_multiplier'] < 0:
-      raise UsageError('--dp needs --dp_noise_multiplier, a non-negative noise multiplier σ')
-  if cfg.get('sm3_delay', 1) < 1:
-    raise UsageError(f'--sm3_delay must be a positive integer; got {cfg["sm3_delay"]}')
+      raise UsageError('--dp needs --dp_noise_multiplier, a non-negative noise multiplier σ '
+                       '(>= 0)')
+  if cfg.get('dp_delta') is not None and not 0 <= cfg['dp_delta'] < 1:
+    raise UsageError(f'--dp_delta must be in [0, 1) (0: 1 / number of clients); '
+                     f'got {cfg["dp_delta"]}')
   if (cfg.get('upload_compression') or 'none') != 'none':
     if cfg['algorithm'] in algorithm_registry.NOT_COMPRESSIBLE:
       raise UsageError(f'--upload_compression is not available for --algorithm={cfg["algorithm"]}'
@@ -159,8 +202,6 @@ def validate(cfg: Mapping[str, Any]) -> None:
                        '(the compression is its own aggregator)')
     if cfg.get('workers') and aggregator == 'secure':
       raise UsageError('--aggregator=secure runs on TFF\'s local test context, not on --workers')
-  if not 0 <= cfg.get('sparsity', 0.0) < 1:
-    raise UsageError(f'--sparsity must be in [0, 1); got {cfg["sparsity"]}')
   from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
   try:
     round_schedules.from_config(cfg)
@@ -243,6 +284,36 @@ def default_experiment_name(cfg: Mapping[str, Any]) -> str:
   return f'{base}-{suffix}'
 
 
+def _validate_experiment_name(cfg: Mapping[str, Any]) -> None:
+  """The experiment directory must lie inside --root_output_dir."""
+  if 'root_output_dir' in cfg and not cfg['root_output_dir']:
+    raise UsageError('--root_output_dir must not be empty')
+  name = cfg.get('experiment_name') or ''
+  parts = name.replace('\\', '/').split('/')
+  if name and (os.path.isabs(name) or '\0' in name or
+               any(part in ('', '.', '..') for part in parts)):
+    raise UsageError(f'--experiment_name must be a relative name inside --root_output_dir '
+                     f'(no leading "/", no "." or ".." parts, no empty parts); got {name!r}')
+
+
+def check_data_dir(cfg: Mapping[str, Any]) -> None:
+  """--data_dir, when given, must exist (a machine's state, so not in `validate`)."""
+  if cfg.get('data_dir') and not os.path.isdir(os.path.expanduser(cfg['data_dir'])):
+    raise UsageError(f'--data_dir={cfg["data_dir"]!r} is not a directory')
+
+
+def check_task_counts(cfg: Mapping[str, Any], task) -> None:
+  """Counts that the built task must be able to supply (UsageError naming the flag)."""
+  population = len(task.train_data.client_ids)
+  if cfg.get('num_clients') and cfg['num_clients'] > population:
+    raise UsageError(f'--num_clients must be in [1, {population}] for --task={cfg["task"]} '
+                     f'(it has {population} clients); got {cfg["num_clients"]}')
+  if cfg.get('clients_per_round') and cfg['clients_per_round'] > population:
+    raise UsageError(f'--clients_per_round must be in [1, {population}] for --task={cfg["task"]} '
+                     f'with these flags (it has {population} clients); '
+                     f'got {cfg["clients_per_round"]}')
+
+
 def experiment_dir(cfg: Mapping[str, Any]) -> str:
   name = cfg.get('experiment_name') or default_experiment_name(cfg)
   return os.path.join(cfg['root_output_dir'], name)
@@ -256,34 +327,142 @@ def _flag_default(name: str) -> Any:
   return train_flags.DEFAULTS.get(name, _NO_DEFAULT)
 
 
+LOCK_NAME = '.lock'
+_held_locks: dict[str, int] = {}  # run directory -> open file descriptor holding its lock
+
+
+class RunDirectoryBusy(UsageError):
+  pass
+
+
+def lock_run_dir(out: str) -> None:
+  """Holds an advisory lock on `out` for this process's life (RunDirectoryBusy if taken).
+
+  `fcntl.flock` on `<out>/.lock`, which records the holder's pid. The kernel
+  drops the lock when its holder dies however it dies, so the lock of a dead
+  run is simply taken over; the file itself stays.
+  """
+  if out in _held_locks:
+    return
+  path = os.path.join(out, LOCK_NAME)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    holder = os.pread(fd, 64, 0).decode(errors='replace').strip() or 'unknown'
+    os.close(fd)
+    if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+      raise RunDirectoryBusy(f'{out} is in use by another run (pid {holder}); wait for it to '
+                             'end, or use another --experiment_name or --root_output_dir') from None
+    raise
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f'{os.getpid()}\n'.encode(), 0)
+  _held_locks[out] = fd
+
+
+def check_not_busy(out: str) -> None:
+  """RunDirectoryBusy now if another run holds `out`'s lock (before any slow set-up)."""
+  try:
+    fd = os.open(os.path.join(out, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+  except OSError:
+    return  # no lock file: nobody holds it (or the directory is not there yet)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except OSError:
+    holder = os.pread(fd, 64, 0).decode(errors='replace').strip() or 'unknown'
+    raise RunDirectoryBusy(f'{out} is in use by another run (pid {holder}); wait for it to '
+                           'end, or use another --experiment_name or --root_output_dir') from None
+  finally:
+    os.close(fd)
+
+
+def unlock_run_dir(out: str) -> None:
+  fd = _held_locks.pop(out, None)
+  if fd is not None:
+    os.close(fd)  # releases the lock
+
+
+def _has_checkpoints(out: str) -> bool:
+  try:
+    return any(name.startswith('program_state_')
+               for name in os.listdir(os.path.join(out, 'checkpoints')))
+  except OSError:
+    return False
+
+
+def _read_saved_flags(out: str, cfg: Mapping[str, Any]) -> Any:
+  """flags.json's dict; None if absent or unusable and --trust_command_line or no checkpoints."""
+  flags_path = os.path.join(out, 'flags.json')
+  problem = None
+  try:
+    with open(flags_path, 'rb') as f:
+      saved = json.loads(f.read().decode('utf-8'))
+    if not isinstance(saved, dict):
+      problem = f'holds a JSON {type(saved).__name__}, not an object of flag values'
+  except FileNotFoundError:
+    problem = 'is missing'
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    problem = f'is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})'
+  if problem is None:
+    return saved
+  if not _has_checkpoints(out):
+    if problem != 'is missing':
+      print(f'warning: {flags_path} {problem}; the run has no checkpoint, so it starts over '
+            'and the file is rewritten', file=sys.stderr)
+    return None
+  if cfg.get('trust_command_line'):
+    print(f'warning: {flags_path} {problem}; --trust_command_line: resuming with this '
+          'command\'s flags, recorded anew', file=sys.stderr)
+    return None
+  raise UsageError(f'{flags_path} {problem}, so the flags of the run in {out} are unknown; '
+                   'restore the file, or rerun with --trust_command_line if this command has '
+                   'the run\'s flags')
+
+
+def _check_resume_flags(out: str, cfg: Mapping[str, Any]) -> None:
+  saved = _read_saved_flags(out, cfg)
+  if saved is None:
+    return
+  # A flag added to bin/train after the run was made is absent from its
+  # flags.json: at its default it changes nothing, so the run resumes.
+  changed = sorted(k for k in set(saved) | set(cfg)
+                   if k not in RESUMABLE_CHANGES and saved.get(k) != cfg.get(k)
+                   and not (k not in saved and cfg.get(k) == _flag_default(k)))
+  if changed:
+    diffs = ', '.join(f'--{k}={cfg.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
+    raise UsageError(f'{out} holds a run with different flags: {diffs}; use another '
+                     f'--experiment_name or --root_output_dir, or rerun with the saved flags')
+
+
 def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
-  """Checks writability and resume compatibility, then records the flags."""
+  """Checks resume compatibility and writability, locks the directory, records the flags.
+
+  Nothing is written before the checks pass (bar the lock file of an existing
+  directory). The lock is held until the process ends (or `unlock_run_dir`).
+  """
   out = experiment_dir(cfg)
   flags_path = os.path.join(out, 'flags.json')
-  if os.path.exists(flags_path):
-    with open(flags_path) as f:
-      saved = json.load(f)
-    # A flag added to bin/train after the run was made is absent from its
-    # flags.json: at its default it changes nothing, so the run resumes.
-    changed = sorted(k for k in set(saved) | set(cfg)
-                     if k not in RESUMABLE_CHANGES and saved.get(k) != cfg.get(k)
-                     and not (k not in saved and cfg.get(k) == _flag_default(k)))
-    if changed:
-      diffs = ', '.join(f'--{k}={cfg.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
-      raise UsageError(f'{out} holds a run with different flags: {diffs}; use another '
-                       f'--experiment_name or --root_output_dir, or rerun with the saved flags')
+  if os.path.isdir(out):
+    _check_resume_flags(out, cfg)  # before anything is written
   try:
     os.makedirs(out, exist_ok=True)
+    lock_run_dir(out)
     probe = os.path.join(out, '.write_probe')
     with open(probe, 'w') as f:
       f.write('ok')
     os.remove(probe)
+  except RunDirectoryBusy:
+    raise
   except OSError as e:
     raise UsageError(f'--root_output_dir={cfg["root_output_dir"]!r} is not writable '
                      f'({e.strerror}: {out})') from None
-  with open(flags_path + '.tmp', 'w') as f:
-    json.dump(dict(cfg), f, indent=1, sort_keys=True)
-  os.replace(flags_path + '.tmp', flags_path)
+  _check_resume_flags(out, cfg)  # again, now that no other run can change the directory
+  try:
+    with open(flags_path + '.tmp', 'w') as f:
+      json.dump(dict(cfg), f, indent=1, sort_keys=True)
+    os.replace(flags_path + '.tmp', flags_path)
+  except OSError as e:
+    raise UsageError(f'cannot write {flags_path} ({e.strerror})') from None
   return out
 
 
@@ -337,24 +516,74 @@ def _dp_metrics_fn(cfg, task):
       'dp/delta': delta}
 
 
+def _raise_interrupted(signum, frame):
+  del frame
+  from workflow import program  # pylint: disable=g-import-not-at-top
+  raise program.Interrupted(signum)
+
+
+def install_signal_handlers() -> None:
+  """SIGINT and SIGTERM raise `program.Interrupted` (main thread only)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, _raise_interrupted)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+
+
+def _stopped(signum: int, out, progress) -> NoReturn:
+  """The one line after SIGINT/SIGTERM; exit 128 + signal number (130, 143)."""
+  # A second signal now ends the process at once, without a traceback.
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  from workflow import program  # pylint: disable=g-import-not-at-top
+  if out is not None and progress is not None and progress.round_num:
+    program.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
+    where = (f'stopped at round {progress.round_num} '
+             f'({program.checkpoint_phrase(out, progress.last_checkpoint)})')
+  else:
+    where = 'stopped before the first round'
+  name = signal.Signals(signum).name
+  print(f'{name}: {where}; resume with the same command', file=sys.stderr, flush=True)
+  sys.exit(128 + signum)
+
+
 def run_training(cfg: Mapping[str, Any], notes=()):
   """Validates `cfg`, builds task and algorithm, trains; returns (state, last metrics).
 
   `notes` (from `resolve_flags`: what a preset and the algorithm's defaults
   set) are printed once the run is known to start.
   """
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  # Explicit, not at import: worker_binary children die with this process,
+  # values serialise without TFF's nested copies, and TFF's exit-time noise is
+  # disarmed even when the command is refused (tff_adaptive.execution.runtime).
+  runtime.track_tff_workers()
   try:
     validate(cfg)
+    check_data_dir(cfg)
+    check_not_busy(experiment_dir(cfg))
   except UsageError as e:
     fail(str(e))
+  from workflow import program  # pylint: disable=g-import-not-at-top
+  install_signal_handlers()
+  state = {'out': None, 'progress': None}
+  try:
+    return _run_training(cfg, state, notes)
+  except program.Interrupted as e:
+    _stopped(e.signum, state['out'], state['progress'])
+  except KeyboardInterrupt:
+    _stopped(signal.SIGINT, state['out'], state['progress'])
+  finally:
+    if state['out'] is not None:
+      unlock_run_dir(state['out'])
+
+
+def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from workflow import program  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import workers  # pylint: disable=g-import-not-at-top
   from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
-  # Explicit, not at import: worker_binary children die with this process,
-  # values serialise without TFF's nested copies (tff_adaptive.execution.runtime).
-  runtime.track_tff_workers()
   addresses = workers.parse_addresses(cfg.get('workers') or '')
   if addresses:
     # Before building anything: an unreachable worker should fail in seconds.
@@ -368,6 +597,7 @@ def run_training(cfg: Mapping[str, Any], notes=()):
   logging.set_verbosity(logging.WARNING)
   try:
     task = task_registry.create_task(cfg['task'], {**cfg, 'run_dir': experiment_dir(cfg)})
+    check_task_counts(cfg, task)
     process = algorithm_registry.build(cfg['algorithm'], task, cfg)
     schedules = _round_schedules(cfg, task, process)
     client_data_fn = None
@@ -377,6 +607,7 @@ def run_training(cfg: Mapping[str, Any], notes=()):
       client_data_fn = workers.client_ids_fn(data_steps)
     fresh = not os.path.exists(os.path.join(experiment_dir(cfg), 'flags.json'))
     out = prepare_output_dir(cfg)
+    status['out'] = out
     if fresh:  # the run's settings in TensorBoard's HParams table (once per run)
       from workflow import tensorboard_hparams  # pylint: disable=g-import-not-at-top
       tensorboard_hparams.write_hparams(out, cfg)
@@ -391,12 +622,16 @@ def run_training(cfg: Mapping[str, Any], notes=()):
   if not addresses:
     runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0),
                                   secure_intrinsics=algorithm_registry.needs_secure_context(cfg))
+  divergence_factor = cfg.get('divergence_factor')
   loop = program.LoopConfig(
       total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],
       rounds_per_eval=cfg['rounds_per_eval'], rounds_per_checkpoint=cfg['rounds_per_checkpoint'],
       output_dir=out, seed=cfg['seed'], local_steps=cfg.get('local_steps') or None,
       show_progress=cfg.get('show_progress', True),
-      schedules=schedules, client_state=client_state)
+      schedules=schedules, client_state=client_state,
+      divergence_factor=10.0 if divergence_factor is None else divergence_factor,
+      divergence_rounds=cfg.get('divergence_rounds') or 3)
+  status['progress'] = loop.progress
   for note in notes:
     print(note, file=sys.stderr)
   where = f' on {len(addresses)} workers ({", ".join(addresses)})' if addresses else ''
@@ -404,9 +639,9 @@ def run_training(cfg: Mapping[str, Any], notes=()):
   try:
     result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(cfg, task),
                          client_data_fn=client_data_fn)
-  except program.IncompatibleCheckpoint as e:
+  except (program.IncompatibleCheckpoint, program.NoIntactCheckpoint) as e:
     fail(str(e))
-  except program.TrainingDiverged as e:
+  except (program.TrainingDiverged, program.WriteFailed) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)
   except workers.WorkerError as e:

@@ -3,17 +3,24 @@
 Program state (the learning process state, the round number and the running
 totals) goes through `tff.program.FileProgramStateManager`; metrics go through
 `tff.program.CSVFileReleaseManager` and `TensorBoardReleaseManager`. A rerun
-into the same directory resumes from the latest saved state; the CSV manager
-drops any rows released after that state, so a crash or Ctrl-C loses no more
-than the rounds since the last checkpoint and never duplicates a round.
+into the same directory resumes from the latest saved state that loads
+(`recover`: damaged checkpoints are set aside, partial ones removed); rows of
+metrics.csv and TensorBoard events of rounds after that state are dropped, so a
+crash, Ctrl-C or full disk loses no more than the rounds since the last intact
+checkpoint and never duplicates a round. docs/reliability.md lists what is
+guaranteed, each failure's message and how to recover by hand.
 """
 
 import asyncio
 import collections
+import csv
 import dataclasses
+import glob
+import io
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -63,6 +70,262 @@ class TrainingDiverged(RuntimeError):
   pass
 
 
+class NoIntactCheckpoint(RuntimeError):
+  """Checkpoints exist but none of them loads."""
+
+
+class WriteFailed(RuntimeError):
+  """Writing a round's metrics or checkpoint failed (disk full, permissions...)."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """SIGINT or SIGTERM (bin/train's handlers raise it; `signum` says which)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+@dataclasses.dataclass
+class Progress:
+  """Where a run is, for messages written after it stops."""
+  round_num: int = 0  # the round being trained (0: none yet)
+  last_checkpoint: int = 0  # the newest checkpoint written or resumed from (0: none)
+
+
+def checkpoint_phrase(output_dir: str, last_checkpoint: int) -> str:
+  """'the last checkpoint is after round N (DIR/checkpoints/program_state_N)' or 'no checkpoint'."""
+  if last_checkpoint <= 0:
+    return f'no checkpoint was kept in {output_dir} (a rerun starts at round 1)'
+  path = os.path.join(output_dir, 'checkpoints', f'program_state_{last_checkpoint}')
+  return f'the last checkpoint is after round {last_checkpoint} ({path})'
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+  text = (str(error).strip().splitlines() or [''])[0]
+  text = text if len(text) <= limit else text[:limit - 3] + '...'
+  return f'{type(error).__name__}: {text}' if text else type(error).__name__
+
+
+def warn(message: str) -> None:
+  print(f'warning: {message}', file=sys.stderr, flush=True)
+
+
+def remove_partial_checkpoints(checkpoint_dir: str) -> list[str]:
+  """Removes `program_state_N_temp*` directories (a save cut short); returns their names."""
+  removed = []
+  for path in sorted(glob.glob(os.path.join(glob.escape(checkpoint_dir), 'program_state_*_temp*'))):
+    shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _remove_quietly(path)
+    removed.append(os.path.basename(path))
+  return removed
+
+
+def _remove_quietly(path: str) -> None:
+  try:
+    os.remove(path)
+  except OSError:
+    pass
+
+
+def _set_aside(path: str) -> str:
+  """Renames `path` to `path.damaged` (or .damaged2, ...); returns the new name."""
+  target, n = f'{path}.damaged', 1
+  while os.path.exists(target):
+    n += 1
+    target = f'{path}.damaged{n}'
+  os.rename(path, target)
+  return target
+
+
+async def recover(state_manager, output_dir: str, structure) -> tuple[int, Any]:
+  """(round, program state) of the newest checkpoint that loads; (0, None) if none exists.
+
+  Partial saves (`program_state_N_temp*`) are removed. A checkpoint that does
+  not load (truncated, garbled or missing files, an empty or stray directory)
+  is renamed to `program_state_N.damaged` with a one-line warning once an
+  older one loads; if none loads, nothing is renamed and `NoIntactCheckpoint`
+  says what to do. A checkpoint that loads but holds another program's state
+  raises `IncompatibleCheckpoint` (a configuration error, not damage).
+  """
+  checkpoint_dir = os.path.join(output_dir, 'checkpoints')
+  removed = remove_partial_checkpoints(checkpoint_dir)
+  if removed:
+    warn(f'removed {len(removed)} partial checkpoint(s) left by an interrupted save in '
+         f'{checkpoint_dir} ({", ".join(removed)})')
+  versions = await state_manager.get_versions() or []
+  failures = []
+  for version in reversed(versions):
+    try:
+      loaded = await _load_checkpoint(state_manager, output_dir, version, structure)
+    except IncompatibleCheckpoint:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (any damage: TF, protobuf, OS errors)
+      failures.append((version, e))
+      continue
+    for bad, error in failures:
+      path = os.path.join(checkpoint_dir, f'program_state_{bad}')
+      moved = _set_aside(path)
+      warn(f'checkpoint {path} does not load ({_first_line(error)}); set aside as '
+           f'{os.path.basename(moved)}; resuming from the one after round {version}')
+    return version, loaded
+  if failures:
+    rounds = ', '.join(str(v) for v, _ in reversed(failures))
+    raise NoIntactCheckpoint(
+        f'none of the checkpoints in {checkpoint_dir} loads (rounds {rounds}; newest: '
+        f'{_first_line(failures[0][1])}): restore that directory from a copy, or move it '
+        f'away to start the run over from round 1')
+  return 0, None
+
+
+_METRICS_KEY = 'round'
+
+
+class MetricsFile:
+  """metrics.csv: one row per round, appended and flushed as each round ends.
+
+  Same format as `tff.program.CSVFileReleaseManager` (a `round` key column,
+  columns in order of first appearance, values as Python writes floats) but
+  written so that it cannot be lost: appends go to the end of the file and a
+  failed append is cut off again; a rewrite (new columns, dropped rows) goes
+  to a temporary file renamed over the old one. `open_at(round)` keeps the
+  readable rows up to that round (a damaged file is rebuilt from them, or
+  moved aside if it has no readable header).
+  """
+
+  def __init__(self, path: str):
+    self._path = path
+    self._fieldnames: list[str] = [_METRICS_KEY]
+    self._rows: list[dict[str, str]] = []
+    self._must_rewrite = False
+
+  @property
+  def rounds(self) -> list[int]:
+    return [int(r[_METRICS_KEY]) for r in self._rows]
+
+  def open_at(self, start_round: int) -> None:
+    path = self._path
+    if not os.path.exists(path):
+      if start_round > 0:
+        warn(f'{path} is missing: the rows of rounds 1-{start_round} are lost (the checkpoint '
+             f'holds the model, not the metrics); rows from round {start_round + 1} on are written')
+      self._rewrite()
+      return
+    damage = None
+    try:
+      with open(path, 'rb') as f:
+        text = f.read().decode('utf-8')
+      if '\0' in text:
+        raise ValueError('binary data')
+      reader = csv.reader(io.StringIO(text, newline=''))
+      header = next(reader, None)
+      if not header or header[0] != _METRICS_KEY or len(set(header)) != len(header):
+        raise ValueError('no "round" header')
+      rows, last = [], 0
+      complete = text.endswith('\n')
+      lines = list(reader)
+      for i, values in enumerate(lines):
+        if i == len(lines) - 1 and not complete:
+          damage = damage or 'its last line is cut off'
+          break
+        try:
+          round_num = int(values[0])
+        except (ValueError, IndexError):
+          damage = damage or f'an unreadable row after round {last}'
+          continue
+        if len(values) != len(header) or round_num <= last:
+          damage = damage or f'a malformed row after round {last}'
+          continue
+        last = round_num
+        if round_num <= start_round:
+          rows.append(dict(zip(header, values)))
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as e:
+      moved = _set_aside(path)
+      warn(f'{path} is unreadable ({_first_line(e)}); moved aside as {os.path.basename(moved)}; '
+           f'a new one starts' + (f' at round {start_round + 1}' if start_round else ''))
+      self._rewrite()
+      return
+    self._fieldnames, self._rows = header, rows
+    if damage:
+      warn(f'{path} was damaged ({damage}); rebuilt from its {len(rows)} readable rows')
+    if damage or len(rows) != len(lines):
+      self._rewrite()
+
+  def release(self, row: Mapping[str, Any], round_num: int) -> None:
+    values = {_METRICS_KEY: str(round_num)}
+    for key, value in row.items():
+      value = np.array(value).tolist()
+      values[key] = '' if value is None else str(value)
+    while self._rows and int(self._rows[-1][_METRICS_KEY]) >= round_num:
+      self._rows.pop()  # a replayed round replaces its row
+      self._must_rewrite = True
+    new_fields = [k for k in values if k not in self._fieldnames]
+    rewrite = bool(new_fields) or self._must_rewrite
+    self._fieldnames = self._fieldnames + new_fields
+    self._rows.append(values)
+    if rewrite:
+      try:
+        self._rewrite()
+      except BaseException:
+        self._rows.pop()
+        raise
+      self._must_rewrite = False
+      return
+    size = os.path.getsize(self._path)
+    try:
+      with open(self._path, 'a', newline='') as f:
+        csv.DictWriter(f, fieldnames=self._fieldnames).writerow(values)
+        f.flush()
+        os.fsync(f.fileno())
+    except BaseException:
+      self._rows.pop()
+      try:  # no half row left behind
+        os.truncate(self._path, size)
+      except OSError:
+        pass
+      raise
+
+  def _rewrite(self) -> None:
+    temp = f'{self._path}.tmp'
+    try:
+      with open(temp, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=self._fieldnames)
+        writer.writeheader()
+        writer.writerows(self._rows)
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(temp, self._path)
+    except BaseException:
+      _remove_quietly(temp)
+      raise
+
+
+def trim_tensorboard(log_dir: str, last_round: int) -> None:
+  """Drops events of rounds after `last_round` (and cut-off records) from the event files."""
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  for path in sorted(glob.glob(os.path.join(glob.escape(log_dir), '**', 'events.out.tfevents.*'),
+                               recursive=True)):
+    kept, dropped = [], 0
+    try:
+      for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        event = event_pb2.Event.FromString(record)
+        if event.step <= last_round or event.WhichOneof('what') == 'file_version':
+          kept.append(record)
+        else:
+          dropped += 1
+    except (tf.errors.OpError, ValueError) as e:  # cut off by a kill or a full disk
+      dropped += 1
+      warn(f'{path}: the events after its last readable record are dropped ({_first_line(e)})')
+    except Exception:  # pylint: disable=broad-except
+      dropped += 1
+    if not dropped:
+      continue
+    temp = f'{path}.tmp'
+    with tf.io.TFRecordWriter(temp) as writer:
+      for record in kept:
+        writer.write(record)
+    os.replace(temp, path)
+
+
 @dataclasses.dataclass
 class LoopConfig:
   total_rounds: int
@@ -77,6 +340,13 @@ class LoopConfig:
   # Per-client state kept across rounds (personalised FL, e.g. MTFL's private
   # patches): a `personalization.PersonalizationHook`. None: no client state.
   client_state: Optional[Any] = None
+  # Finite blow-up rule: stop when the training loss exceeds
+  # `divergence_factor` x the initial model's loss for `divergence_rounds`
+  # consecutive rounds (0: only non-finite values stop a run).
+  divergence_factor: float = 10.0
+  divergence_rounds: int = 3
+  # Filled in as the run goes (for messages after an interruption).
+  progress: Progress = dataclasses.field(default_factory=Progress)
 
 
 def sample_clients(client_ids: list[str], num: int, seed: int, round_num: int) -> list[str]:
@@ -135,17 +405,18 @@ def _all_finite(structure) -> bool:
 
 
 class _Releases:
-  """CSV + TensorBoard metrics releases, keyed by round."""
+  """metrics.csv + TensorBoard releases, keyed by round, consistent with the checkpoint."""
 
-  def __init__(self, output_dir: str):
-    self._managers = [
-        tff.program.CSVFileReleaseManager(os.path.join(output_dir, 'metrics.csv'),
-                                          key_fieldname='round'),
-        tff.program.TensorBoardReleaseManager(os.path.join(output_dir, 'tensorboard')),
-    ]
+  def __init__(self, output_dir: str, start_round: int):
+    self.csv = MetricsFile(os.path.join(output_dir, 'metrics.csv'))
+    self.csv.open_at(start_round)
+    tensorboard_dir = os.path.join(output_dir, 'tensorboard')
+    trim_tensorboard(tensorboard_dir, start_round)
+    self._tensorboard = tff.program.TensorBoardReleaseManager(tensorboard_dir)
 
   async def release(self, metrics: Mapping[str, float], round_num: int):
-    await asyncio.gather(*[m.release(dict(metrics), key=round_num) for m in self._managers])
+    self.csv.release(metrics, round_num)
+    await self._tensorboard.release(dict(metrics), key=round_num)
 
 
 def run(process: tff.learning.templates.LearningProcess, task: task_base.FederatedTask,
@@ -172,9 +443,9 @@ def run(process: tff.learning.templates.LearningProcess, task: task_base.Federat
 async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
   if client_data_fn is None:
     client_data_fn = lambda ids, steps: client_datasets(task, ids, steps)
+  progress = config.progress
   state_manager = tff.program.FileProgramStateManager(
       os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
-  releases = _Releases(config.output_dir)
   evaluate = KerasEvaluator(task)
 
   initial = process.initialize()
@@ -185,15 +456,14 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
   # are unknown before the checkpoint is read, and loading needs a structure.
   program_state = {'state': initial, 'totals': '{}',
                    'schedules': sched.to_json() if sched else ''}
-  start_round = 0
-  versions = await state_manager.get_versions()
-  if versions:
-    start_round = versions[-1]
-    program_state = await _load_checkpoint(state_manager, config.output_dir, start_round,
-                                           dict(program_state))
+  start_round, loaded = await recover(state_manager, config.output_dir, dict(program_state))
+  if loaded is not None:
+    program_state = loaded
     program_state['state'] = tf.nest.pack_sequence_as(
         initial, tf.nest.flatten(program_state['state']))
     print(f'Resuming from the checkpoint after round {start_round}.', file=sys.stderr)
+  # metrics.csv and TensorBoard drop what rounds after the checkpoint wrote.
+  releases = _Releases(config.output_dir, start_round)
   hook = config.client_state
   if hook is not None:
     # The client-state snapshot saved with this server checkpoint (0: none).
@@ -207,7 +477,16 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
     saved_totals = json.loads(saved_totals.decode() if isinstance(saved_totals, bytes)
                               else saved_totals)
   totals = collections.defaultdict(float, {k: float(v) for k, v in saved_totals.items()})
-  last_checkpoint = start_round
+  last_checkpoint = progress.last_checkpoint = start_round
+  # The finite blow-up rule's reference: the initial model's loss.
+  blowup_limit, streak = math.inf, 0
+  if config.divergence_factor > 0 and start_round < config.total_rounds:
+    initial_loss = evaluate(process.get_model_weights(initial)).get('loss')
+    if initial_loss is not None and math.isfinite(initial_loss) and initial_loss > 0:
+      blowup_limit = config.divergence_factor * initial_loss
+
+  def where_to_resume():
+    return checkpoint_phrase(config.output_dir, last_checkpoint)
 
   client_ids = list(task.train_data.client_ids)
   bar = tqdm.tqdm(total=config.total_rounds, initial=start_round, unit='round',
@@ -216,6 +495,7 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
   last_eval = {}
   try:
     for round_num in range(start_round + 1, config.total_rounds + 1):
+      progress.round_num = round_num
       started = time.monotonic()
       sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
       # Composer-built processes run K steps themselves (K is in their state).
@@ -231,8 +511,7 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
         output = process.next(state, data)
       except Exception as e:
         # The caller (bin/train) reports where a rerun resumes; the type is kept.
-        e.add_note(f'Round {round_num} failed; the last checkpoint is after round '
-                   f'{last_checkpoint} in {config.output_dir}.')
+        e.add_note(f'Round {round_num} failed; {where_to_resume()}.')
         raise
       # Process measurements: costs keep their `cost/` names (and get running
       # totals below); everything else is a training metric.
@@ -240,14 +519,21 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
              for k, v in flatten_metrics(output.metrics).items()}
       if round_metrics_fn is not None:
         row.update(round_metrics_fn(round_num, output))
-      train_loss = next((v for k, v in row.items() if k.endswith('train/loss')), 0.0)
+      loss_key = next((k for k in row if k.endswith('train/loss')), None)
+      train_loss = row[loss_key] if loss_key else 0.0
       weights = process.get_model_weights(output.state)
       if not math.isfinite(train_loss) or not _all_finite(weights.trainable):
+        what = f'{loss_key}={train_loss}' if not math.isfinite(train_loss) else 'model weights'
         raise TrainingDiverged(
-            f'training diverged at round {round_num} (non-finite '
-            f'{"training loss" if not math.isfinite(train_loss) else "model weights"}); '
-            f'try a smaller --client_learning_rate or --server_learning_rate. The last good '
-            f'checkpoint (round {last_checkpoint}) is kept in {config.output_dir}.')
+            f'training diverged at round {round_num} (non-finite {what}); try a smaller '
+            f'--client_learning_rate or --server_learning_rate; {where_to_resume()}.')
+      streak = streak + 1 if train_loss > blowup_limit else 0
+      if streak >= config.divergence_rounds:
+        raise TrainingDiverged(
+            f'training diverged at round {round_num} ({loss_key}={train_loss:.4g} above '
+            f'{config.divergence_factor:g} x the initial model\'s loss for {streak} rounds; '
+            f'--divergence_factor=0 turns this off); try a smaller --client_learning_rate or '
+            f'--server_learning_rate; {where_to_resume()}.')
       state = output.state
       is_eval_round = round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds
       if hook is not None:  # store what the clients returned; user accuracy
@@ -263,13 +549,27 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
       if sched is not None:
         row.update(schedule_row)
         row.update(sched.observe(round_num, row, len(sampled)))
-      await releases.release(row, round_num)
-      if round_num % config.rounds_per_checkpoint == 0 or round_num == config.total_rounds:
-        if hook is not None:  # first: a server checkpoint always has its client state
-          hook.save(round_num)
-        await state_manager.save({'state': state, 'totals': json.dumps(dict(totals)),
-                                  'schedules': sched.to_json() if sched else ''}, round_num)
-        last_checkpoint = round_num
+      try:
+        await releases.release(row, round_num)
+      except (OSError, tf.errors.OpError) as e:
+        raise WriteFailed(f'could not write the metrics of round {round_num} '
+                          f'({_first_line(e)}); {where_to_resume()}; free space and rerun the '
+                          'same command to resume') from None
+      # No checkpoint while the loss is blowing up: the one kept is from before.
+      checkpoint_due = (round_num % config.rounds_per_checkpoint == 0
+                        or round_num == config.total_rounds)
+      if checkpoint_due and (streak == 0 or round_num == config.total_rounds):
+        try:
+          if hook is not None:  # first: a server checkpoint always has its client state
+            hook.save(round_num)
+          await state_manager.save({'state': state, 'totals': json.dumps(dict(totals)),
+                                    'schedules': sched.to_json() if sched else ''}, round_num)
+        except (OSError, tf.errors.OpError) as e:
+          remove_partial_checkpoints(os.path.join(config.output_dir, 'checkpoints'))
+          raise WriteFailed(f'could not write the checkpoint of round {round_num} '
+                            f'({_first_line(e)}); partial files removed; {where_to_resume()}; '
+                            'free space and rerun the same command to resume') from None
+        last_checkpoint = progress.last_checkpoint = round_num
       bar.update(1)
       bar.set_postfix(_progress_postfix(row, last_eval), refresh=False)
       if not sys.stderr.isatty() and config.show_progress and round_num % config.rounds_per_eval == 0:

@@ -262,6 +262,15 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _i('seed', 0, 'Seed for data splits, client sampling and shuffling.'),
         _b('show_progress', True, 'Show a progress bar.'),
     ]),
+    ('reliability', 'Reliability: when a run stops, resuming damaged runs (docs/reliability.md)', [
+        _f('divergence_factor', 10.0, 'Stop (exit 1) when the training loss exceeds this '
+           'multiple of the initial model\'s loss for --divergence_rounds consecutive rounds '
+           '(non-finite values always stop a run); 0 turns the rule off.'),
+        _i('divergence_rounds', 3, 'Consecutive rounds above --divergence_factor x the initial '
+           'loss that stop a run.'),
+        _b('trust_command_line', False, 'Resume a run whose flags.json is missing or damaged '
+           'with this command\'s flags (recorded anew).'),
+    ]),
     ('execution', 'Execution: local runtime and workers (docs/workers.md)', [
         _i('execution_concurrency', 0, 'Max concurrent client computations in TFF\'s C++ '
            'runtime. 0: two per CPU core (the fastest measured, docs/performance.md); -1: '

@@ -58,18 +58,24 @@ def set_worker_log_dir(path: Optional[str]) -> None:
   _log_dir = path
 
 
-def worker_log_path() -> str:
-  """The log file of the workers this process starts (not created here)."""
+def private_log_dir() -> str:
+  """This process's private log directory (mode 0700, unpredictable name), removed at exit.
+
+  Fixed names in /tmp can be planted or pile up (one per process).
+  """
   global _private_log_dir
-  if _log_dir is not None:
-    return os.path.join(_log_dir, 'worker.log')
   with _lock:
     if _private_log_dir is None:
-      # A private directory (mode 0700, unpredictable name), removed at exit:
-      # fixed names in /tmp can be planted or pile up (one per process).
       _private_log_dir = tempfile.mkdtemp(prefix='tff_adaptive_')
       atexit.register(_remove_private_log_dir)
-  return os.path.join(_private_log_dir, 'worker.log')
+    return _private_log_dir
+
+
+def worker_log_path() -> str:
+  """The log file of the workers this process starts (not created here)."""
+  if _log_dir is not None:
+    return os.path.join(_log_dir, 'worker.log')
+  return os.path.join(private_log_dir(), 'worker.log')
 
 
 def _remove_private_log_dir() -> None:

@@ -38,7 +38,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -189,7 +188,8 @@ class WorkerProcess:
         0: two per CPU core of this machine, negative: no limit
         (`runtime.resolve_concurrency`).
       extra_args: further `worker_binary` flags, passed verbatim.
-      log_path: where its stdout/stderr go; None: a file in the temp dir;
+      log_path: where its stdout/stderr go; None: a file in this process's
+        private log directory (`runtime.private_log_dir`, removed at exit);
         '-': inherit ours (for a foreground `bin/worker`).
       host: how this process reaches it (the binary listens on all
         interfaces).
@@ -203,8 +203,10 @@ class WorkerProcess:
                   '--max_concurrent_computation_calls='
                   f'{runtime.resolve_concurrency(max_concurrent_computation_calls)}',
                   *extra_args]
+    # Default: this process's private log directory, removed at exit (never a
+    # fixed, predictable name in /tmp).
     self.log_path = log_path if log_path is not None else os.path.join(
-        tempfile.gettempdir(), f'tff_adaptive_worker_{os.getpid()}_{self.port}.log')
+        runtime.private_log_dir(), f'worker_{self.port}.log')
     self._proc: Optional[subprocess.Popen] = None
 
   @property
