@@ -97,8 +97,9 @@ DEFAULT_CONTEXT_SCRIPT = textwrap.dedent('''
     sys.path.insert(0, {root!r})
     import tensorflow as tf
     import tensorflow_federated as tff
-    from tff_adaptive.algorithms import composer  # tracks workers; no context set
+    from tff_adaptive.algorithms import composer  # importing tracks nothing (test_layering)
     from tff_adaptive.execution import runtime
+    runtime.track_tff_workers()  # what a library user calls once; no context set
     @tff.tensorflow.computation(tf.int32)
     def add_one(x):
       return x + 1
@@ -108,7 +109,7 @@ DEFAULT_CONTEXT_SCRIPT = textwrap.dedent('''
 
 
 def test_worker_of_tffs_default_context_does_not_outlive_parent():
-  """A program using our algorithms without `use_local_cpp_context`."""
+  """A program that asks for tracking but keeps TFF's default context (no `use_local_cpp_context`)."""
   proc = subprocess.run([sys.executable, '-c', DEFAULT_CONTEXT_SCRIPT.format(root=ROOT)],
                         capture_output=True, text=True, timeout=300, check=True)
   line = next(l for l in proc.stdout.splitlines() if l.startswith('WORKERS'))
