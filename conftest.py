@@ -31,3 +31,12 @@ def _reset_tf_global_seed():
   tf = sys.modules.get('tensorflow')
   if tf is not None:
     tf.random.set_seed(None)
+
+
+@pytest.fixture(scope='module')
+def local_cpp_context():
+  """TFF's local C++ context for a test module (`pytestmark = usefixtures(...)`)."""
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  runtime.use_local_cpp_context()
+  yield
+  runtime.shutdown_workers()

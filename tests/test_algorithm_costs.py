@@ -24,7 +24,6 @@ import tensorflow_federated as tff
 
 from tasks import digits
 from workflow import program
-from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
 from tff_adaptive.algorithms import composer
@@ -35,11 +34,8 @@ NUM_CLIENTS = 2
 HPARAM_BITS = 32 + 32  # η (float32) and K (int32), broadcast every round
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 @pytest.fixture(scope='module')

@@ -21,7 +21,6 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 from tasks.models import paper_cnns
 from workflow import cli
-from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import flops
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
@@ -40,11 +39,8 @@ ROUNDS = 3  # FedOpt vs TFF
 PAPER_ROUNDS = 2
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 @pytest.fixture(scope='module')

@@ -28,7 +28,6 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 from tasks.models import paper_cnns
 from workflow import cli
-from tff_adaptive.execution import runtime
 from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
@@ -45,11 +44,8 @@ LR = 0.05
 SHAPES = [(3, 3, 1, 8), (8,), (72, 20), (20,), (20, 10)]
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 def _list_type(shapes):

@@ -15,7 +15,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at
-from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
@@ -25,11 +24,8 @@ K = 3
 LR = 0.1
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 def _from_sum(vectors):

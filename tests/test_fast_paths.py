@@ -31,11 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import native_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 def _keras_model():

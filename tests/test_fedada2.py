@@ -23,7 +23,6 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at
 from workflow import cli
-from tff_adaptive.execution import runtime
 from tff_adaptive.accounting import privacy
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.optimizers import sm3
@@ -37,11 +36,8 @@ S_BETA_1, S_BETA_2, TAU = 0.9, 0.99, 1e-3
 UNIFORM = tff.learning.ClientWeighting.UNIFORM
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 @pytest.fixture(scope='module')

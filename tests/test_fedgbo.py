@@ -13,7 +13,6 @@ import pytest
 import tensorflow_federated as tff
 
 import algorithm_testing as at
-from tff_adaptive.execution import runtime
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedgbo
@@ -27,11 +26,8 @@ V0 = 0.5  # AdaGrad's initial accumulator (the other rows start from v = 1)
 UNIFORM = tff.learning.ClientWeighting.UNIFORM
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 @pytest.fixture(scope='module')

@@ -10,7 +10,7 @@ and compares the TFF attributes that the package knows how to patch, the exit
 handlers, the signal handlers and the temp directory before and after.
 """
 
-import ast
+import importlib.util
 import os
 import pkgutil
 import subprocess
@@ -27,54 +27,27 @@ ALLOWED = {
 }
 
 
-def _modules(package: str) -> dict[str, str]:
-  """Dotted module name → file, for every .py file under `package`."""
-  found = {}
-  for dirpath, _, files in os.walk(os.path.join(ROOT, package)):
-    for name in files:
-      if name.endswith('.py'):
-        path = os.path.join(dirpath, name)
-        rel = os.path.relpath(path, ROOT)[:-3].split(os.sep)
-        if rel[-1] == '__init__':
-          rel = rel[:-1]
-        found['.'.join(rel)] = path
-  return found
+def _load_build_tool():
+  # bin/update_build.py resolves imports for BUILD; the layering is checked on
+  # the same graph (one resolver, not two that could drift apart).
+  spec = importlib.util.spec_from_file_location(
+      'update_build', os.path.join(ROOT, 'bin', 'update_build.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
+_BUILD_TOOL = _load_build_tool()
 ALL_MODULES = {}
-for _package in ALLOWED:
-  ALL_MODULES.update(_modules(_package))
+for _path in _BUILD_TOOL.python_files():
+  if _path.split('/')[0] in ALLOWED:
+    ALL_MODULES[_BUILD_TOOL.module_name(_path)] = os.path.join(ROOT, _path)
 
-
-def _imports(path: str, module: str) -> set[str]:
-  """First-party modules that `path` imports (resolved to the longest module that exists)."""
-  with open(path) as f:
-    tree = ast.parse(f.read(), path)
-  names = set()
-  for node in ast.walk(tree):
-    if isinstance(node, ast.Import):
-      names.update(alias.name for alias in node.names)
-    elif isinstance(node, ast.ImportFrom):
-      base = node.module or ''
-      if node.level:
-        parts = module.split('.')
-        is_package = path.endswith('__init__.py')
-        anchor = parts if is_package else parts[:-1]
-        anchor = anchor[:len(anchor) - (node.level - 1)]
-        base = '.'.join(anchor + ([base] if base else []))
-      for alias in node.names:
-        names.add(f'{base}.{alias.name}' if base else alias.name)
-  resolved = set()
-  for name in names:
-    if name.split('.')[0] not in FIRST_PARTY:
-      continue
-    while name and name not in ALL_MODULES and '.' in name:
-      name = name.rsplit('.', 1)[0]
-    resolved.add(name)
-  return resolved
-
-
-GRAPH = {module: _imports(path, module) for module, path in ALL_MODULES.items()}
+# Every first-party module (bin/ and tests/ too) and the top-level names of
+# the folders BUILD does not cover, so an import of any of them is an edge.
+_KNOWN = ({_BUILD_TOOL.module_name(p) for p in _BUILD_TOOL.python_files()} | set(FIRST_PARTY))
+GRAPH = {module: _BUILD_TOOL.imports(os.path.relpath(path, ROOT), module, _KNOWN)
+         for module, path in ALL_MODULES.items()}
 
 
 def test_every_layer_imports_only_what_it_may():

@@ -21,7 +21,6 @@ from tasks import common
 from tff_adaptive.personalization import client_state
 from workflow import personalization
 from workflow import program
-from tff_adaptive.execution import runtime
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
@@ -83,11 +82,8 @@ def make_task() -> task_base.FederatedTask:
       keras_model_fn=bn_keras_model, num_classes=C, test_client_data=test_data)
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 @pytest.fixture(scope='module')

@@ -24,7 +24,6 @@ from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
 from tff_adaptive.algorithms import mimexlite
-from tff_adaptive.execution import runtime
 from tff_adaptive.optimizers import biased
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
@@ -37,11 +36,8 @@ B1, B2, EPS = 0.8, 0.9, 1e-3
 opts = tff.learning.optimizers
 
 
-@pytest.fixture(scope='module', autouse=True)
-def _tff_context():
-  runtime.use_local_cpp_context()
-  yield
-  runtime.shutdown_workers()
+# TFF's local C++ context for the module, its worker stopped after (conftest.py).
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
 
 
 @pytest.fixture(scope='module')
