@@ -38,6 +38,8 @@ echo "setup: creating .venv with $($py --version)" >&2
 # tasks/ and workflow/ on sys.path themselves. Older setups wrote a .pth that
 # exposed the whole checkout: removed.
 rm -f .venv/lib/python3*/site-packages/tff_adaptive_repo.pth
+# PEP 660 editable installs need setuptools >= 64 (Python 3.9's venv ships 58).
+.venv/bin/python -m pip install -q "setuptools>=64"
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 .venv/bin/python -c 'import tensorflow_federated as tff; print("setup: TFF", tff.__version__, "ready")' 2>/dev/null
 echo "$want" > "$stamp"
