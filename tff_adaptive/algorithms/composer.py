@@ -482,18 +482,8 @@ def build_process(
     raise AssertionError('the extra upload aggregator must be stateless')
   extra_state = _tensor_free_value(extra_state_type)
 
-  @tff.federated_computation
-  def initialize_fn():
-    weights = tff.federated_eval(
-        tff.tensorflow.computation(lambda: _initial_weights(model_fn)), tff.SERVER)
-    return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-        global_model_weights=weights,
-        distributor=tff.federated_value((), tff.SERVER),
-        client_work=tff.federated_value(collections.OrderedDict(
-            learning_rate=np.float32(client_learning_rate),
-            local_steps=np.int32(local_steps)), tff.SERVER),
-        aggregator=delta_aggregator.initialize(),
-        finalizer=tff.federated_eval(init_stats, tff.SERVER)))
+  initialize_fn = initial_state_computation(model_fn, client_learning_rate, local_steps,
+                                            delta_aggregator, init_stats)
 
   state_type = initialize_fn.type_signature.result
   if fused_mean:
@@ -657,6 +647,29 @@ def client_model(model_fn: Callable[[], tff.learning.models.VariableModel]):
 def _initial_weights(model_fn):
   model = model_fn()
   return tff.learning.models.ModelWeights.from_model(model)
+
+
+def initial_state_computation(model_fn, client_learning_rate: float, local_steps: int,
+                              aggregator, init_stats) -> tff.Computation:
+  """`initialize` of every composer-built (and personalised) process: the state layout above.
+
+  `aggregator` is the Δ aggregation process, `init_stats` the TF computation
+  of the recipe's s_0.
+  """
+  @tff.federated_computation
+  def initialize_fn():
+    weights = tff.federated_eval(
+        tff.tensorflow.computation(lambda: _initial_weights(model_fn)), tff.SERVER)
+    return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=weights,
+        distributor=tff.federated_value((), tff.SERVER),
+        client_work=tff.federated_value(collections.OrderedDict(
+            learning_rate=np.float32(client_learning_rate),
+            local_steps=np.int32(local_steps)), tff.SERVER),
+        aggregator=aggregator.initialize(),
+        finalizer=tff.federated_eval(init_stats, tff.SERVER)))
+
+  return initialize_fn
 
 
 def set_round_hparams(state, *, client_learning_rate: Optional[float] = None,

@@ -534,18 +534,8 @@ def build_personalized_process(
     cost['client_private_state_floats'] = tf.constant(float(private_floats), tf.float64)
     return cost
 
-  @tff.federated_computation
-  def initialize_fn():
-    weights = tff.federated_eval(
-        tff.tensorflow.computation(lambda: _initial_weights(model_fn)), tff.SERVER)
-    return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-        global_model_weights=weights,
-        distributor=tff.federated_value((), tff.SERVER),
-        client_work=tff.federated_value(collections.OrderedDict(
-            learning_rate=np.float32(client_learning_rate),
-            local_steps=np.int32(local_steps)), tff.SERVER),
-        aggregator=aggregator.initialize(),
-        finalizer=tff.federated_eval(init_stats, tff.SERVER)))
+  initialize_fn = composer.initial_state_computation(model_fn, client_learning_rate, local_steps,
+                                                     aggregator, init_stats)
 
   state_type = initialize_fn.type_signature.result
 
@@ -602,8 +592,3 @@ def build_personalized_process(
       initialize_fn, next_fn, evaluate_fn, get_model_weights, set_model_weights,
       private_initial=private_initial, upload_type=upload_type, upload_bits=upload_bits,
       fingerprint=identity, name=name)
-
-
-def _initial_weights(model_fn):
-  model = model_fn()
-  return tff.learning.models.ModelWeights.from_model(model)
