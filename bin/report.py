@@ -32,6 +32,7 @@ if any(a.startswith('--reproduction') for a in sys.argv[1:]):
   # absl's app.run (see bin/train.py); plain reports do not need it.
   import tensorflow as tf
 from workflow import report
+from workflow import selection
 from workflow import sweep
 
 flags.DEFINE_string('sweep_dir', '', 'Sweep directory written by bin/sweep.py.')
@@ -84,7 +85,7 @@ def main(argv):
   if not FLAGS.out:
     _fail('--out is required')
   try:
-    rule = sweep.parse_rule(FLAGS.select_rule, FLAGS.select_metric, FLAGS.select_mode)
+    rule = selection.parse_rule(FLAGS.select_rule, FLAGS.select_metric, FLAGS.select_mode)
     command = regenerate_command()
     report.write_sweep_report(FLAGS.sweep_dir, FLAGS.out, rule, FLAGS.target, FLAGS.x,
                               FLAGS.title, FLAGS.confidence, FLAGS.all_configs, command)

@@ -23,7 +23,9 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from workflow import selection  # pylint: disable=g-import-not-at-top
 from workflow import sweep  # pylint: disable=g-import-not-at-top
+from workflow import sweep_runner  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string('sweep_dir', '', 'Directory of the sweep (trials/, logs/, sweep.json).')
 flags.DEFINE_string('grid', '', "Grid(s): 'name=v1,v2;name=v1' ; groups separated by '|', "
@@ -63,7 +65,7 @@ def main(argv):
     groups = sweep.parse_grid(FLAGS.grid) if FLAGS.grid else sweep.parse_spec_file(FLAGS.spec)
     fixed = sweep.parse_fixed(FLAGS.fixed)
     trials = sweep.expand(groups, sweep.parse_seeds(FLAGS.num_seeds, FLAGS.seeds), fixed)
-    rule = sweep.parse_rule(FLAGS.select_rule, FLAGS.select_metric, FLAGS.select_mode)
+    rule = selection.parse_rule(FLAGS.select_rule, FLAGS.select_metric, FLAGS.select_mode)
   except sweep.SpecError as e:
     _fail(str(e))
   # SIGTERM as Ctrl-C: the running trials are stopped cleanly (resumable).
@@ -74,18 +76,18 @@ def main(argv):
       print(f'{done:8s} [{t.group}] {t.name}')
     return
   try:
-    outcomes = sweep.run_sweep(trials, FLAGS.sweep_dir, fixed=fixed,
-                               max_parallel=FLAGS.max_parallel)
+    outcomes = sweep_runner.run_sweep(trials, FLAGS.sweep_dir, fixed=fixed,
+                                      max_parallel=FLAGS.max_parallel)
   except sweep.SpecError as e:
     _fail(str(e))
   except KeyboardInterrupt:
     print('sweep: interrupted; rerun the same command to resume', file=sys.stderr)
     sys.exit(130)
-  results, _ = sweep.load_results(FLAGS.sweep_dir)
+  results, _ = selection.load_results(FLAGS.sweep_dir)
   names = {t.name for t in trials}
-  print(sweep.selection_report(sweep.summarize([r for r in results if r.trial.name in names],
-                                               rule), rule))
-  failures = sweep.failure_report(outcomes)
+  ran = [r for r in results if r.trial.name in names]
+  print(selection.selection_report(selection.summarize(ran, rule), rule))
+  failures = sweep_runner.failure_report(outcomes)
   if failures:
     print(failures, file=sys.stderr)
     sys.exit(1)

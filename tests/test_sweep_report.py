@@ -20,8 +20,10 @@ from scipy import stats as scipy_stats
 
 from workflow import report
 from workflow import reproduction
+from workflow import selection
 from workflow import stats
 from workflow import sweep
+from workflow import sweep_runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -163,23 +165,23 @@ def test_failure_isolated_and_listed_then_resume(tmp_path, fake):
   fixed = {'total_rounds': '6'}
   groups = sweep.parse_grid('client_learning_rate=0.5,13,0.9')
   trials = sweep.expand(groups, [0, 1], fixed)
-  outcomes = sweep.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=3, command=command,
-                             log=_quiet)
+  outcomes = sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=3, command=command,
+                                    log=_quiet)
   by_status = {}
   for o in outcomes:
     by_status.setdefault(o.status, []).append(o)
   assert len(by_status['finished']) == 4 and len(by_status['failed']) == 2
   assert all('client_learning_rate=13' in o.trial.name for o in by_status['failed'])
   assert all(o.returncode == 1 and 'diverged' in o.message for o in by_status['failed'])
-  listing = sweep.failure_report(outcomes)
+  listing = sweep_runner.failure_report(outcomes)
   for o in by_status['failed']:
     assert o.log in listing and os.path.exists(o.log)
     assert 'training diverged' in open(o.log).read()
   assert len(calls()) == 6
 
   # Rerun: finished trials are skipped, the failed ones are tried again.
-  outcomes = sweep.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=2, command=command,
-                             log=_quiet)
+  outcomes = sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=2, command=command,
+                                    log=_quiet)
   assert sorted(o.status for o in outcomes) == ['failed'] * 2 + ['skipped'] * 4
   assert len(calls()) == 8
 
@@ -192,12 +194,12 @@ def test_failure_isolated_and_listed_then_resume(tmp_path, fake):
     f.write('\n'.join(rows[:4]) + '\n')
   assert sweep.last_round(path) == 3
   ok = [t for t in trials if 'client_learning_rate=13' not in t.name]
-  outcomes = sweep.run_sweep(ok, sweep_dir, fixed=fixed, command=command, log=_quiet)
+  outcomes = sweep_runner.run_sweep(ok, sweep_dir, fixed=fixed, command=command, log=_quiet)
   assert [o.trial.name for o in outcomes if o.status == 'finished'] == [victim.name]
   assert calls()[-1] == victim.name and len(calls()) == 9
   assert sweep.last_round(path) == 6
   more = {'total_rounds': '8'}
-  outcomes = sweep.run_sweep(ok, sweep_dir, fixed=more, command=command, log=_quiet)
+  outcomes = sweep_runner.run_sweep(ok, sweep_dir, fixed=more, command=command, log=_quiet)
   assert all(o.status == 'finished' for o in outcomes) and len(calls()) == 13
   # The manifest lists every trial ever run, with the wall time of finished runs.
   trials_read, fixed_read = sweep.read_manifest(sweep_dir)
@@ -232,9 +234,9 @@ def test_parallelism_is_bounded(tmp_path, monkeypatch):
   monkeypatch.setenv('RUNNING', str(tmp_path / 'running'))
   monkeypatch.setenv('PEAKS', str(tmp_path / 'peaks.txt'))
   trials = sweep.expand(sweep.parse_grid('client_learning_rate=1,2,3,4,5'), [0])
-  outcomes = sweep.run_sweep(trials, str(tmp_path / 'sw'), fixed={'total_rounds': '1'},
-                             max_parallel=2, command=[sys.executable, str(script)],
-                             poll_seconds=0.05, log=_quiet)
+  outcomes = sweep_runner.run_sweep(trials, str(tmp_path / 'sw'), fixed={'total_rounds': '1'},
+                                    max_parallel=2, command=[sys.executable, str(script)],
+                                    poll_seconds=0.05, log=_quiet)
   assert all(o.status == 'finished' for o in outcomes)
   peaks = [int(x) for x in (tmp_path / 'peaks.txt').read_text().split()]
   assert len(peaks) == 5 and max(peaks) == 2
@@ -247,8 +249,9 @@ def _run_fake(tmp_path, command, grid, seeds=(0, 1), rounds=10):
   sweep_dir = str(tmp_path / 'sw')
   fixed = {'total_rounds': str(rounds)}
   trials = sweep.expand(sweep.parse_grid(grid), list(seeds), fixed)
-  sweep.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=4, command=command, log=_quiet)
-  results, _ = sweep.load_results(sweep_dir)
+  sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=4, command=command,
+                         log=_quiet)
+  results, _ = selection.load_results(sweep_dir)
   return sweep_dir, results
 
 
@@ -259,48 +262,49 @@ def test_best_config_depends_on_rule(tmp_path, fake):
                          'a: client_learning_rate=1.0; server_learning_rate=0.5 | '
                          'b: client_learning_rate=0.8; server_learning_rate=0')
   curves = {r.trial.group: r.columns['eval/accuracy'] for r in results if r.trial.seed == 0}
-  peak = sweep.parse_rule('max')
-  last = sweep.parse_rule('last_mean:2')
+  peak = selection.parse_rule('max')
+  last = selection.parse_rule('last_mean:2')
   # Hand computation of the rules on seed 0's logged values (rounds 2..10).
   a = [v for v in curves['a'] if not math.isnan(v)]
   assert len(a) == 5
-  assert sweep.trial_score({'eval/accuracy': curves['a']}, last) == pytest.approx(
+  assert selection.trial_score({'eval/accuracy': curves['a']}, last) == pytest.approx(
       (a[-1] + a[-2]) / 2)
-  assert sweep.trial_score({'eval/accuracy': curves['a']}, peak) == pytest.approx(max(a))
-  assert sweep.trial_score({'eval/accuracy': curves['a']}, sweep.parse_rule('final')) == a[-1]
+  assert selection.trial_score({'eval/accuracy': curves['a']}, peak) == pytest.approx(max(a))
+  final = selection.parse_rule('final')
+  assert selection.trial_score({'eval/accuracy': curves['a']}, final) == a[-1]
   # Groups are selected separately; put both configs in one group to compare.
   for r in results:
     r.trial = sweep.Trial('all', r.trial.flags, r.trial.seed, ('client_learning_rate',))
-  by_peak = sweep.select_best(sweep.summarize(results, peak), peak)['all']
-  by_last = sweep.select_best(sweep.summarize(results, last), last)['all']
+  by_peak = selection.select_best(selection.summarize(results, peak), peak)['all']
+  by_last = selection.select_best(selection.summarize(results, last), last)['all']
   assert dict(by_peak.config)['client_learning_rate'] == '1.0'
   assert dict(by_last.config)['client_learning_rate'] == '0.8'
   # Seed average: seeds add seed/1000.
-  expected = np.mean([sweep.trial_score(r.columns, last) for r in by_last.results])
+  expected = np.mean([selection.trial_score(r.columns, last) for r in by_last.results])
   assert by_last.score.mean == pytest.approx(expected)
   assert by_last.score.n == 2
-  text = sweep.selection_report(sweep.summarize(results, last), last)
+  text = selection.selection_report(selection.summarize(results, last), last)
   assert '* ' in text and '--client_learning_rate=0.8' in text.split('*')[1].splitlines()[0]
   # Minimising the same metric picks the other one.
-  worst = sweep.parse_rule('last_mean:2', mode='min')
-  assert dict(sweep.select_best(sweep.summarize(results, worst), worst)['all'].config)[
+  worst = selection.parse_rule('last_mean:2', mode='min')
+  assert dict(selection.select_best(selection.summarize(results, worst), worst)['all'].config)[
       'client_learning_rate'] == '1.0'
 
 
 def test_a_failed_seed_disqualifies_its_config(tmp_path, fake):
   command, _ = fake
   sweep_dir, results = _run_fake(tmp_path, command, 'client_learning_rate=0.5,0.7', rounds=6)
-  rule = sweep.parse_rule('last_mean:1')
-  best = sweep.select_best(sweep.summarize(results, rule), rule)['grid']
+  rule = selection.parse_rule('last_mean:1')
+  best = selection.select_best(selection.summarize(results, rule), rule)['grid']
   assert dict(best.config)['client_learning_rate'] == '0.7'
   # Seed 1 of the better config "crashed" at round 3.
   bad = next(r for r in results if r.trial.name.endswith('0.7,seed=1'))
   path = os.path.join(sweep.trial_dir(sweep_dir, bad.trial), 'metrics.csv')
   lines = open(path).read().splitlines()
   open(path, 'w').write('\n'.join(lines[:4]) + '\n')
-  results, _ = sweep.load_results(sweep_dir)
-  summaries = sweep.summarize(results, rule)
-  best = sweep.select_best(summaries, rule)['grid']
+  results, _ = selection.load_results(sweep_dir)
+  summaries = selection.summarize(results, rule)
+  best = selection.select_best(summaries, rule)['grid']
   assert dict(best.config)['client_learning_rate'] == '0.5'
   crashed = next(s for s in summaries if dict(s.config)['client_learning_rate'] == '0.7')
   assert not crashed.complete and crashed.score.n == 1
@@ -311,7 +315,7 @@ def test_a_failed_seed_disqualifies_its_config(tmp_path, fake):
                                            ('median', 'last_mean:N'), ('max:3', 'no argument')])
 def test_bad_rules(text, message):
   with pytest.raises(sweep.SpecError, match=message):
-    sweep.parse_rule(text)
+    selection.parse_rule(text)
 
 
 # ---------------------------------------------------------------------------
@@ -358,8 +362,8 @@ def test_rounds_bits_flops_to_target():
   assert math.isnan(report.first_reach(cols, 'eval/accuracy', 0.5, 'no/such_column'))
 
   def result(seed, accs):
-    return sweep.TrialResult(sweep.Trial('g', (), seed), True,
-                             {'round': [2, 4, 6], 'eval/accuracy': accs,
+    return selection.TrialResult(sweep.Trial('g', (), seed), True,
+                                 {'round': [2, 4, 6], 'eval/accuracy': accs,
                               'cost/cumulative_client_flops': [1e6, 2e6, 3e6]})
   results = [result(0, [0.5, 0.9, 0.9]), result(1, [0.9, 0.9, 0.9]), result(2, [0.1, 0.2, 0.3])]
   r = report.reach(results, 'eval/accuracy', 0.85)
@@ -373,11 +377,11 @@ def test_rounds_bits_flops_to_target():
 
 def test_mean_curve_aligns_rounds_and_averages_costs():
   nan = math.nan
-  a = sweep.TrialResult(sweep.Trial('g', (), 0), True,
-                        {'round': [1, 2, 3, 4], 'eval/accuracy': [nan, 0.4, nan, 0.8],
+  a = selection.TrialResult(sweep.Trial('g', (), 0), True,
+                            {'round': [1, 2, 3, 4], 'eval/accuracy': [nan, 0.4, nan, 0.8],
                          'cost/cumulative_client_flops': [1, 2, 3, 4]})
-  b = sweep.TrialResult(sweep.Trial('g', (), 1), True,
-                        {'round': [1, 2, 3, 4], 'eval/accuracy': [nan, 0.6, 0.7, 1.0],
+  b = selection.TrialResult(sweep.Trial('g', (), 1), True,
+                            {'round': [1, 2, 3, 4], 'eval/accuracy': [nan, 0.6, 0.7, 1.0],
                          'cost/cumulative_client_flops': [3, 4, 5, 6]})
   c = report.mean_curve([a, b], 'eval/accuracy', 'cost/cumulative_client_flops')
   np.testing.assert_allclose(c.x, [3.0, 5.0])  # rounds 2 and 4 only
@@ -392,7 +396,7 @@ def test_report_table_and_figures(tmp_path, fake):
       'mfl: algorithm=mfl; client_learning_rate=0.6,0.8 | '
       'bad: algorithm=fedavg; client_learning_rate=13')
   out = str(tmp_path / 'rep' / 'sweep.md')
-  rule = sweep.parse_rule('last_mean:2')
+  rule = selection.parse_rule('last_mean:2')
   text = report.write_sweep_report(sweep_dir, out, rule, target=0.75,
                                    xs=tuple(report.COST_AXES), title='T', command='cmd')
   assert os.path.exists(out) and os.path.getsize(str(tmp_path / 'rep' / 'sweep_curves.png')) > 5000
@@ -413,8 +417,8 @@ def test_grid_edge_detection():
   def summary(lr, opt='adam'):
     trial = sweep.Trial('g', (('client_learning_rate', lr), ('client_optimizer', opt)), 0,
                         ('client_learning_rate', 'client_optimizer'))
-    return sweep.ConfigSummary('g', trial.config, [sweep.TrialResult(trial, True, {})],
-                               stats.mean_ci([0.5]))
+    return selection.ConfigSummary('g', trial.config, [selection.TrialResult(trial, True, {})],
+                                   stats.mean_ci([0.5]))
   summaries = [summary(lr, opt) for lr in ('0.01', '0.1', '1') for opt in ('adam', 'sgdm')]
   assert report.at_grid_edge(summaries[2], summaries) == []  # lr 0.1; optimiser not numeric
   assert report.at_grid_edge(summaries[0], summaries) == ['client_learning_rate']
@@ -440,13 +444,13 @@ def test_real_two_round_trials_resume(tmp_path):
   fixed = sweep.parse_fixed('task=digits;num_clients=6;clients_per_round=2;local_steps=2;'
                             'total_rounds=2;rounds_per_eval=1;show_progress=false')
   trials = sweep.expand(sweep.parse_grid('client_learning_rate=0.1'), [0], fixed)
-  outcomes = sweep.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=1, log=_quiet)
+  outcomes = sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=1, log=_quiet)
   assert outcomes[0].status == 'finished', open(outcomes[0].log).read()[-3000:]
   with open(os.path.join(sweep.trial_dir(sweep_dir, trials[0]), 'flags.json')) as f:
     assert json.load(f)['seed'] == 0
-  results, _ = sweep.load_results(sweep_dir)
+  results, _ = selection.load_results(sweep_dir)
   assert results[0].finished and len(results[0].columns['eval/accuracy']) == 2
-  assert sweep.run_sweep(trials, sweep_dir, fixed=fixed, log=_quiet)[0].status == 'skipped'
+  assert sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, log=_quiet)[0].status == 'skipped'
 
 
 # ---------------------------------------------------------------------------

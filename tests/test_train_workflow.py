@@ -20,7 +20,9 @@ from workflow import algorithms
 from workflow import cli
 from workflow import plotting
 from workflow import report
+from workflow import selection
 from workflow import sweep
+from workflow import sweep_runner
 from workflow import tensorboard_hparams
 from workflow import train_flags
 
@@ -221,18 +223,18 @@ def _fake_sweep(tmp_path, name, seeds):
   trials = sweep.expand(sweep.parse_grid('avg: algorithm=fedavg; client_learning_rate=0.7,0.95 | '
                                          'mfl: algorithm=mfl; client_learning_rate=0.8'),
                         list(seeds), fixed)
-  sweep.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=2,
-                  command=[sys.executable, str(script)], log=lambda _: None)
+  sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=2,
+                         command=[sys.executable, str(script)], log=lambda _: None)
   return sweep_dir
 
 
 def test_report_figure_bands_from_three_seeds_and_regenerate_line(tmp_path, monkeypatch):
   monkeypatch.setenv('FAKE_CALLS', str(tmp_path / 'calls.txt'))
-  rule = sweep.parse_rule('last_mean:2')
+  rule = selection.parse_rule('last_mean:2')
   for seeds, band in (((0, 1), False), ((0, 1, 2), True)):
     sweep_dir = _fake_sweep(tmp_path, f'sw{len(seeds)}', seeds)
-    results, _ = sweep.load_results(sweep_dir)
-    summaries = sweep.summarize(results, rule)
+    results, _ = selection.load_results(sweep_dir)
+    summaries = selection.summarize(results, rule)
     fig = report.mean_curves_figure(
         report.best_curves(summaries, rule, ('round', 'cost/cumulative_upload_bits')),
         rule.metric)

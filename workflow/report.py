@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from workflow import plotting
+from workflow import selection
 from workflow import stats
 from workflow import sweep
 
@@ -72,7 +73,7 @@ class Reach:
     return text + ('' if self.reached == self.seeds else f' ({self.reached}/{self.seeds})')
 
 
-def reach(results: Sequence[sweep.TrialResult], metric: str, target: float, x: str = 'round',
+def reach(results: Sequence[selection.TrialResult], metric: str, target: float, x: str = 'round',
           mode: str = 'max', confidence: float = 0.95) -> Reach:
   values = [first_reach(r.columns, metric, target, x, mode) for r in results]
   return Reach(stats.mean_ci(values, confidence), sum(math.isfinite(v) for v in values),
@@ -97,7 +98,7 @@ class Curve:
   seeds: int
 
 
-def mean_curve(results: Sequence[sweep.TrialResult], metric: str, x: str = 'round',
+def mean_curve(results: Sequence[selection.TrialResult], metric: str, x: str = 'round',
                confidence: float = 0.95) -> Optional[Curve]:
   """Seed-mean curve of `metric` over the rounds every seed logged it."""
   per_seed = []
@@ -187,20 +188,20 @@ def plot_mean_curves(curves: Mapping[str, Mapping[str, Curve]], metric: str, out
 class GroupResult:
   """A group's best configuration and what it achieved."""
   group: str
-  best: sweep.ConfigSummary
+  best: selection.ConfigSummary
   reaches: dict[str, Reach]  # COST_AXES key -> Reach
   per_round_upload_bits: float  # Mean upload bits per client per round.
 
   @property
-  def finished(self) -> list[sweep.TrialResult]:
+  def finished(self) -> list[selection.TrialResult]:
     return [r for r in self.best.results if r.finished]
 
 
-def group_results(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
+def group_results(summaries: Sequence[selection.ConfigSummary], rule: selection.Rule,
                   target: Optional[float], axes: Sequence[str] = tuple(COST_AXES),
                   confidence: float = 0.95) -> dict[str, GroupResult]:
   out = {}
-  for group, best in sweep.select_best(summaries, rule).items():
+  for group, best in selection.select_best(summaries, rule).items():
     finished = [r for r in best.results if r.finished]
     reaches = {}
     if target is not None:
@@ -215,7 +216,7 @@ def _cell(text: str) -> str:
   return str(text).replace('|', '\\|')
 
 
-def _tuned(summary: sweep.ConfigSummary) -> str:
+def _tuned(summary: selection.ConfigSummary) -> str:
   trial = summary.results[0].trial
   return ', '.join(f'{k}={v}' for k, v in trial.tuned_values) or '—'
 
@@ -227,8 +228,8 @@ def _as_number(value: str) -> Optional[float]:
     return None
 
 
-def at_grid_edge(best: sweep.ConfigSummary,
-                 summaries: Sequence[sweep.ConfigSummary]) -> list[str]:
+def at_grid_edge(best: selection.ConfigSummary,
+                 summaries: Sequence[selection.ConfigSummary]) -> list[str]:
   """Tuned flags whose selected value is the smallest or largest of the grid.
 
   A best value on the edge means the optimum may lie outside the grid.
@@ -245,7 +246,7 @@ def at_grid_edge(best: sweep.ConfigSummary,
   return edge
 
 
-def markdown_tables(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
+def markdown_tables(summaries: Sequence[selection.ConfigSummary], rule: selection.Rule,
                     target: Optional[float], confidence: float = 0.95,
                     all_configs: bool = True) -> str:
   """The best-configuration table (with costs to target) and, optionally, every configuration."""
@@ -286,10 +287,10 @@ def markdown_tables(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
   return '\n'.join(lines)
 
 
-def best_curves(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
+def best_curves(summaries: Sequence[selection.ConfigSummary], rule: selection.Rule,
                 xs: Sequence[str], groups: Optional[Sequence[str]] = None,
                 confidence: float = 0.95) -> dict[str, dict[str, Curve]]:
-  best = sweep.select_best(summaries, rule)
+  best = selection.select_best(summaries, rule)
   # Legend: the group and the settings in which the plotted configurations differ.
   configs = {group: dict(s.config) for group, s in best.items()
              if groups is None or group in groups}
@@ -308,14 +309,14 @@ def best_curves(summaries: Sequence[sweep.ConfigSummary], rule: sweep.Rule,
   return curves
 
 
-def write_sweep_report(sweep_dir: str, out_md: str, rule: sweep.Rule,
+def write_sweep_report(sweep_dir: str, out_md: str, rule: selection.Rule,
                        target: Optional[float] = None,
                        xs: Sequence[str] = ('round', 'cost/cumulative_upload_bits'),
                        title: str = '', confidence: float = 0.95,
                        all_configs: bool = True, command: str = '') -> str:
   """Writes `out_md` and `<out_md stem>_<metric>.png`; returns the markdown."""
-  results, fixed = sweep.load_results(sweep_dir)
-  summaries = sweep.summarize(results, rule, confidence)
+  results, fixed = selection.load_results(sweep_dir)
+  summaries = selection.summarize(results, rule, confidence)
   stem = os.path.splitext(out_md)[0]
   figure_title = title
   if not figure_title:

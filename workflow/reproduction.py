@@ -1144,6 +1144,7 @@ def write_reproduction_report(out_md: str, sweep_dir: str, *, target: float = 0.
   import os  # pylint: disable=g-import-not-at-top
   from workflow import report  # pylint: disable=g-import-not-at-top
   from workflow import sweep  # pylint: disable=g-import-not-at-top
+  from workflow import selection  # pylint: disable=g-import-not-at-top
 
   progress('exact figures')
   models = flops_models()
@@ -1188,7 +1189,7 @@ def write_reproduction_report(out_md: str, sweep_dir: str, *, target: float = 0.
   # ---- Qualitative part.
   out += ['', '## 2. Qualitative findings on the offline task', '']
   try:
-    results, _ = sweep.load_results(sweep_dir, sweep.parse_spec_file(grid_file))
+    results, _ = selection.load_results(sweep_dir, sweep.parse_spec_file(grid_file))
     missing = 'no finished trials'
   except sweep.SpecError as e:
     results, missing = [], str(e)
@@ -1202,8 +1203,8 @@ def write_reproduction_report(out_md: str, sweep_dir: str, *, target: float = 0.
     section, _ = reevaluate_claims_table(previous, num_seeds)
     out += [REUSED_SWEEP_NOTE, '', section.rstrip('\n')]
   if results:
-    rule = sweep.parse_rule(select_rule, metric, 'max')
-    summaries = sweep.summarize(results, rule)
+    rule = selection.parse_rule(select_rule, metric, 'max')
+    summaries = selection.summarize(results, rule)
     groups = report.group_results(summaries, rule, target)
     trials = len(results)
     seeds = sorted({r.trial.seed for r in results})

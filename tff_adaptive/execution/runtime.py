@@ -22,30 +22,21 @@ program) routes TFF's worker launch through `_TrackedPopen`, which
 
 import atexit
 import contextlib
-import ctypes
 import gc
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from typing import Optional
 
-_PR_SET_PDEATHSIG = 1
+from tff_adaptive.execution import parent_death
+
 _lock = threading.Lock()
 _children: list[subprocess.Popen] = []
 _installed = False
 _tracking = False
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-  try:
-    libc = ctypes.CDLL('libc.so.6', use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  except OSError:
-    pass
 
 
 _log_dir: Optional[str] = None  # set_worker_log_dir()
@@ -113,8 +104,7 @@ class _TrackedPopen(subprocess.Popen):
     kwargs['stdout'] = log
     kwargs['stderr'] = subprocess.STDOUT
     kwargs['stdin'] = subprocess.DEVNULL
-    if sys.platform.startswith('linux'):
-      kwargs['preexec_fn'] = _die_with_parent
+    kwargs['preexec_fn'] = parent_death.preexec_fn(signal.SIGKILL)
     super().__init__(args, **kwargs)
     log.close()
     with _lock:

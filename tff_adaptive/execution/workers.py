@@ -30,7 +30,6 @@ TFF is imported lazily so that `bin/worker` starts without TensorFlow.
 
 import asyncio
 import atexit
-import ctypes
 import functools
 import importlib.util
 import os
@@ -46,6 +45,7 @@ from typing import Any, Optional
 from absl import logging
 import grpc
 
+from tff_adaptive.execution import parent_death
 from tff_adaptive.execution import runtime
 
 
@@ -150,20 +150,6 @@ def check_reachable(addresses: Iterable[str], timeout: float = 10.0) -> None:
 # ---------------------------------------------------------------------------
 # Local worker processes.
 
-_PR_SET_PDEATHSIG = 1
-try:
-  # Loaded here, not in the child: between fork and exec only async-signal-safe
-  # work is safe in a process with threads (gRPC's), and dlopen is not.
-  _LIBC = ctypes.CDLL('libc.so.6', use_errno=True) if sys.platform.startswith('linux') else None
-except OSError:
-  _LIBC = None
-
-
-def _die_with_parent() -> None:
-  """Runs in the child before exec: SIGKILL it when the starting thread dies."""
-  _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 _started_lock = threading.Lock()
 _started: list['WorkerProcess'] = []
 _atexit_registered = False
@@ -235,8 +221,7 @@ class WorkerProcess:
     if self.log_path != '-':
       log = open(self.log_path, 'ab')  # pylint: disable=consider-using-with
       kwargs.update(stdout=log, stderr=subprocess.STDOUT)
-    if _LIBC is not None:
-      kwargs['preexec_fn'] = _die_with_parent
+    kwargs['preexec_fn'] = parent_death.preexec_fn(signal.SIGKILL)
     try:
       self._proc = subprocess.Popen(self._args, **kwargs)  # pylint: disable=consider-using-with
     finally:

@@ -1,0 +1,58 @@
+"""Child processes that the kernel signals when their parent dies (Linux PR_SET_PDEATHSIG).
+
+The one helper for every process the package starts (TFF's `worker_binary`
+from the local context and from `WorkerProcess`, bin/sweep's trials), so that
+no child outlives a trainer killed with `kill -9`.
+
+`subprocess.Popen(preexec_fn=...)` runs its function in the forked child
+before exec. With threads in the parent (gRPC's, TensorFlow's) only
+async-signal-safe work is safe there, and loading a library (`dlopen`, what
+`ctypes.CDLL` does) is not: another thread may have held the loader's lock at
+fork time. So libc's `prctl` is resolved here, in the parent, when
+`preexec_fn` is called, and the child only calls that function pointer with
+two integers.
+
+The signal goes when the *thread* that started the child exits (the kernel's
+notion of parent): start long-lived children from a long-lived thread.
+"""
+
+import ctypes
+import functools
+import signal
+import sys
+from collections.abc import Callable
+from typing import Optional
+
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl() -> Optional[Callable[..., int]]:
+  """libc's prctl, loaded once in this (the parent) process; None off Linux."""
+  if not sys.platform.startswith('linux'):
+    return None
+  try:
+    return ctypes.CDLL('libc.so.6', use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+
+
+def preexec_fn(signum: int = signal.SIGKILL) -> Optional[Callable[[], None]]:
+  """A `Popen` `preexec_fn` that has the child receive `signum` when its parent dies.
+
+  Args:
+    signum: the signal (SIGKILL for workers; SIGTERM lets a trial stop cleanly).
+
+  Returns:
+    The function for `preexec_fn`, or None where the kernel has no
+    PR_SET_PDEATHSIG (pass None on: the child then simply lacks the guard).
+  """
+  prctl = _prctl()
+  if prctl is None:
+    return None
+  option, value = _PR_SET_PDEATHSIG, int(signum)  # plain ints: nothing to convert in the child
+
+  def set_parent_death_signal() -> None:
+    prctl(option, value)
+
+  return set_parent_death_signal
