@@ -69,6 +69,7 @@ import tensorflow_federated as tff
 
 from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import drift
+from tff_adaptive.algorithms import validation
 
 Structure = Any
 # Ops per parameter per local step of the optimiser, SPEC §8 (SGD: 2).
@@ -218,6 +219,7 @@ def build_process(
     raise TypeError(f'{recipe.name}: loop_implementation must be a '
                     f'tff.learning.LoopImplementation; got {loop_implementation!r}')
   model_fn = variable_model_fn(model_fn, recipe.name)
+  validation.check_weighting(client_weighting, model_aggregator, upload_compression, recipe.name)
   if upload_compression is not None and model_aggregator is not None:
     raise ValueError('--upload_compression cannot be combined with another model aggregator '
                      '(e.g. --dp)')
@@ -724,4 +726,4 @@ def variable_model_fn(model_fn: ModelFn, algorithm: str) -> Callable[[], tff.lea
     raise TypeError(f'{algorithm}: model_fn must be a no-arg callable returning a '
                     'tff.learning.models.VariableModel, or a tff.learning.models.FunctionalModel; '
                     f'got {type(model_fn).__name__}')
-  return model_fn
+  return validation.returning_a_model(model_fn, algorithm)

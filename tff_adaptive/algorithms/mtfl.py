@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms import validation
 from tff_adaptive.personalization import process as personalized
 
 PRIVATE_CHOICES = ('all', 'mu_sigma', 'gamma_beta', 'none')
@@ -131,6 +132,7 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
   """
   if strategy not in STRATEGIES:
     raise ValueError(f'--mtfl_strategy must be one of {", ".join(STRATEGIES)}; got {strategy!r}')
+  model_fn = validation.returning_a_model(model_fn, 'mtfl')
   layout = patch_layout(keras_model_fn(), private)
   with tf.Graph().as_default():
     weights = tff.learning.models.ModelWeights.from_model(model_fn())

@@ -44,6 +44,7 @@ import tensorflow_federated as tff
 
 from tff_adaptive.accounting import costs
 from tff_adaptive.algorithms import composer
+from tff_adaptive.algorithms import validation
 
 Structure = Any
 
@@ -252,6 +253,9 @@ def build_personalized_process(
   """
   if local_steps < 0:
     raise ValueError(f'--local_steps must be non-negative; got {local_steps}')
+  model_fn = validation.returning_a_model(model_fn, name)
+  validation.check_client_weighting(client_weighting, name)
+  client_weighting = client_weighting or tff.learning.ClientWeighting.NUM_EXAMPLES
   with tf.Graph().as_default():
     model = model_fn()
     metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(model.metric_finalizers())
