@@ -32,18 +32,30 @@ train_flags.define_flags()  # the table of workflow/train_flags.py, in groups
 FLAGS = flags.FLAGS
 
 
+def parse_flags(argv):
+  """absl's parser for bin/train: one-line errors; `--help` is the grouped help."""
+  if cli.wants_help(argv):
+    runtime.track_tff_workers()  # TFF's default context then exits quietly
+    sys.stdout.write(train_flags.grouped_help(os.path.basename(argv[0]), __doc__))
+    sys.exit(0)
+  try:
+    return cli.parse_flags(argv, FLAGS)
+  except cli.UsageError as e:
+    sys.exit(cli.report(e))
+
+
 def main(argv):
   # First: from here on TFF's workers are tracked and its exit-time
   # ServiceManager noise is disarmed, whichever way this program ends.
   runtime.track_tff_workers()
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
+    if len(argv) > 1:
+      raise cli.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     cfg, notes = cli.resolve_flags(FLAGS)
-  except cli.UsageError as e:
-    cli.fail(str(e))
-  cli.run_training(cfg, notes)
+    cli.run_training(cfg, notes)
+  except cli.RunError as e:
+    sys.exit(cli.report(e))
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=lambda argv: cli.parse_flags_or_exit(argv, __doc__))
+  app.run(main, flags_parser=parse_flags)

@@ -3,7 +3,7 @@ never print a traceback and lose nothing but the rounds since the last intact
 checkpoint. docs/reliability.md lists these guarantees and names these tests.
 
 Runs are small digits runs trained in-process through `cli.run_training`
-(exit codes are `SystemExit` codes); only what needs a real process (a lock
+(exit codes are those bin/train exits with: `cli.report` of the raised `cli.RunError`); only what needs a real process (a lock
 held by another process) starts one, and it does not import TensorFlow.
 """
 
@@ -59,8 +59,8 @@ def _train(cfg):
   with contextlib.redirect_stderr(err):
     try:
       cli.run_training(cfg)
-    except SystemExit as e:
-      code = e.code
+    except cli.RunError as e:
+      code = cli.report(e)
     finally:
       signal.signal(signal.SIGINT, signal.default_int_handler)
       signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -314,9 +314,9 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
      '--local_steps_schedule'),
 ])
 def test_bad_schedule_flags_exit_2_with_one_line(tmp_path, capsys, overrides, flag):
-  with pytest.raises(SystemExit) as exited:
+  with pytest.raises(cli.UsageError) as raised:
     cli.run_training(_cfg(tmp_path / 'out', 'bad', **overrides))
-  assert exited.value.code == 2
+  assert cli.report(raised.value) == 2  # what bin/train prints, its exit status
   lines = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
   assert len(lines) == 1, lines
   assert flag in lines[0] and 'error' in lines[0]

@@ -182,9 +182,9 @@ def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
   # bin/train: one line naming it, exit 1, before building anything.
   monkeypatch.setattr(workers, 'create_workers_context',
                       functools.partial(workers.create_workers_context, connect_timeout=1.0))
-  with pytest.raises(SystemExit) as exited:
+  with pytest.raises(cli.RunFailed) as raised:
     cli.run_training(_train_cfg(tmp_path, 'unreachable', workers=dead))
-  assert exited.value.code == 1
+  assert cli.report(raised.value) == 1  # what bin/train prints, its exit status
   err = capsys.readouterr().err
   assert f'error: TFF worker {dead} not reachable' in err
   assert 'Traceback' not in err
@@ -237,10 +237,10 @@ def test_killed_worker_fails_round_and_rerun_resumes_exactly(live_pool, tmp_path
   cfg = _train_cfg(tmp_path, 'crashed', workers=addresses, data_on_workers=True)
   metrics = tmp_path / 'crashed' / 'metrics.csv'
   watcher = _kill_after_round(live_pool[1], metrics, 3)
-  with pytest.raises(SystemExit) as exited:
+  with pytest.raises(cli.RunFailed) as raised:
     cli.run_training(cfg)
   watcher.join(5)
-  assert exited.value.code == 1
+  assert cli.report(raised.value) == 1  # what bin/train prints, its exit status
   err = capsys.readouterr().err
   assert f'error: lost TFF worker {live_pool[1].address}' in err, err
   failed_round = int(err.split('Round ')[1].split()[0])

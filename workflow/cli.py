@@ -1,7 +1,9 @@
 """What `bin/train` does with its flags: validate, prepare the output, run.
 
 Kept out of the binary so that tests (and users' own scripts) can call
-`run_training(config)` in-process with a plain dict.
+`run_training(config)` in-process with a plain dict. It returns the result or
+raises a `RunError` (a usage error, a failed run, a stop by signal) that says
+what to print and with which status to exit; only bin/train exits.
 """
 
 import errno
@@ -12,11 +14,12 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 from absl import flags
 from absl import logging
 
+from workflow import errors
 from workflow import train_flags
 
 # Flags whose change does not alter the computation: allowed on resume.
@@ -48,30 +51,25 @@ CLOSED_UNIT_INTERVAL = ('noisy_client_fraction',)  # [0, 1]
 MAX_SEED = 2**32 - 1  # NumPy's and TF's seeds
 
 
-class UsageError(ValueError):
-  pass
-
-
-def fail(message: str) -> NoReturn:
-  """One line on stderr, exit status 2 (bad usage), nothing written."""
-  print(f'{os.path.basename(sys.argv[0])}: error: {message}', file=sys.stderr)
-  sys.exit(2)
+# The errors run_training raises (tests and scripts catch them by these names).
+RunError, UsageError, RunFailed, Stopped = (errors.RunError, errors.UsageError, errors.RunFailed,
+                                            errors.Stopped)
+report = errors.report
 
 
 HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
 
 
-def parse_flags_or_exit(argv, doc: str = ''):
-  """absl's parser for bin/train: one-line errors; `--help` is the grouped help."""
-  if any(a in HELP_ARGS for a in argv[1:]):
-    from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-    runtime.track_tff_workers()  # TFF's default context then exits quietly
-    sys.stdout.write(train_flags.grouped_help(os.path.basename(argv[0]), doc))
-    sys.exit(0)
+def wants_help(argv) -> bool:
+  return any(a in HELP_ARGS for a in argv[1:])
+
+
+def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
+  """absl's parse of bin/train's command line; UsageError (one line) for a bad one."""
   try:
-    return flags.FLAGS(argv)
+    return flag_values(argv)
   except flags.Error as e:
-    fail(str(e))
+    raise UsageError(str(e)) from None
 
 
 def resolve_flags(flag_values: flags.FlagValues) -> tuple[dict[str, Any], list[str]]:
@@ -530,8 +528,8 @@ def install_signal_handlers() -> None:
     signal.signal(signal.SIGTERM, _raise_interrupted)
 
 
-def _stopped(signum: int, out, progress) -> NoReturn:
-  """The one line after SIGINT/SIGTERM; exit 128 + signal number (130, 143)."""
+def _stopped(signum: int, out, progress) -> Stopped:
+  """The error of SIGINT/SIGTERM: one line, exit status 128 + signal number (130, 143)."""
   # A second signal now ends the process at once, without a traceback.
   signal.signal(signal.SIGINT, signal.SIG_DFL)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -542,9 +540,7 @@ def _stopped(signum: int, out, progress) -> NoReturn:
              f'({program.checkpoint_phrase(out, progress.last_checkpoint)})')
   else:
     where = 'stopped before the first round'
-  name = signal.Signals(signum).name
-  print(f'{name}: {where}; resume with the same command', file=sys.stderr, flush=True)
-  sys.exit(128 + signum)
+  return Stopped(signum, where)
 
 
 def run_training(cfg: Mapping[str, Any], notes=()):
@@ -552,27 +548,29 @@ def run_training(cfg: Mapping[str, Any], notes=()):
 
   `notes` (from `resolve_flags`: what a preset and the algorithm's defaults
   set) are printed once the run is known to start.
+
+  Raises:
+    UsageError: bad flags or files, found before anything is written.
+    RunFailed: the run diverged, could not write, or lost a worker.
+    Stopped: SIGINT or SIGTERM (the checkpoint kept says where a rerun resumes).
   """
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   # Explicit, not at import: worker_binary children die with this process,
   # values serialise without TFF's nested copies, and TFF's exit-time noise is
   # disarmed even when the command is refused (tff_adaptive.execution.runtime).
   runtime.track_tff_workers()
-  try:
-    validate(cfg)
-    check_data_dir(cfg)
-    check_not_busy(experiment_dir(cfg))
-  except UsageError as e:
-    fail(str(e))
+  validate(cfg)
+  check_data_dir(cfg)
+  check_not_busy(experiment_dir(cfg))
   from workflow import program  # pylint: disable=g-import-not-at-top
   install_signal_handlers()
   state = {'out': None, 'progress': None}
   try:
     return _run_training(cfg, state, notes)
   except program.Interrupted as e:
-    _stopped(e.signum, state['out'], state['progress'])
+    raise _stopped(e.signum, state['out'], state['progress']) from None
   except KeyboardInterrupt:
-    _stopped(signal.SIGINT, state['out'], state['progress'])
+    raise _stopped(signal.SIGINT, state['out'], state['progress']) from None
   finally:
     if state['out'] is not None:
       unlock_run_dir(state['out'])
@@ -590,8 +588,7 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
     try:
       workers.set_workers_context(addresses, retry=cfg.get('worker_retry', False))
     except workers.WorkerError as e:
-      print(f'error: {e}', file=sys.stderr)
-      sys.exit(1)
+      raise RunFailed(str(e)) from None
   # Before building: TFF logs at INFO while it wraps Keras models, which would
   # bury the one-line error of a flag that only the built process can refute.
   logging.set_verbosity(logging.WARNING)
@@ -616,8 +613,10 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
     # (a ClientStateError, a ValueError, names a foreign directory).
     from workflow import personalization  # pylint: disable=g-import-not-at-top
     task, client_state = personalization.setup(cfg, task, process, out, RESUMABLE_CHANGES)
-  except (UsageError, ValueError) as e:
-    fail(str(e))
+  except UsageError:
+    raise
+  except ValueError as e:
+    raise UsageError(str(e)) from None
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
     runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0),
@@ -640,18 +639,14 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
     result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(cfg, task),
                          client_data_fn=client_data_fn)
   except (program.IncompatibleCheckpoint, program.NoIntactCheckpoint) as e:
-    fail(str(e))
+    raise UsageError(str(e)) from None
   except (program.TrainingDiverged, program.WriteFailed) as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(1)
+    raise RunFailed(str(e)) from None
   except workers.WorkerError as e:
     # One readable message, no TFF traceback: the fix is operational.
-    print(f'error: {e}', file=sys.stderr)
-    for note in getattr(e, '__notes__', ()):
-      print(note, file=sys.stderr)
-    print('Rerun the same command once the worker is back (or without it in --workers) to '
-          'resume from the last checkpoint.', file=sys.stderr)
-    sys.exit(1)
+    raise RunFailed(str(e), [*getattr(e, '__notes__', ()),
+                             'Rerun the same command once the worker is back (or without it in '
+                             '--workers) to resume from the last checkpoint.']) from None
   finally:
     runtime.shutdown_workers()
   return result
