@@ -39,7 +39,9 @@ from tensorflow_federated.python.core.impl.context_stack import context_stack_im
 from tasks import digits
 from workflow import program
 from tff_adaptive.execution import runtime
-from tff_adaptive.execution import workers
+from tff_adaptive.execution import data_on_workers
+from tff_adaptive.execution import remote_context
+from tff_adaptive.execution import worker_process
 from tff_adaptive.algorithms import fedopt
 
 flags.DEFINE_integer('rounds', 5, 'Timed rounds per configuration (after one warm-up round).')
@@ -116,7 +118,7 @@ class _Config:
     self.process = fedopt.build_fedopt(
         task.model_fn, tff.learning.optimizers.build_sgdm(0.05),
         tff.learning.optimizers.build_sgdm(1.0), local_steps=FLAGS.local_steps)
-    self.started: list[workers.WorkerProcess] = []
+    self.started: list[worker_process.WorkerProcess] = []
     self.ids_only = name.endswith('data_on_workers')
     if name == 'local':
       runtime._install_process_hooks()  # pylint: disable=protected-access
@@ -126,12 +128,12 @@ class _Config:
       self._local_before = before
     else:
       self.num_workers = int(name.split('-')[0])
-      self.started = workers.start_local_workers(self.num_workers)
-      self.context = workers.create_workers_context(
+      self.started = worker_process.start_local_workers(self.num_workers)
+      self.context = remote_context.create_workers_context(
           [w.address for w in self.started],
           concurrent_compute=not name.endswith('sequential'))
       if self.ids_only:
-        self.process, _ = workers.compose_data_on_workers(self.process, task)
+        self.process, _ = data_on_workers.compose_data_on_workers(self.process, task)
     self.state = None
     self.worker_pids: list[int] = [w.pid for w in self.started]
     self.first_round_seconds = float('nan')
@@ -182,7 +184,7 @@ class _Config:
         'rounds': self.rounds}
 
   def close(self):
-    workers.stop_workers(self.started)
+    worker_process.stop_workers(self.started)
 
 
 def _run(names: list[str], task, rounds: int) -> list[_Config]:

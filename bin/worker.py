@@ -31,10 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
 # No TensorFlow here: the binary is self-contained, and this stays light.
 from tff_adaptive.execution import runtime
-from tff_adaptive.execution import workers
+from tff_adaptive.execution import worker_process
 
 flags.DEFINE_integer('port', 10000, 'Port the worker serves on (all interfaces). '
-                     + workers.SECURITY_NOTE)
+                     + worker_process.SECURITY_NOTE)
 flags.DEFINE_integer('max_concurrent_computation_calls', 0,
                      'Max parallel calls of a computation on this worker (clients trained at '
                      'once; limits memory). 0: two per CPU core of this machine (the fastest '
@@ -54,8 +54,8 @@ def main(argv):
     print(f'{os.path.basename(sys.argv[0])}: error: --port must be in 1..65535; got '
           f'{FLAGS.port}', file=sys.stderr)
     sys.exit(2)
-  logging.warning('SECURITY: %s', workers.SECURITY_NOTE)
-  worker = workers.WorkerProcess(
+  logging.warning('SECURITY: %s', worker_process.SECURITY_NOTE)
+  worker = worker_process.WorkerProcess(
       FLAGS.port, max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
       extra_args=[f'--grpc_max_message_length_megabytes={FLAGS.grpc_max_message_length_megabytes}',
                   *argv[1:]],
@@ -76,7 +76,7 @@ def main(argv):
 
   try:
     worker.start(wait=True, timeout=FLAGS.ready_timeout)
-  except workers.WorkerError as e:
+  except worker_process.WorkerError as e:
     logging.error('%s', e)
     worker.stop()
     sys.exit(1)

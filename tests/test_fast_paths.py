@@ -7,7 +7,7 @@
   (`BiasedOptimizer.fixed_factors`): the direction is bit-identical to U(g, s)
   evaluated in full at every step.
 - The executor's default concurrency (`runtime.resolve_concurrency`).
-- Values are serialised in place (`runtime._serialize_into`): the same
+- Values are serialised in place (`tff_patches._serialize_into`): the same
   protos as TFF's serialiser, without a copy per level of nesting.
 - `bench/native_profile.py`'s sorting of `perf` symbols into categories.
 """
@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at  # pylint: disable=g-bad-import-order
 from tff_adaptive.execution import runtime
+from tff_adaptive.execution import tff_patches
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
 
@@ -205,7 +206,7 @@ def test_in_place_serialization_gives_tffs_protos():
   ]
   for value, type_spec in cases:
     fast, fast_type = vs.serialize_value(value, type_spec)
-    with runtime.shipped_value_serialization():
+    with tff_patches.shipped_value_serialization():
       shipped, shipped_type = vs.serialize_value(value, type_spec)
     assert fast_type == shipped_type
     if isinstance(value, tuple) and value and isinstance(value[0], tf.data.Dataset):

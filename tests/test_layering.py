@@ -17,6 +17,8 @@ import subprocess
 import sys
 import textwrap
 
+from tff_adaptive.execution import tff_patches
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_PARTY = ('tff_adaptive', 'tasks', 'workflow', 'bin', 'bench', 'reports', 'tests')
 # layer → the first-party top-level packages it may import.
@@ -113,20 +115,24 @@ def test_library_modules_are_all_checked():
   assert 'tasks.base' in GRAPH['tasks.cifar10_lda']
 
 
+# Every attribute of TFF the package knows how to patch (tff_patches.PATCHES),
+# read in the probe's fresh interpreter before and after importing the library.
+_PATCHED = [(p.module, p.attribute) for p in tff_patches.PATCHES if not p.per_instance]
 _PROBE = textwrap.dedent('''
     import atexit, importlib, json, os, pkgutil, signal, sys
     sys.path.insert(0, {root!r})
     import tensorflow_federated
-    from tensorflow_federated.python.core.impl.executors import value_serialization as vs
-    from tensorflow_federated.python.core.impl.executor_stacks import executor_factory as ef
-    from tensorflow_federated.python.core.impl.execution_contexts import (
-        mergeable_comp_execution_context as mcec)
     from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+
+    def resolve(module, attribute):
+      value = importlib.import_module(module)
+      for part in attribute.split('.'):
+        value = getattr(value, part)
+      return id(value)
 
     def snapshot():
       return dict(
-          struct=id(vs._serialize_struct_type), federated=id(vs._serialize_federated_value),
-          subprocess=id(ef.subprocess), merge=id(mcec._invoke_after_merge_in_async_pool),
+          patched={{f'{{m}}:{{a}}': resolve(m, a) for m, a in {patched!r}}},
           context=id(context_stack_impl.context_stack.current),
           atexit=atexit._ncallbacks(),
           signals=[str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)],
@@ -147,8 +153,9 @@ def _run_probe(tmp_path, extra=''):
   tmpdir = tmp_path / 'tmp'
   tmpdir.mkdir()
   env = dict(os.environ, TMPDIR=str(tmpdir), TF_CPP_MIN_LOG_LEVEL='3')
-  out = subprocess.run([sys.executable, '-c', _PROBE.format(root=ROOT) + extra], env=env,
-                       capture_output=True, text=True, timeout=300, check=True)
+  code = _PROBE.format(root=ROOT, patched=_PATCHED) + extra
+  out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                       timeout=300, check=True)
   import json  # pylint: disable=g-import-not-at-top
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -168,7 +175,11 @@ def test_the_probe_sees_explicit_tracking(tmp_path):
       print(json.dumps(dict(before=before, after=snapshot(), imported=imported)))
   '''))
   changed = {k for k in result['before'] if result['before'][k] != result['after'][k]}
-  assert {'struct', 'federated', 'subprocess', 'atexit'} <= changed, changed
+  changed |= {k for k, v in result['before']['patched'].items()
+              if result['after']['patched'][k] != v}
+  assert {'atexit', 'patched'} <= changed, changed
+  assert {k.split(':')[1] for k in changed if ':' in k} == {
+      '_serialize_struct_type', '_serialize_federated_value', 'subprocess'}
 
 
 def test_library_does_not_see_the_checkout_tooling(tmp_path):

@@ -635,10 +635,10 @@ def test_malformed_data_file_exits_2_before_output(tmp_path):
 
 def test_worker_logs_are_in_the_run_dir_or_a_private_removed_dir(reference):
   assert os.path.isfile(os.path.join(reference, 'worker.log'))
-  script = ('import os; from tff_adaptive.execution import runtime, workers; '
+  script = ('import os; from tff_adaptive.execution import runtime, worker_process; '
             'd = runtime.private_log_dir(); '
             'print(d, oct(os.stat(d).st_mode & 0o777), runtime.worker_log_path(), '
-            'workers.WorkerProcess(port=1).log_path)')
+            'worker_process.WorkerProcess(port=1).log_path)')
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert out.returncode == 0, out.stderr

@@ -24,8 +24,10 @@ from tensorflow_federated.python.core.impl.context_stack import context_stack_im
 from tasks import digits
 from workflow import cli
 from workflow import program
+from tff_adaptive.execution import data_on_workers
+from tff_adaptive.execution import remote_context
 from tff_adaptive.execution import runtime
-from tff_adaptive.execution import workers
+from tff_adaptive.execution import worker_process
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 
@@ -55,11 +57,11 @@ def _gone(pids, timeout: float = 15.0) -> bool:
 @pytest.fixture(scope='module')
 def pool():
   """Two workers for the module; restored to two live workers after each test."""
-  started = workers.start_local_workers(2)
+  started = worker_process.start_local_workers(2)
   previous = context_stack_impl.context_stack.current
   yield started
   context_stack_impl.context_stack.set_default_context(previous)
-  workers.stop_workers(started)
+  worker_process.stop_workers(started)
   assert _gone([w.pid for w in started])
 
 
@@ -129,7 +131,7 @@ def _local_weights(algorithm: str, task) -> tuple[list[np.ndarray], list[np.ndar
 @pytest.mark.parametrize('algorithm', sorted(BUILDERS))
 def test_two_workers_match_local_execution(live_pool, task, algorithm):
   initial, local = _local_weights(algorithm, task)
-  remote = _run_rounds(BUILDERS[algorithm](task), task, workers.create_workers_context(
+  remote = _run_rounds(BUILDERS[algorithm](task), task, remote_context.create_workers_context(
       [w.address for w in live_pool]))
   _assert_close(remote, local)
   # Not trivially equal: training moved the weights well beyond the tolerance.
@@ -142,18 +144,18 @@ def test_data_built_on_workers_matches_data_sent(live_pool, task):
   # processes, which take K from their state, get ids in the resume test.)
   process = tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1))
-  composed, data_steps = workers.compose_data_on_workers(process, task, local_steps=2)
+  composed, data_steps = data_on_workers.compose_data_on_workers(process, task, local_steps=2)
   assert data_steps == 2
-  assert workers.compose_data_on_workers(BUILDERS['fedgbo'](task), task, 3)[1] is None
+  assert data_on_workers.compose_data_on_workers(BUILDERS['fedgbo'](task), task, 3)[1] is None
   assert composed.next.type_signature.parameter[1].member == tff.TensorType(np.str_)
-  context = workers.create_workers_context([w.address for w in live_pool])
+  context = remote_context.create_workers_context([w.address for w in live_pool])
   sent = _run_rounds(process, task, context, rounds=2,
                      data_fn=lambda ids: program.client_datasets(task, ids, 2))
   built = _run_rounds(composed, task, context, rounds=2,
-                      data_fn=lambda ids: workers.client_ids_fn(2)(ids, 2))
+                      data_fn=lambda ids: data_on_workers.client_ids_fn(2)(ids, 2))
   _assert_close(built, sent)
   with pytest.raises(ValueError, match='built for 2 local steps'):
-    workers.client_ids_fn(2)(['a'], None)
+    data_on_workers.client_ids_fn(2)(['a'], None)
 
 
 def test_data_built_in_computation_follows_trainer_global_seed(task):
@@ -162,26 +164,26 @@ def test_data_built_in_computation_follows_trainer_global_seed(task):
   process = tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1))
   tf.random.set_seed(9)
-  composed, _ = workers.compose_data_on_workers(process, task, local_steps=2)
+  composed, _ = data_on_workers.compose_data_on_workers(process, task, local_steps=2)
   context = _local_context()
   sent = _run_rounds(process, task, context, rounds=1,
                      data_fn=lambda ids: program.client_datasets(task, ids, 2))
   built = _run_rounds(composed, task, context, rounds=1,
-                      data_fn=lambda ids: workers.client_ids_fn(2)(ids, 2))
+                      data_fn=lambda ids: data_on_workers.client_ids_fn(2)(ids, 2))
   _assert_close(built, sent)
 
 
 def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
   dead = f'localhost:{portpicker.pick_unused_port()}'
   started = time.monotonic()
-  with pytest.raises(workers.WorkerUnreachableError, match=dead) as raised:
-    workers.create_workers_context([live_pool[0].address, dead], connect_timeout=1.0)
+  with pytest.raises(worker_process.WorkerUnreachableError, match=dead) as raised:
+    remote_context.create_workers_context([live_pool[0].address, dead], connect_timeout=1.0)
   assert raised.value.address == dead
   assert live_pool[0].address not in str(raised.value)
   assert time.monotonic() - started < 5
   # bin/train: one line naming it, exit 1, before building anything.
-  monkeypatch.setattr(workers, 'create_workers_context',
-                      functools.partial(workers.create_workers_context, connect_timeout=1.0))
+  monkeypatch.setattr(remote_context, 'create_workers_context',
+                      functools.partial(remote_context.create_workers_context, connect_timeout=1.0))
   with pytest.raises(cli.RunFailed) as raised:
     cli.run_training(_train_cfg(tmp_path, 'unreachable', workers=dead))
   assert cli.report(raised.value) == 1  # what bin/train prints, its exit status
@@ -298,7 +300,7 @@ def test_persistent_client_state_on_workers_matches_local(live_pool, tmp_path, c
 def test_worker_retry_reruns_round_on_remaining_workers(live_pool, task, capsys):
   process = BUILDERS['fedavg'](task)
   _, local = _local_weights('fedavg', task)
-  context = workers.create_workers_context([w.address for w in live_pool], retry=True)
+  context = remote_context.create_workers_context([w.address for w in live_pool], retry=True)
   ids = list(task.train_data.client_ids)
   with context_stack_impl.context_stack.install(context):
     state = process.initialize()
@@ -316,12 +318,12 @@ def test_worker_retry_reruns_round_on_remaining_workers(live_pool, task, capsys)
 
 def test_worker_processes_leave_nothing_behind():
   before = set(runtime.find_worker_processes(parent_pid=os.getpid()))
-  started = workers.start_local_workers(2)
+  started = worker_process.start_local_workers(2)
   pids = [w.pid for w in started]
   assert all(_alive(p) for p in pids)
   assert set(pids) <= set(runtime.find_worker_processes(parent_pid=os.getpid()))
-  assert all(workers.is_ready(w.address, 2.0) for w in started)
-  workers.stop_workers(started)
+  assert all(worker_process.is_ready(w.address, 2.0) for w in started)
+  worker_process.stop_workers(started)
   assert _gone(pids)
   assert set(runtime.find_worker_processes(parent_pid=os.getpid())) == before
 
@@ -329,8 +331,8 @@ def test_worker_processes_leave_nothing_behind():
 SCRIPT = '''
 import sys, time
 sys.path.insert(0, {root!r})
-from tff_adaptive.execution import workers
-started = workers.start_local_workers(2)
+from tff_adaptive.execution import worker_process
+started = worker_process.start_local_workers(2)
 print('PIDS', *[w.pid for w in started], flush=True)
 sys.stdin.readline()  # the test has seen the workers alive
 if sys.argv[1] == 'raise':
@@ -374,7 +376,7 @@ def test_bin_worker_logs_warning_and_stops_on_signal(sig):
   assert f'listening on port {port}' in text, text
   assert 'executes ANY computation' in text and "trainer's hosts" in text
   binary = [p for p in runtime.find_worker_processes(parent_pid=proc.pid)]
-  assert len(binary) == 1 and workers.is_ready(f'localhost:{port}', 2.0)
+  assert len(binary) == 1 and worker_process.is_ready(f'localhost:{port}', 2.0)
   proc.send_signal(sig)
   rest = proc.stdout.read()
   assert proc.wait(timeout=30) == 0

@@ -211,9 +211,9 @@ def validate(cfg: Mapping[str, Any]) -> None:
                      f'--algorithm={cfg["algorithm"]}; it takes {", ".join(entry.client_optimizers)}')
   if entry.needs_local_steps and not cfg.get('local_steps'):
     raise UsageError(f'--algorithm={cfg["algorithm"]} needs exactly K local steps: set --local_steps')
-  from tff_adaptive.execution import workers  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   try:
-    addresses = workers.parse_addresses(cfg.get('workers') or '')
+    addresses = worker_process.parse_addresses(cfg.get('workers') or '')
   except ValueError as e:
     raise UsageError(str(e)) from None
   if cfg.get('worker_retry') and len(addresses) < 2:
@@ -580,14 +580,16 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from workflow import program  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.execution import workers  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import remote_context  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
-  addresses = workers.parse_addresses(cfg.get('workers') or '')
+  addresses = worker_process.parse_addresses(cfg.get('workers') or '')
   if addresses:
     # Before building anything: an unreachable worker should fail in seconds.
     try:
-      workers.set_workers_context(addresses, retry=cfg.get('worker_retry', False))
-    except workers.WorkerError as e:
+      remote_context.set_workers_context(addresses, retry=cfg.get('worker_retry', False))
+    except worker_process.WorkerError as e:
       raise RunFailed(str(e)) from None
   # Before building: TFF logs at INFO while it wraps Keras models, which would
   # bury the one-line error of a flag that only the built process can refute.
@@ -599,9 +601,9 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
     schedules = _round_schedules(cfg, task, process)
     client_data_fn = None
     if cfg.get('data_on_workers'):
-      process, data_steps = workers.compose_data_on_workers(
+      process, data_steps = data_on_workers.compose_data_on_workers(
           process, task, cfg.get('local_steps') or None)
-      client_data_fn = workers.client_ids_fn(data_steps)
+      client_data_fn = data_on_workers.client_ids_fn(data_steps)
     fresh = not os.path.exists(os.path.join(experiment_dir(cfg), 'flags.json'))
     out = prepare_output_dir(cfg)
     status['out'] = out
@@ -642,7 +644,7 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
     raise UsageError(str(e)) from None
   except (program.TrainingDiverged, program.WriteFailed) as e:
     raise RunFailed(str(e)) from None
-  except workers.WorkerError as e:
+  except worker_process.WorkerError as e:
     # One readable message, no TFF traceback: the fix is operational.
     raise RunFailed(str(e), [*getattr(e, '__notes__', ()),
                              'Rerun the same command once the worker is back (or without it in '

@@ -18,11 +18,11 @@ program) routes TFF's worker launch through `_TrackedPopen`, which
   * records the process so `shutdown_workers()` can stop it at normal exit,
     on exceptions (atexit) and on SIGINT/SIGTERM (converted to exceptions so
     that the atexit path runs).
+The TFF attributes this replaces are listed, with the TFF version they were
+written for, in `tff_patches`.
 """
 
 import atexit
-import contextlib
-import gc
 import os
 import shutil
 import signal
@@ -32,6 +32,7 @@ import threading
 from typing import Optional
 
 from tff_adaptive.execution import parent_death
+from tff_adaptive.execution import tff_patches
 
 _lock = threading.Lock()
 _children: list[subprocess.Popen] = []
@@ -111,15 +112,6 @@ class _TrackedPopen(subprocess.Popen):
       _children.append(self)
 
 
-class _SubprocessShim:
-  """Stands in for the `subprocess` module inside TFF's executor factory."""
-
-  def __getattr__(self, name):
-    return getattr(subprocess, name)
-
-  Popen = _TrackedPopen
-
-
 def live_workers() -> list[int]:
   """PIDs of worker processes started by this process that are still running."""
   with _lock:
@@ -144,134 +136,12 @@ def shutdown_workers(timeout: float = 5.0) -> None:
       proc.kill()
       proc.wait()
   if children:
-    _forget_stopped_workers(children)
-
-
-def _forget_stopped_workers(children) -> None:
-  """Detaches stopped workers from the TFF ServiceManagers that started them.
-
-  A ServiceManager's `__del__` (when its context is replaced, e.g. a second
-  training run in one process) does `os.kill(process.pid, SIGINT)`; for a
-  reaped worker our pid is impossible (see `_TrackedPopen`), which TFF reports
-  as "Exception ignored ... ProcessLookupError". With `_process` cleared,
-  `__del__` has nothing to stop.
-  """
-  stopped = {id(p) for p in children}
-  for obj in gc.get_objects():
-    if (type(obj).__name__ == 'ServiceManager' and
-        id(getattr(obj, '_process', None)) in stopped):
-      obj._process = None  # pylint: disable=protected-access
-
-
-def _disarm_service_managers() -> None:
-  """Stops TFF's ServiceManager.__del__ from running at interpreter teardown.
-
-  TFF creates a ServiceManager for its default context at import; its
-  `__del__` refers to the `subprocess` module global, which is already None
-  when the interpreter finalises, so every program that imported TFF prints
-  "Exception ignored in ... __del__ ... 'NoneType' object has no attribute
-  'Popen'" at exit. Our workers are stopped by `shutdown_workers`.
-  """
-  for obj in gc.get_objects():
-    cls = type(obj)
-    if cls.__name__ == 'ServiceManager' and cls.__module__.endswith('executor_factory'):
-      cls.__del__ = lambda self: None
+    tff_patches.forget_stopped_workers(children)
 
 
 def _raise_on_sigterm(signum, frame):
   del frame
   raise SystemExit(128 + signum)
-
-
-def _serialize_into(target, value, type_spec):
-  """Fills the `executor_pb2.Value` `target` in place; returns the value's type.
-
-  TFF 0.87 builds a struct's proto from its serialised elements
-  (`Element(value=...)`, `federated.value.append(...)`), and protobuf copies a
-  message passed that way: every tensor is copied once per level of nesting.
-  A FedGBO-Adam state (x, m, v under three levels) took 191 ms to serialise for
-  13.8 MiB, FedAvg's 41 ms for 4.6 MiB, on every call of `process.next`. Here
-  structs and federated values are filled in place and only leaves (tensors,
-  sequences, computations) go through TFF's own serialiser: one copy each.
-  """
-  from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.types import computation_types  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.types import type_serialization  # pylint: disable=g-import-not-at-top
-  if isinstance(type_spec, computation_types.StructType):
-    elements = structure.from_container(value)
-    if len(elements) != len(type_spec):
-      raise TypeError(f'Cannot serialize a struct value of {len(elements)} elements to a struct '
-                      f'type requiring {len(type_spec)} elements. Trying to serialize\n'
-                      f'{value!r}\nto\n{type_spec}.')
-    for (name, element_type), (_, element) in zip(structure.iter_elements(type_spec),
-                                                   structure.iter_elements(elements)):
-      target_element = target.struct.element.add()
-      if name:
-        target_element.name = name
-      _serialize_into(target_element.value, element, element_type)
-    target.struct.SetInParent()  # an empty struct is still a struct
-    return type_spec
-  if isinstance(type_spec, computation_types.FederatedType):
-    members = [value] if type_spec.all_equal else value
-    if not isinstance(members, list):
-      raise TypeError(f'Expected a list of client values for {type_spec}; got {type(value)}')
-    for member in members:
-      member_type = _serialize_into(target.federated.value.add(), member, type_spec.member)
-      type_spec.member.check_assignable_from(member_type)
-    target.federated.type.CopyFrom(type_serialization.serialize_type(type_spec).federated)
-    return type_spec
-  leaf, leaf_type = value_serialization.serialize_value(value, type_spec)
-  target.CopyFrom(leaf)
-  return leaf_type
-
-
-_SERIALIZERS = ('_serialize_struct_type', '_serialize_federated_value')
-_shipped_serializers = {}
-
-
-def _install_in_place_serialization() -> None:
-  """Replaces TFF's struct/federated serialisers by `_serialize_into` (process-wide)."""
-  from tensorflow_federated.proto.v0 import executor_pb2  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
-
-  def serialize_in_place(value, type_spec):
-    value_proto = executor_pb2.Value()
-    return value_proto, _serialize_into(value_proto, value, type_spec)
-
-  # serialize_value dispatches through these module globals at call time.
-  for name in _SERIALIZERS:
-    _shipped_serializers.setdefault(name, getattr(value_serialization, name))
-    setattr(value_serialization, name, serialize_in_place)
-
-
-def use_fast_serialization() -> None:
-  """TFF serialises nested values in place from now on (process-wide; see `_serialize_into`).
-
-  Values and protos are identical to TFF's (tested); only the copies go.
-  `shipped_value_serialization()` restores TFF's own serialisers within a block.
-  """
-  _install_in_place_serialization()
-
-
-def fast_serialization_enabled() -> bool:
-  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
-  return any(getattr(value_serialization, name) is not fn
-             for name, fn in _shipped_serializers.items())
-
-
-@contextlib.contextmanager
-def shipped_value_serialization():
-  """Within the block, TFF serialises values as shipped (tests compare)."""
-  from tensorflow_federated.python.core.impl.executors import value_serialization  # pylint: disable=g-import-not-at-top
-  current = {name: getattr(value_serialization, name) for name in _SERIALIZERS}
-  for name, fn in _shipped_serializers.items():
-    setattr(value_serialization, name, fn)
-  try:
-    yield
-  finally:
-    for name, fn in current.items():
-      setattr(value_serialization, name, fn)
 
 
 def track_tff_workers(fast_serialization: bool = True) -> None:
@@ -284,18 +154,18 @@ def track_tff_workers(fast_serialization: bool = True) -> None:
   `subprocess`), so it is never done at import, only when a program asks.
 
   Args:
-    fast_serialization: also `use_fast_serialization()` (the default for our
-      binaries; values are identical to TFF's).
+    fast_serialization: also have TFF serialise nested values in place
+      (`tff_patches.use_in_place_serialization`; the default for our binaries,
+      values are identical to TFF's).
   """
   global _tracking
   if fast_serialization:
-    use_fast_serialization()
+    tff_patches.use_in_place_serialization()
   if _tracking:
     return
-  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
-  executor_factory.subprocess = _SubprocessShim()
+  tff_patches.route_worker_launch(_TrackedPopen)
   atexit.register(shutdown_workers)
-  atexit.register(_disarm_service_managers)
+  atexit.register(tff_patches.disarm_service_managers)
   _tracking = True
 
 
