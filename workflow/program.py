@@ -435,7 +435,7 @@ def run(process: tff.learning.templates.LearningProcess, task: task_base.Federat
     client_data_fn: optional `(sampled client ids, K or None) -> process
       input`; default: the preprocessed datasets (`client_datasets`). A
       process that builds datasets on the workers takes the ids themselves
-      (`workers.compose_data_on_workers`).
+      (`data_on_workers.compose_data_on_workers`).
   """
   return asyncio.run(_run(process, task, config, round_metrics_fn, client_data_fn))
 

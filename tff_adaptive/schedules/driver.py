@@ -186,7 +186,7 @@ class RoundSchedules:
     Args:
       process: the `tff.learning.templates.LearningProcess` to be trained.
       data_on_workers: client datasets are built on workers with a K fixed at
-        build time (`workers.compose_data_on_workers`).
+        build time (`data_on_workers.compose_data_on_workers`).
     """
     state_type = process.initialize.type_signature.result
     state_type = getattr(state_type, 'member', state_type)
