@@ -7,9 +7,9 @@ Steps") and thesis ch. 5. Regenerate from the repository root
   .venv/bin/python reports/schedules_report.py --runs_dir=/tmp/schedules_report
 
 It writes reports/schedules.md and reports/figures/schedules_*.png from:
-  1. seed 001 Table 1's step fractions, recomputed by `schedules.step_fraction`;
+  1. seed 001 Table 1's step fractions, recomputed by `local_steps.step_fraction`;
   2. the quadratic toy (seed 001 §3): Figure 1 in NumPy
-     (`schedules.simulate_quadratic_fedsgd`, seed 001's setting: 10 of 1000
+     (`quadratic_toy.simulate_fedsgd`, seed 001's setting: 10 of 1000
      clients per round, η = 0.001, 10 trials), and the same toy as a TFF
      federated process (`tff_adaptive.schedules.quadratic_toy`, full participation)
      with constant K, decaying K and decaying γ;
@@ -37,9 +37,18 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
+from tff_adaptive.schedules import learning_rate  # pylint: disable=g-import-not-at-top
+from tff_adaptive.schedules import local_steps  # pylint: disable=g-import-not-at-top
+from tff_adaptive.schedules import quadratic_toy  # pylint: disable=g-import-not-at-top
 
 FIGURES = os.path.join(ROOT, 'reports', 'figures')
 REPORT = os.path.join(ROOT, 'reports', 'schedules.md')
+
+
+def _exp_k(k0, decay):
+  """Seed 001's K_t = ⌈K_0 d^t⌉."""
+  return learning_rate.ExponentialDecay(k0, decay, quantity=schedules.LOCAL_STEPS)
+
 
 # ---- 1. Seed 001 Table 1 (4000 rounds; decay rates from its Table 5) ----
 TABLE1 = [  # (dataset, K_0, d_K, fraction printed in seed 001 Table 1)
@@ -132,24 +141,23 @@ def toy_numpy_figure(out):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  x_star = schedules.QUADRATIC_TRUE_MINIMISER
+  x_star = quadratic_toy.TRUE_MINIMISER
 
   def mean_run(k, gamma=0.1):
-    runs = [schedules.simulate_quadratic_fedsgd(k, TOY_ROUNDS, gamma=gamma,
-                                                server_lr=TOY_SERVER_LR,
-                                                clients_per_round=10, seed=s)
+    runs = [quadratic_toy.simulate_fedsgd(k, TOY_ROUNDS, gamma=gamma, server_lr=TOY_SERVER_LR,
+                                          clients_per_round=10, seed=s)
             for s in range(TOY_TRIALS)]
     return np.mean(runs, axis=0)
 
-  exp_k = lambda d: schedules.make_local_steps_schedule('exp', 10, decay=d)
-  exp_g = lambda d: schedules.make_lr_schedule('exp', 0.1, decay_rate=d)
+  exp_g = lambda d: learning_rate.ExponentialDecay(0.1, d)
   panels = {
       '(a) constant γ = 0.1, and decaying γ': [
           ('K = 1', mean_run(1)), ('K = 10', mean_run(10)), ('K = 20', mean_run(20)),
           ('K = 50', mean_run(50)), ('K = 10, d_γ = 0.995', mean_run(10, exp_g(0.995)))],
       '(b) decaying K from K_0 = 10, constant γ': [
-          ('K = 10', mean_run(10)), ('d_K = 0.99', mean_run(exp_k(0.99))),
-          ('d_K = 0.995', mean_run(exp_k(0.995))), ('d_K = 0.9995', mean_run(exp_k(0.9995)))],
+          ('K = 10', mean_run(10)), ('d_K = 0.99', mean_run(_exp_k(10, 0.99))),
+          ('d_K = 0.995', mean_run(_exp_k(10, 0.995))),
+          ('d_K = 0.9995', mean_run(_exp_k(10, 0.9995)))],
   }
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
   finals = {}
@@ -179,12 +187,14 @@ def toy_tff():
     process = qt.build_process(0.1, 10)
     runs = {
         'constant K = 10 (η_s = 1, 10 rounds)': qt.run(
-            qt.driver_for('constant', 10), 10, num_clients=TOY_CLIENTS, process=process),
+            qt.driver_for(schedules.ConstantSchedule(10, schedules.LOCAL_STEPS)), 10,
+            num_clients=TOY_CLIENTS, process=process),
         'K-exp d_K = 0.7 (η_s = 2, 24 rounds)': qt.run(
-            qt.driver_for('exp', 10, decay=0.7, server_lr=2.0), 24, num_clients=TOY_CLIENTS,
+            qt.driver_for(_exp_k(10, 0.7), server_lr=2.0), 24, num_clients=TOY_CLIENTS,
             process=process),
         'γ-exp d_γ = 0.7, K = 10 (η_s = 2, 24 rounds)': qt.run(
-            qt.driver_for('constant', 10, gamma_decay=0.7, server_lr=2.0), 24,
+            qt.driver_for(schedules.ConstantSchedule(10, schedules.LOCAL_STEPS), gamma_decay=0.7,
+                          server_lr=2.0), 24,
             num_clients=TOY_CLIENTS, process=process),
     }
   finally:
@@ -216,12 +226,10 @@ def main():
   # 1. Step fractions.
   table1 = []
   for dataset, k0, d, paper in TABLE1:
-    seq = schedules.local_steps_sequence(schedules.make_local_steps_schedule('exp', k0, decay=d),
-                                         4000)
-    table1.append((dataset, k0, d, paper, schedules.step_fraction(seq, k0)))
-  toy_seq = schedules.local_steps_sequence(
-      schedules.make_local_steps_schedule('exp', 10, decay=0.995), 3000)
-  toy_fraction = schedules.step_fraction(toy_seq, 10)
+    seq = local_steps.local_steps_sequence(_exp_k(k0, d), 4000)
+    table1.append((dataset, k0, d, paper, local_steps.step_fraction(seq, k0)))
+  toy_seq = local_steps.local_steps_sequence(_exp_k(10, 0.995), 3000)
+  toy_fraction = local_steps.step_fraction(toy_seq, 10)
 
   # 2. Toy.
   print('toy (NumPy) ...', flush=True)
@@ -313,7 +321,7 @@ def timing_text(seconds: float, timing: dict, runs_dir: str, load: float) -> str
 
 def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, commands,
                  plot_cmds, runs_dir, seconds, timing):
-  x_star = schedules.QUADRATIC_TRUE_MINIMISER
+  x_star = quadratic_toy.TRUE_MINIMISER
   fixed, gamma, kexp = results['k_fixed'], results['gamma_exp'], results['k_exp']
   target = 0.95 * fixed['max_acc']
   lines = [
@@ -327,7 +335,7 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       '## Step fractions: seed 001 Table 1',
       '',
       'Fraction of client SGD steps of K_t = ⌈K_0 d^t⌉ against constant K_0 over 4000 rounds, '
-      '`schedules.step_fraction` (decay rates from seed 001 Table 5; its FEMNIST K_0 = 33 '
+      '`local_steps.step_fraction` (decay rates from seed 001 Table 5; its FEMNIST K_0 = 33 '
       'column uses d_K = 0.999, the abstract\'s "3.8×").',
       '',
       '| dataset | K_0 | d_K | seed 001 Table 1 | recomputed |',
@@ -345,12 +353,12 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       'f(x; z) = ½zx² − x, p(z) ∝ z^(−1/2) on [1, 3]; true minimiser '
       f'x* = {x_star:.6f}; FedSGD\'s fixed point with constant γ = 0.1 is '
       'x̃*(γ, K) = E_p[(1−(1−γz)^K)/z] / E_p[1−(1−γz)^K]: '
-      + ', '.join(f'K = {k}: {schedules.quadratic_fixed_point(0.1, k):.4f}'
+      + ', '.join(f'K = {k}: {quadratic_toy.fixed_point(0.1, k):.4f}'
                   for k in (1, 10, 20, 50)) + '.',
       '',
       '![toy](figures/schedules_toy.png)',
       '',
-      'Seed 001 Figure 1\'s setting (NumPy, `schedules.simulate_quadratic_fedsgd`): 10 of 1000 '
+      'Seed 001 Figure 1\'s setting (NumPy, `quadratic_toy.simulate_fedsgd`): 10 of 1000 '
       'clients per round, γ = 0.1, x_1 = 0.4, mean of 10 trials, '
       f'{TOY_ROUNDS} rounds, server step η = {TOY_SERVER_LR} on the mean client update. Seed 001 '
       'says η = 0.001; on the mean of 10 updates that hardly moves in 3000 rounds (K = 1 '

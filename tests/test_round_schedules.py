@@ -20,9 +20,13 @@ import pytest
 import tensorflow_federated as tff
 
 from workflow import cli
-from tff_adaptive.schedules import driver as round_schedules
-from tff_adaptive.execution import runtime  # disarms TFF's noisy exit handlers
+from workflow import schedule_flags
 from tff_adaptive.schedules import core as schedules
+from tff_adaptive.schedules import driver as round_schedules
+from tff_adaptive.schedules import learning_rate
+from tff_adaptive.schedules import local_steps
+from tff_adaptive.schedules import quadratic_toy
+from tff_adaptive.execution import runtime  # disarms TFF's noisy exit handlers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
@@ -68,7 +72,7 @@ def _composer_state(k=50, lr=0.3, server_lr=1.0):
 # The driver on its own.
 
 def test_rounds_schedule_decays_k_and_client_lr_together():
-  driver = round_schedules.from_config(dict(
+  driver = schedule_flags.from_config(dict(
       local_steps=50, local_steps_schedule='rounds', client_learning_rate=0.3,
       client_lr_schedule='rounds', total_rounds=2000))
   state = _composer_state()
@@ -82,7 +86,7 @@ def test_rounds_schedule_decays_k_and_client_lr_together():
 
 
 def test_step_schedule_watches_only_regular_evaluation_rounds():
-  driver = round_schedules.from_config(dict(
+  driver = schedule_flags.from_config(dict(
       local_steps=20, local_steps_schedule='step', plateau_patience=1, rounds_per_eval=4,
       total_rounds=20))
   state = _composer_state(k=20)
@@ -100,7 +104,7 @@ def test_step_schedule_watches_only_regular_evaluation_rounds():
 
 
 def test_step_schedule_without_accuracy_watches_the_loss():
-  driver = round_schedules.from_config(dict(
+  driver = schedule_flags.from_config(dict(
       local_steps=10, local_steps_schedule='step', plateau_patience=1, rounds_per_eval=1,
       total_rounds=5))
   state = _composer_state(k=10)
@@ -113,7 +117,7 @@ def test_step_schedule_without_accuracy_watches_the_loss():
 
 
 def test_learning_rates_are_found_in_every_kind_of_state():
-  driver = round_schedules.from_config(dict(
+  driver = schedule_flags.from_config(dict(
       local_steps=4, local_steps_schedule='exp', local_steps_decay=0.5, client_learning_rate=0.2,
       client_lr_schedule='exp', client_lr_decay_rate=0.5, server_learning_rate=2.0,
       server_lr_schedule='exp', server_lr_decay_rate=0.1, total_rounds=3))
@@ -140,12 +144,12 @@ def test_learning_rates_are_found_in_every_kind_of_state():
   # FedGBO/MFL: no server learning rate anywhere.
   fedgbo = _composer_state()._replace(
       finalizer=collections.OrderedDict(m=(np.zeros(2, np.float32),), step=np.float32(0)))
-  with pytest.raises(round_schedules.ScheduleError, match='--server_lr_schedule'):
+  with pytest.raises(round_schedules.ScheduleError, match='^server_lr: '):
     driver.apply(fedgbo, 1)
 
 
 def test_driver_state_round_trips_through_json():
-  driver = round_schedules.from_config(dict(
+  driver = schedule_flags.from_config(dict(
       local_steps=8, local_steps_schedule='error', schedule_window=2, total_rounds=10,
       step_time_seconds=0.25))
   state = _composer_state(k=8)
@@ -155,7 +159,7 @@ def test_driver_state_round_trips_through_json():
                        'cost/download_bits_per_client': 2e6, 'cost/upload_bits_per_client': 1e6},
                    CLIENTS)
   saved = driver.to_json()
-  other = round_schedules.from_config(dict(
+  other = schedule_flags.from_config(dict(
       local_steps=8, local_steps_schedule='error', schedule_window=2, total_rounds=10))
   other.restore(saved)
   assert other.to_json() == saved and other.step_seconds == 0.25
@@ -187,7 +191,7 @@ def test_clients_run_exactly_k_t_steps(tmp_path, algorithm, extra):
   assert _column(rows, 'cost/cumulative_client_steps') == list(np.cumsum([CLIENTS * x for x in k]))
   fractions = _column(rows, 'schedule/step_fraction_vs_constant_k0')
   for t in range(5):
-    assert fractions[t] == pytest.approx(schedules.step_fraction(k[:t + 1], 6))
+    assert fractions[t] == pytest.approx(local_steps.step_fraction(k[:t + 1], 6))
   down = float(rows[0]['cost/download_bits_per_client']) / 1e6
   up = float(rows[0]['cost/upload_bits_per_client']) / 1e6
   expected_seconds = [down / 20 + x * 0.01 + up / 5 for x in k]
@@ -255,7 +259,6 @@ def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
 # Seed 001 §3's toy as a federated TFF process.
 
 def test_quadratic_toy_fixed_point_and_decaying_k():
-  from tff_adaptive.schedules import quadratic_toy  # pylint: disable=g-import-not-at-top
   # 8 equal-probability clients, full participation: the deterministic
   # expected FedSGD update. Constant K = 10 runs plain FedAvg (η_s = 1, which
   # contracts by 0.15 per round); the fixed points do not depend on η_s, so
@@ -264,10 +267,12 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
   runtime.use_local_cpp_context()
   try:
     process = quadratic_toy.build_process(gamma, 10)
-    constant, _ = quadratic_toy.run(quadratic_toy.driver_for('constant', 10), 10,
+    constant_k = schedules.ConstantSchedule(10, schedules.LOCAL_STEPS)
+    decaying_k = learning_rate.ExponentialDecay(10, 0.7, quantity=schedules.LOCAL_STEPS)
+    constant, _ = quadratic_toy.run(quadratic_toy.driver_for(constant_k), 10,
                                     num_clients=n, process=process)
     decaying, rows = quadratic_toy.run(
-        quadratic_toy.driver_for('exp', 10, decay=0.7, server_lr=2.0), 24, num_clients=n,
+        quadratic_toy.driver_for(decaying_k, server_lr=2.0), 24, num_clients=n,
         process=process)
   finally:
     runtime.shutdown_workers()
@@ -276,10 +281,10 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
   # the continuous p(z).
   assert abs(constant[-1] - constant[-2]) < 1e-6  # converged, not passing through
   assert constant[-1] == pytest.approx(quadratic_toy.discrete_fixed_point(gamma, 10, n), abs=2e-6)
-  assert constant[-1] == pytest.approx(schedules.quadratic_fixed_point(gamma, 10), abs=5e-4)
+  assert constant[-1] == pytest.approx(quadratic_toy.fixed_point(gamma, 10), abs=5e-4)
   # It is 0.034 from the true minimiser; decaying K reaches the clients' true
   # minimiser 1/E[z] (K = 1's fixed point), within 5e-4 of 0.523373.
-  x_star = schedules.QUADRATIC_TRUE_MINIMISER
+  x_star = quadratic_toy.TRUE_MINIMISER
   assert abs(constant[-1] - x_star) > 0.03
   assert decaying[-1] == pytest.approx(quadratic_toy.discrete_fixed_point(gamma, 1, n), abs=1e-5)
   assert abs(decaying[-1] - x_star) < 5e-4
@@ -287,7 +292,7 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
   assert ks[:9] == [10, 7, 5, 4, 3, 2, 2, 1, 1] and set(ks[7:]) == {1}
   assert [r['cost/client_steps'] for r in rows] == [n * k for k in ks]  # ran inside TFF
   assert rows[-1]['schedule/step_fraction_vs_constant_k0'] == pytest.approx(
-      schedules.step_fraction(ks, 10))
+      local_steps.step_fraction(ks, 10))
 
 
 # ---------------------------------------------------------------------------

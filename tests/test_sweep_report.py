@@ -475,14 +475,16 @@ def test_thesis_table_5_4_runtime_reading():
 
 
 def test_same_runtime_steps_equal_round_by_round_loop():
-  from tff_adaptive.schedules import core as schedules
+  from tff_adaptive.accounting import runtime_model  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import local_steps  # pylint: disable=g-import-not-at-top
   mbit, k0, beta, rounds = 2.0, 20, 0.05, 300
   num_params = mbit * 1e6 / 32
-  budget = rounds * schedules.simulated_round_seconds(num_params, k0, beta)
+  budget = rounds * runtime_model.simulated_round_seconds(num_params, k0, beta)
   elapsed, steps, t = 0.0, 0, 0
-  schedule = schedules.make_local_steps_schedule('rounds', k0)
+  schedule = local_steps.RoundsDecay(k0, schedules.LOCAL_STEPS)
   while True:  # Round by round: the reading of thesis Table 5.4 that matches.
-    dt = schedules.simulated_round_seconds(num_params, schedule.value(t), beta)
+    dt = runtime_model.simulated_round_seconds(num_params, schedule.value(t), beta)
     if elapsed + dt > budget:
       break
     elapsed, steps, t = elapsed + dt, steps + schedule.value(t), t + 1

@@ -200,9 +200,9 @@ def validate(cfg: Mapping[str, Any]) -> None:
                        '(the compression is its own aggregator)')
     if cfg.get('workers') and aggregator == 'secure':
       raise UsageError('--aggregator=secure runs on TFF\'s local test context, not on --workers')
-  from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
+  from workflow import schedule_flags  # pylint: disable=g-import-not-at-top
   try:
-    round_schedules.from_config(cfg)
+    schedule_flags.from_config(cfg)
   except ValueError as e:
     raise UsageError(str(e)) from None
   entry = algorithm_registry.ALGORITHMS[cfg['algorithm']]
@@ -465,10 +465,14 @@ def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
 
 
 def _round_schedules(cfg, task, process):
-  """The K/η/η_s schedule driver; ValueError (naming the flag) if `process` cannot follow it."""
+  """The K/η/η_s schedule driver; UsageError (naming the flag) if `process` cannot follow it."""
   from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
-  driver = round_schedules.from_config(cfg)
-  driver.check_process(process, data_on_workers=bool(cfg.get('data_on_workers')))
+  from workflow import schedule_flags  # pylint: disable=g-import-not-at-top
+  driver = schedule_flags.from_config(cfg)
+  try:
+    driver.check_process(process, data_on_workers=bool(cfg.get('data_on_workers')))
+  except round_schedules.ScheduleError as e:
+    raise UsageError(schedule_flags.flag_error(e)) from None
   if cfg.get('measure_step_time'):
     driver.step_seconds = measure_step_seconds(task)
     print(f'Measured β = {driver.step_seconds * 1e3:.2f} ms per minibatch step', file=sys.stderr)

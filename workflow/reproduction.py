@@ -6,13 +6,13 @@ puts the paper's value next to ours (SPEC §10 settles the papers' errata):
   * seed 001 Table 1, "fraction SGD steps used" by decaying K over 4000
     rounds, its "3.8x" and the quadratic toy's "84% less" (`schedules`);
   * thesis Table 5.4, K_r-rounds' relative SGD steps, through the runtime
-    model of thesis eqs. 5.3-5.5 (`schedules.simulated_round_seconds`);
+    model of thesis eqs. 5.3-5.5 (`runtime_model.simulated_round_seconds`);
   * seed 000 Tables 4/10 = thesis Tables B.2/B.3, FLOPs per client per round
     (`accounting.flops` on the package's Keras models);
   * thesis eqs. 3.1-3.4: Golomb b*, g_s, nominal compression ratios, and a
     real encoded upload's size (`compression`);
   * seed 001 §3: the quadratic toy's true minimiser and FedSGD fixed points
-    (`schedules.quadratic_fixed_point`, `simulate_quadratic_fedsgd`);
+    (`quadratic_toy.fixed_point`, `quadratic_toy.simulate_fedsgd`);
   * thesis Table 6.2 (= seed 000 Table 2) and seed 002's table in App. G.4:
     download, upload and client memory, read from the cost metrics of real
     learning processes built by the algorithm registry (one round on
@@ -140,14 +140,20 @@ SEED001_TABLE1 = (
 _TABLE1_QUOTE = 'Fraction SGD Steps Used 0.55 0.51 0.50 0.65 0.55 0.26 0.55 0.51 0.50'
 
 
-def seed001_step_fractions() -> list[Check]:
+def _exp_k(k0: int, decay: float):
+  """Seed 001's K_t = ⌈K_0 d^t⌉."""
   from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.schedules import learning_rate  # pylint: disable=g-import-not-at-top
+  return learning_rate.ExponentialDecay(k0, decay, quantity=schedules.LOCAL_STEPS)
+
+
+def seed001_step_fractions() -> list[Check]:
+  from tff_adaptive.schedules import local_steps  # pylint: disable=g-import-not-at-top
   rows = []
   fractions = {}
   for task, k0, decay, paper in SEED001_TABLE1:
-    ks = schedules.local_steps_sequence(
-        schedules.make_local_steps_schedule('exp', k0, decay=decay), 4000)
-    f = schedules.step_fraction(ks, k0)
+    ks = local_steps.local_steps_sequence(_exp_k(k0, decay), 4000)
+    f = local_steps.step_fraction(ks, k0)
     fractions[(task, k0)] = f
     rows.append(Check('seed 001 Table 1', f'{task}, K_0 = {k0}, d_K = {decay}', paper,
                       f'{f:.4f}', MATCH if printed_match(f, paper) else MISMATCH,
@@ -158,9 +164,8 @@ def seed001_step_fractions() -> list[Check]:
                     source=Source(SEED, '001', 'with up to $3.8\\times$ less total steps of SGD',
                                   ('3.8',), derived='1 / 0.26, the FEMNIST K_0 = 33 fraction '
                                   'of Table 1 (row above)')))
-  ks = schedules.local_steps_sequence(schedules.make_local_steps_schedule('exp', 10, decay=0.995),
-                                      3000)
-  saved = 100 * (1.0 - schedules.step_fraction(ks, 10))
+  ks = local_steps.local_steps_sequence(_exp_k(10, 0.995), 3000)
+  saved = 100 * (1.0 - local_steps.step_fraction(ks, 10))
   ok = printed_match(saved, '84')
   rows.append(Check('seed 001 §3', 'quadratic toy: d_K = 0.995 vs constant K = 10 over 3000 '
                     'rounds, "84% less total SGD steps"', '84%', f'{saved:.1f}%',
@@ -190,17 +195,19 @@ def relative_steps_same_runtime(model_mbit: float, k0: int, beta: float,
   Returns (fraction within the same simulated runtime, fraction over the
   same number of rounds).
   """
+  from tff_adaptive.accounting import runtime_model  # pylint: disable=g-import-not-at-top
   from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
-  num_params = model_mbit * 1e6 / schedules.BITS_PER_FLOAT
+  from tff_adaptive.schedules import local_steps  # pylint: disable=g-import-not-at-top
+  num_params = model_mbit * 1e6 / runtime_model.BITS_PER_FLOAT
   seconds = {}
 
   def round_seconds(k):
     if k not in seconds:
-      seconds[k] = schedules.simulated_round_seconds(num_params, k, beta)
+      seconds[k] = runtime_model.simulated_round_seconds(num_params, k, beta)
     return seconds[k]
 
   budget = rounds * round_seconds(k0)
-  schedule = schedules.make_local_steps_schedule('rounds', k0)
+  schedule = local_steps.RoundsDecay(k0, schedules.LOCAL_STEPS)
 
   def segment_end(t: int) -> int:
     """Last round t' >= t with K_t' = K_t (K_r is non-increasing: bisect)."""
@@ -542,8 +549,8 @@ def compression_checks() -> list[Check]:
 # Seed 001 §3: the quadratic toy.
 
 def quadratic_checks() -> list[Check]:
-  from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
-  x_star = schedules.QUADRATIC_TRUE_MINIMISER
+  from tff_adaptive.schedules import quadratic_toy  # pylint: disable=g-import-not-at-top
+  x_star = quadratic_toy.TRUE_MINIMISER
   rows = [Check('seed 001 §3',
                 'true minimiser x* of E_z[½zx² − x], p(z) ∝ z^(−1/2) on [1, 3]', '≈ 0.523',
                 f'{x_star:.6f}', MATCH if printed_match(x_star, '0.523') else MISMATCH,
@@ -551,8 +558,8 @@ def quadratic_checks() -> list[Check]:
                 Source(SEED, '001', '$f(x)$ is minimised by $x^* \\approx 0.523$', ('0.523',)))]
   previous = None
   for k in (1, 2, 5, 10, 20, 50):
-    fixed = schedules.quadratic_fixed_point(0.1, k)
-    simulated = schedules.simulate_quadratic_fedsgd(k, 400, gamma=0.1, server_lr=1.0)[-1]
+    fixed = quadratic_toy.fixed_point(0.1, k)
+    simulated = quadratic_toy.simulate_fedsgd(k, 400, gamma=0.1, server_lr=1.0)[-1]
     ours = (f'{fixed:.6f} (|x̃* − x*| = {abs(fixed - x_star):.4f}); '
             f'simulated FedSGD: {simulated:.6f}')
     item = f'FedSGD fixed point x̃*(γ = 0.1, K = {k})'
@@ -571,9 +578,8 @@ def quadratic_checks() -> list[Check]:
                         'grows with K, as the paper says' if grows else 'does not grow with K',
                         Source(FIGURE, '001')))
     previous = fixed
-  decaying = schedules.simulate_quadratic_fedsgd(
-      schedules.make_local_steps_schedule('exp', 10, decay=0.995), 3000, gamma=0.1)[-1]
-  constant = schedules.simulate_quadratic_fedsgd(10, 3000, gamma=0.1)[-1]
+  decaying = quadratic_toy.simulate_fedsgd(_exp_k(10, 0.995), 3000, gamma=0.1)[-1]
+  constant = quadratic_toy.simulate_fedsgd(10, 3000, gamma=0.1)[-1]
   ok = abs(decaying - x_star) < 1e-6 < abs(constant - x_star)
   rows.append(Check('seed 001 Figure 1(b)', 'after 3000 rounds: constant K = 10 vs d_K = 0.995',
                     'decaying K reaches x*, constant K stays at x̃*(γ, 10)',

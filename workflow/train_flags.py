@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 from absl import flags
 
+from workflow import schedule_flags
+
 # Readers of a flag, by algorithm family (the names of workflow/algorithms.py).
 FEDOPT = ('fedavg', 'fedavgm', 'fedadagrad', 'fedadam', 'fedyogi')
 PERSONALIZED = ('mtfl', 'perfedavg', 'pfedme')
@@ -75,13 +77,9 @@ def _b(name, default, help_, algorithms=()):
   return Flag(name, 'bool', default, help_, algorithms=algorithms)
 
 
-_LR_SCHEDULES = ('constant', 'exp_decay', 'inv_lin_decay', 'inv_sqrt_decay', 'exp', 'rounds',
-                 'error', 'step')
-
-
 def _lr_schedule_flags(prefix: str) -> list[Flag]:
   return [
-      _e(f'{prefix}_lr_schedule', 'constant', _LR_SCHEDULES,
+      _e(f'{prefix}_lr_schedule', 'constant', schedule_flags.LR_SCHEDULES,
          f'{prefix} learning-rate schedule (docs/schedules.md).'),
       _f(f'{prefix}_lr_decay_rate', None, f'{prefix} lr decay rate.'),
       _i(f'{prefix}_lr_decay_steps', None, f'{prefix} lr decay steps (rounds).'),
@@ -198,8 +196,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _f('dp_delta', 0.0, 'DP: δ for the reported ε (0: 1 / number of clients).', _AGGREGATED),
     ]),
     ('schedules', 'Schedules of K, η, η_s and the runtime model (docs/schedules.md)', [
-        _e('local_steps_schedule', 'constant',
-           ('constant', 'exp', 'rounds', 'error', 'step', 'theory'),
+        _e('local_steps_schedule', 'constant', schedule_flags.LOCAL_STEPS_SCHEDULES,
            'K_t schedule; --local_steps is K_0.'),
         _f('local_steps_decay', None, 'exp: K_t = ceil(K_0 d^t), d in (0, 1].'),
         _f('local_steps_theory_b', None, 'theory: K_t = max(K_0/(b+t), 1).'),

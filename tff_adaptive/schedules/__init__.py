@@ -1,8 +1,18 @@
 """Per-round schedules of local steps K, client and server learning rates.
 
-  core           the schedules themselves (decaying K: seed 001, thesis ch. 5;
-                 learning-rate decay and warmup: seed 003), step accounting and
-                 the thesis's runtime model, the quadratic toy in NumPy;
+  core           what a schedule is (a value per round, feedback, a plain-data
+                 state that `schedule_from_state` rebuilds), the constant one;
+  learning_rate  FedOpt's learning-rate decays and warm-up (SPEC §1, seed 003);
+  local_steps    decaying local work and its step accounting (SPEC §5: seed
+                 001, thesis ch. 5);
   driver         applies them to a learning process between rounds;
-  quadratic_toy  seed 001's quadratic toy as a TFF process.
+  quadratic_toy  seed 001's quadratic toy, in NumPy and as a TFF process.
+
+The thesis's runtime model is `tff_adaptive.accounting.runtime_model`.
 """
+
+# Every schedule registers itself for `core.schedule_from_state` where it is
+# defined: importing the package registers them all.
+from tff_adaptive.schedules import core
+from tff_adaptive.schedules import learning_rate
+from tff_adaptive.schedules import local_steps

@@ -32,8 +32,10 @@ state (model and optimiser statistics) through the executor and back every
 round for two scalars.
 
 `check_process` finds those places in the process's state type before
-training, so an impossible combination is a usage error naming the flag, not
-a failure at round 1.
+training, so an impossible combination is a `ScheduleError` naming the
+schedule (`local_steps`, `client_lr`, `server_lr`) before training, not a
+failure at round 1. Building the schedules from bin/train's flags is
+`workflow/schedule_flags.py`'s.
 
 After the round, feedback-driven schedules observe what they need: the mean
 loss that the sampled clients report on their FIRST local minibatch
@@ -57,6 +59,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from tff_adaptive.accounting import runtime_model
 from tff_adaptive.schedules import core as schedules
 
 # Where each scheduled quantity lives in a process's server state, in order of
@@ -78,12 +81,14 @@ FIRST_MINIBATCH_LOSS = 'train/client_work/first_minibatch_loss'
 # autoencoder, StackOverflow tags) are watched through −eval/loss instead.
 VALIDATION_ACCURACY = 'eval/accuracy'
 VALIDATION_LOSS = 'eval/loss'
-_FLAGS = {'local_steps': '--local_steps_schedule', 'client_lr': '--client_lr_schedule',
-          'server_lr': '--server_lr_schedule'}
 
 
 class ScheduleError(ValueError):
-  pass
+  """A schedule the process cannot follow; the message starts with the schedule's name.
+
+  The name is `RoundSchedules`' argument: `local_steps`, `client_lr` or
+  `server_lr` (or `data_on_workers`, `check_process`'s).
+  """
 
 
 # ---- finding and replacing a scalar inside a (type of a) server state ----
@@ -150,8 +155,8 @@ class RoundSchedules:
   def __init__(self, *, local_steps: Optional[schedules.Schedule] = None,
                client_lr: Optional[schedules.Schedule] = None,
                server_lr: Optional[schedules.Schedule] = None,
-               step_seconds: float = 0.0, down_mbps: float = schedules.DEFAULT_DOWN_MBPS,
-               up_mbps: float = schedules.DEFAULT_UP_MBPS,
+               step_seconds: float = 0.0, down_mbps: float = runtime_model.DEFAULT_DOWN_MBPS,
+               up_mbps: float = runtime_model.DEFAULT_UP_MBPS,
                rounds_per_eval: Optional[int] = None):
     """Args:
       local_steps, client_lr, server_lr: the schedules (None: not scheduled).
@@ -181,7 +186,7 @@ class RoundSchedules:
 
   # ---- before training ----
   def check_process(self, process, *, data_on_workers: bool = False) -> None:
-    """Raises ScheduleError (naming the flag) if `process` cannot follow the schedules.
+    """Raises ScheduleError (naming the schedule) if `process` cannot follow the schedules.
 
     Args:
       process: the `tff.learning.templates.LearningProcess` to be trained.
@@ -194,15 +199,15 @@ class RoundSchedules:
     if self.local_steps is not None and not _first(LOCAL_STEPS_PATHS, has):
       if data_on_workers and not isinstance(self.local_steps, schedules.ConstantSchedule):
         raise ScheduleError(
-            f'{_FLAGS["local_steps"]}={self.local_steps.TAG}: with --data_on_workers this '
-            'algorithm gets a K fixed when the data computation is built; use a constant K '
-            'or drop --data_on_workers')
+            f'local_steps={self.local_steps.TAG}: with data_on_workers this algorithm gets a K '
+            'fixed when the data computation is built; use a constant K or drop '
+            'data_on_workers')
     if self.client_lr is not None and not _first(CLIENT_LR_PATHS, has):
-      raise ScheduleError(f'{_FLAGS["client_lr"]}: this algorithm keeps its client learning '
-                          'rate inside its computation (FedProx), so it cannot be scheduled')
+      raise ScheduleError('client_lr: this algorithm keeps its client learning rate inside its '
+                          'computation (FedProx), so it cannot be scheduled')
     if self.server_lr is not None and not _first(SERVER_LR_PATHS, has):
-      raise ScheduleError(f'{_FLAGS["server_lr"]}: this algorithm has no server learning rate '
-                          '(its server step is x − mean Δ: FedGBO, MFL, CE-FedAvg)')
+      raise ScheduleError('server_lr: this algorithm has no server learning rate (its server '
+                          'step is x − mean Δ: FedGBO, MFL, CE-FedAvg)')
     if self.needs_first_minibatch_loss:
       metrics_type = process.next.type_signature.result[1]
       metrics_type = getattr(metrics_type, 'member', metrics_type)
@@ -210,9 +215,9 @@ class RoundSchedules:
       for key in FIRST_MINIBATCH_LOSS.split('/')[1:]:
         found = None if found is None else _type_child(found, key)
       if found is None:
-        flag = next(_FLAGS[n] for n, s in self._all().items()
+        name = next(n for n, s in self._all().items()
                     if s is not None and s.feedback == schedules.FEEDBACK_FIRST_MINIBATCH_LOSS)
-        raise ScheduleError(f'{flag}=error needs the loss of each client\'s first minibatch, '
+        raise ScheduleError(f'{name}=error needs the loss of each client\'s first minibatch, '
                             'which this algorithm (built by TFF, not the package composer: '
                             'mimelite, fedprox) does not report')
 
@@ -238,7 +243,7 @@ class RoundSchedules:
         elif name == 'local_steps':
           data_k = int(value)  # TFF-built processes: exactly K_t batches of data
         else:
-          raise ScheduleError(f'{_FLAGS[name]}: this algorithm\'s state has no '
+          raise ScheduleError(f'{name}: this algorithm\'s state has no '
                               f'{"client" if name == "client_lr" else "server"} learning rate')
       current = value if value is not None else (None if path is None else _get(state, path))
       if name == 'local_steps' and current is not None and current < 1:
@@ -274,9 +279,9 @@ class RoundSchedules:
     # Every client runs K_t steps when K is scheduled; otherwise (epochs) the
     # mean per client stands in for the slowest client's steps.
     k = row.get('schedule/local_steps', steps / max(num_clients, 1))
-    round_seconds = (row.get('cost/download_bits_per_client', 0.0) / 1e6 / self.down_mbps +
-                     k * self.step_seconds +
-                     row.get('cost/upload_bits_per_client', 0.0) / 1e6 / self.up_mbps)
+    round_seconds = runtime_model.client_round_seconds(
+        row.get('cost/download_bits_per_client', 0.0), row.get('cost/upload_bits_per_client', 0.0),
+        k, self.step_seconds, self.down_mbps, self.up_mbps)
     self.sim_seconds_total += round_seconds
     out['sim/round_seconds'] = round_seconds
     out['sim/cumulative_minutes'] = self.sim_seconds_total / 60.0
@@ -312,69 +317,3 @@ class RoundSchedules:
     self.constant_k_steps_total = saved['constant_k_steps_total']
     self.sim_seconds_total = saved['sim_seconds_total']
     self.step_seconds = saved.get('step_seconds', self.step_seconds)
-
-
-def from_config(cfg: Mapping[str, Any]) -> RoundSchedules:
-  """Builds the driver from bin/train flags; ValueError names the bad flag."""
-  total = cfg.get('total_rounds')
-  shared = dict(window=cfg.get('schedule_window'), patience=cfg.get('plateau_patience'),
-                min_delta=cfg.get('plateau_min_delta'))
-  feedback_params = {'error': ('window',), 'step': ('patience', 'min_delta')}
-  names = [cfg.get('local_steps_schedule') or 'constant',
-           cfg.get('client_lr_schedule') or 'constant',
-           cfg.get('server_lr_schedule') or 'constant']
-  # --schedule_window / --plateau_* belong to whichever schedules are
-  # feedback-driven; given with none of them, they are an error.
-  for param, flag in (('window', '--schedule_window'), ('patience', '--plateau_patience'),
-                      ('min_delta', '--plateau_min_delta')):
-    if shared[param] is not None and not any(param in feedback_params.get(n, ()) for n in names):
-      users = 'error' if param == 'window' else 'step'
-      raise ScheduleError(f'{flag} is only used by a {users} schedule (--local_steps_schedule, '
-                          f'--client_lr_schedule or --server_lr_schedule={users}); got '
-                          f'{flag}={shared[param]!r}')
-
-  def only(name):
-    return {k: v for k, v in shared.items() if k in feedback_params.get(name, ())}
-
-  local = None
-  k_name = names[0]
-  k0 = cfg.get('local_steps')
-  if k0 is not None and k0 < 1 and k_name != 'constant':
-    raise ScheduleError(f'--local_steps (K_0) must be an integer >= 1 for '
-                        f'--local_steps_schedule={k_name}; got {k0}')
-  if k0:
-    local = schedules.make_local_steps_schedule(
-        k_name, k0, decay=cfg.get('local_steps_decay'),
-        b=cfg.get('local_steps_theory_b'), total_rounds=total, **only(k_name))
-  elif k_name != 'constant':
-    raise ScheduleError(f'--local_steps_schedule={k_name} needs --local_steps (K_0 >= 1)')
-  else:
-    for param in ('local_steps_decay', 'local_steps_theory_b'):
-      if cfg.get(param) is not None:
-        raise ScheduleError(f'--{param} is not used by --local_steps_schedule=constant; '
-                            f'got --{param}={cfg[param]!r}')
-  lrs = {}
-  for prefix, name in (('client', names[1]), ('server', names[2])):
-    if name == 'constant' and not cfg.get(f'{prefix}_lr_warmup_rounds'):
-      # Constant: nothing to write each round, but parameters for another
-      # schedule are still a mistake.
-      base = cfg.get(f'{prefix}_learning_rate')
-      schedules.make_lr_schedule(
-          'constant', 1.0 if base is None else base,
-          decay_rate=cfg.get(f'{prefix}_lr_decay_rate'),
-          decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
-          staircase=cfg.get(f'{prefix}_lr_staircase'), flag_prefix=prefix)
-      lrs[prefix] = None
-      continue
-    lrs[prefix] = schedules.make_lr_schedule(
-        name, cfg[f'{prefix}_learning_rate'], decay_rate=cfg.get(f'{prefix}_lr_decay_rate'),
-        decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
-        staircase=cfg.get(f'{prefix}_lr_staircase'),
-        warmup_rounds=cfg.get(f'{prefix}_lr_warmup_rounds'), total_rounds=total,
-        flag_prefix=prefix, **only(name))
-  return RoundSchedules(local_steps=local, client_lr=lrs['client'], server_lr=lrs['server'],
-                        step_seconds=cfg.get('step_time_seconds') or 0.0,
-                        down_mbps=cfg.get('download_mbps') or schedules.DEFAULT_DOWN_MBPS,
-                        up_mbps=cfg.get('upload_mbps') or schedules.DEFAULT_UP_MBPS,
-                        rounds_per_eval=cfg.get('rounds_per_eval'))
-

@@ -1,0 +1,298 @@
+"""bin/train's schedule flags turned into schedules, validated with messages naming the flags.
+
+`make_local_steps_schedule` (`--local_steps_schedule` and its parameters),
+`make_lr_schedule` (`--{client,server}_lr_schedule` and theirs) and
+`from_config` (the whole K / η / η_s driver from the flag dict) build the
+library's schedules (`tff_adaptive.schedules`); every ValueError they raise
+names the flag to fix. The library itself speaks in parameters:
+`flag_error` turns its `ScheduleError`s (which name `local_steps`, `client_lr`,
+`server_lr`) into the flags that set them.
+"""
+
+import math
+import numbers
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from tff_adaptive.accounting import runtime_model
+from tff_adaptive.schedules import core
+from tff_adaptive.schedules import driver as round_schedules
+from tff_adaptive.schedules import learning_rate
+from tff_adaptive.schedules import local_steps
+
+# Flag errors of `from_config` are the driver's error type.
+ScheduleError = round_schedules.ScheduleError
+
+LOCAL_STEPS_SCHEDULES = ('constant', 'exp', 'rounds', 'error', 'step', 'theory')
+LR_SCHEDULES = ('constant', 'exp_decay', 'inv_lin_decay', 'inv_sqrt_decay', 'exp',
+                'rounds', 'error', 'step')
+
+
+def _is_real(x: Any) -> bool:
+  return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _check_int(value: Any, flag: str, minimum: int) -> int:
+  if not _is_real(value) or not float(value).is_integer() or value < minimum:
+    raise ValueError(f'{flag} must be an integer >= {minimum}; got {value!r}')
+  return int(value)
+
+
+def _check_decay_factor(value: Any, flag: str) -> float:
+  if not _is_real(value) or not 0.0 < float(value) <= 1.0:
+    raise ValueError(f'{flag} must be a decay factor in (0, 1]; got {value!r}')
+  return float(value)
+
+
+def _check_nonnegative(value: Any, flag: str) -> float:
+  if not _is_real(value) or not 0.0 <= float(value) < math.inf:
+    raise ValueError(f'{flag} must be a finite number >= 0; got {value!r}')
+  return float(value)
+
+
+def _reject_unused(schedule_flag: str, name: str, given: Mapping[str, Any],
+                   accepted: Sequence[str], flags: Mapping[str, str]) -> None:
+  for param, value in given.items():
+    if value is not None and param not in accepted:
+      raise ValueError(f'{flags[param]} is not used by {schedule_flag}={name}; '
+                       f'got {flags[param]}={value!r}')
+
+
+def _window(window: Optional[int], total_rounds: Optional[int]) -> int:
+  window = _check_int(local_steps.DEFAULT_SCHEDULE_WINDOW if window is None else window,
+                      '--schedule_window', 1)
+  if total_rounds is not None and window > total_rounds:
+    raise ValueError(f'--schedule_window={window} is larger than --total_rounds='
+                     f'{total_rounds}: the error schedule would never leave K_0/eta_0')
+  return window
+
+
+def _plateau(patience: Optional[int], min_delta: Optional[float]) -> tuple[int, float]:
+  patience = _check_int(local_steps.DEFAULT_PLATEAU_PATIENCE if patience is None else patience,
+                        '--plateau_patience', 1)
+  min_delta = _check_nonnegative(
+      local_steps.DEFAULT_PLATEAU_MIN_DELTA if min_delta is None else min_delta,
+      '--plateau_min_delta')
+  return patience, min_delta
+
+
+def make_local_steps_schedule(name: str, k0: int, *, decay: Optional[float] = None,
+                              window: Optional[int] = None,
+                              patience: Optional[int] = None,
+                              min_delta: Optional[float] = None,
+                              b: Optional[float] = None,
+                              total_rounds: Optional[int] = None) -> core.Schedule:
+  """Builds a local-steps (K) schedule of SPEC §5 from flag values.
+
+  Args:
+    name: `--local_steps_schedule`: constant | exp | rounds | error | step | theory.
+    k0: `--local_steps`, K_0 (an integer >= 1).
+    decay: `--local_steps_decay`, d_K in (0, 1] (`exp` only; required there).
+    window: `--schedule_window`, s (`error` only; default 100).
+    patience: `--plateau_patience` (`step` only; default 10 evaluations).
+    min_delta: `--plateau_min_delta` (`step` only; default 1e-4).
+    b: `--local_steps_theory_b`, b > 0 of seed 001 eq. 11 (`theory`; required).
+    total_rounds: `--total_rounds`, used to validate `window` when given.
+
+  Returns:
+    A `Schedule` whose values are ints >= 1.
+
+  Raises:
+    ValueError: naming the offending flag.
+  """
+  flags = {'decay': '--local_steps_decay', 'window': '--schedule_window',
+           'patience': '--plateau_patience', 'min_delta': '--plateau_min_delta',
+           'b': '--local_steps_theory_b'}
+  accepted = {'constant': (), 'exp': ('decay',), 'rounds': (), 'error': ('window',),
+              'step': ('patience', 'min_delta'), 'theory': ('b',)}
+  if name not in accepted:
+    raise ValueError(f'--local_steps_schedule must be one of {LOCAL_STEPS_SCHEDULES}; '
+                     f'got {name!r}')
+  k0 = _check_int(k0, '--local_steps', 1)
+  if total_rounds is not None:
+    total_rounds = _check_int(total_rounds, '--total_rounds', 1)
+  _reject_unused('--local_steps_schedule', name,
+                 {'decay': decay, 'window': window, 'patience': patience,
+                  'min_delta': min_delta, 'b': b}, accepted[name], flags)
+  if name == 'constant':
+    return core.ConstantSchedule(k0, core.LOCAL_STEPS)
+  if name == 'exp':
+    if decay is None:
+      raise ValueError('--local_steps_schedule=exp needs --local_steps_decay')
+    return learning_rate.ExponentialDecay(k0, _check_decay_factor(decay, flags['decay']),
+                                          quantity=core.LOCAL_STEPS)
+  if name == 'rounds':
+    return local_steps.RoundsDecay(k0, core.LOCAL_STEPS)
+  if name == 'error':
+    return local_steps.ErrorDrivenDecay(k0, _window(window, total_rounds), core.LOCAL_STEPS)
+  if name == 'step':
+    return local_steps.PlateauStepDecay(k0, *_plateau(patience, min_delta),
+                                        quantity=core.LOCAL_STEPS)
+  if b is None:
+    raise ValueError('--local_steps_schedule=theory needs --local_steps_theory_b')
+  if not _is_real(b) or not 0.0 < float(b) < math.inf:
+    raise ValueError(f'--local_steps_theory_b must be a finite number > 0; got {b!r}')
+  return local_steps.TheoryDecay(k0, float(b))
+
+
+def make_lr_schedule(name: str, base: float, *, decay_rate: Optional[float] = None,
+                     decay_steps: Optional[int] = None,
+                     staircase: Optional[bool] = None,
+                     warmup_rounds: Optional[int] = None,
+                     window: Optional[int] = None,
+                     patience: Optional[int] = None,
+                     min_delta: Optional[float] = None,
+                     total_rounds: Optional[int] = None,
+                     flag_prefix: str = 'client') -> core.Schedule:
+  """Builds a learning-rate schedule of SPEC §1 or §5 from flag values.
+
+  Flags are `--{flag_prefix}_...`, e.g. `--client_lr_decay_rate`,
+  `--server_lr_schedule`.
+
+  Args:
+    name: `--{p}_lr_schedule`: constant | exp_decay | inv_lin_decay |
+      inv_sqrt_decay (SPEC §1, FedOpt) | exp | rounds | error | step (SPEC §5).
+      `exp` is gamma_0 * d**t, i.e. exp_decay with steps 1.
+    base: `--{p}_learning_rate` (> 0).
+    decay_rate: `--{p}_lr_decay_rate`: in (0, 1] for exp_decay/exp, >= 0 for
+      inv_lin_decay/inv_sqrt_decay (required by all four).
+    decay_steps: `--{p}_lr_decay_steps` (>= 1, default 1; SPEC §1 only).
+    staircase: `--{p}_lr_staircase` (default False; SPEC §1 only).
+    warmup_rounds: `--{p}_lr_warmup_rounds` (>= 0; 0/None = no warm-up).
+    window: `--schedule_window` (`error` only; default 100).
+    patience: `--plateau_patience` (`step` only; default 10).
+    min_delta: `--plateau_min_delta` (`step` only; default 1e-4).
+    total_rounds: `--total_rounds`, used to validate `window` when given.
+    flag_prefix: `client` or `server` (only changes the flag names in errors).
+
+  Returns:
+    A `Schedule` whose values are floats.
+
+  Raises:
+    ValueError: naming the offending flag.
+  """
+  p = flag_prefix
+  flags = {'decay_rate': f'--{p}_lr_decay_rate', 'decay_steps': f'--{p}_lr_decay_steps',
+           'staircase': f'--{p}_lr_staircase', 'window': '--schedule_window',
+           'patience': '--plateau_patience', 'min_delta': '--plateau_min_delta'}
+  sec1 = ('decay_rate', 'decay_steps', 'staircase')
+  accepted = {'constant': (), 'exp_decay': sec1, 'inv_lin_decay': sec1,
+              'inv_sqrt_decay': sec1, 'exp': ('decay_rate',), 'rounds': (),
+              'error': ('window',), 'step': ('patience', 'min_delta')}
+  if name not in accepted:
+    raise ValueError(f'--{p}_lr_schedule must be one of {LR_SCHEDULES}; got {name!r}')
+  if not _is_real(base) or not 0.0 < float(base) < math.inf:
+    raise ValueError(f'--{p}_learning_rate must be a finite number > 0; got {base!r}')
+  base = float(base)
+  if total_rounds is not None:
+    total_rounds = _check_int(total_rounds, '--total_rounds', 1)
+  _reject_unused(f'--{p}_lr_schedule', name,
+                 {'decay_rate': decay_rate, 'decay_steps': decay_steps,
+                  'staircase': staircase, 'window': window, 'patience': patience,
+                  'min_delta': min_delta}, accepted[name], flags)
+  if accepted[name] and accepted[name][0] == 'decay_rate' and decay_rate is None:
+    raise ValueError(f'--{p}_lr_schedule={name} needs {flags["decay_rate"]}')
+  steps = 1 if decay_steps is None else _check_int(decay_steps, flags['decay_steps'], 1)
+  stair = bool(staircase) if staircase is not None else False
+
+  if name == 'constant':
+    schedule = core.ConstantSchedule(base, core.LEARNING_RATE)
+  elif name in ('exp_decay', 'exp'):
+    schedule = learning_rate.ExponentialDecay(
+        base, _check_decay_factor(decay_rate, flags['decay_rate']), steps, stair,
+        core.LEARNING_RATE)
+  elif name in ('inv_lin_decay', 'inv_sqrt_decay'):
+    schedule = learning_rate.InverseDecay(
+        base, _check_nonnegative(decay_rate, flags['decay_rate']), steps, stair,
+        1.0 if name == 'inv_lin_decay' else 0.5, core.LEARNING_RATE)
+  elif name == 'rounds':
+    schedule = local_steps.RoundsDecay(base, core.LEARNING_RATE)
+  elif name == 'error':
+    schedule = local_steps.ErrorDrivenDecay(base, _window(window, total_rounds),
+                                            core.LEARNING_RATE)
+  else:
+    schedule = local_steps.PlateauStepDecay(base, *_plateau(patience, min_delta),
+                                            quantity=core.LEARNING_RATE)
+  if warmup_rounds is not None:
+    warmup_rounds = _check_int(warmup_rounds, f'--{p}_lr_warmup_rounds', 0)
+    if warmup_rounds > 0:
+      schedule = learning_rate.LinearWarmup(schedule, warmup_rounds)
+  return schedule
+
+
+def from_config(cfg: Mapping[str, Any]) -> round_schedules.RoundSchedules:
+  """Builds the driver from bin/train flags; ValueError names the bad flag."""
+  total = cfg.get('total_rounds')
+  shared = dict(window=cfg.get('schedule_window'), patience=cfg.get('plateau_patience'),
+                min_delta=cfg.get('plateau_min_delta'))
+  feedback_params = {'error': ('window',), 'step': ('patience', 'min_delta')}
+  names = [cfg.get('local_steps_schedule') or 'constant',
+           cfg.get('client_lr_schedule') or 'constant',
+           cfg.get('server_lr_schedule') or 'constant']
+  # --schedule_window / --plateau_* belong to whichever schedules are
+  # feedback-driven; given with none of them, they are an error.
+  for param, flag in (('window', '--schedule_window'), ('patience', '--plateau_patience'),
+                      ('min_delta', '--plateau_min_delta')):
+    if shared[param] is not None and not any(param in feedback_params.get(n, ()) for n in names):
+      users = 'error' if param == 'window' else 'step'
+      raise ScheduleError(f'{flag} is only used by a {users} schedule (--local_steps_schedule, '
+                          f'--client_lr_schedule or --server_lr_schedule={users}); got '
+                          f'{flag}={shared[param]!r}')
+
+  def only(name):
+    return {k: v for k, v in shared.items() if k in feedback_params.get(name, ())}
+
+  local = None
+  k_name = names[0]
+  k0 = cfg.get('local_steps')
+  if k0 is not None and k0 < 1 and k_name != 'constant':
+    raise ScheduleError(f'--local_steps (K_0) must be an integer >= 1 for '
+                        f'--local_steps_schedule={k_name}; got {k0}')
+  if k0:
+    local = make_local_steps_schedule(
+        k_name, k0, decay=cfg.get('local_steps_decay'),
+        b=cfg.get('local_steps_theory_b'), total_rounds=total, **only(k_name))
+  elif k_name != 'constant':
+    raise ScheduleError(f'--local_steps_schedule={k_name} needs --local_steps (K_0 >= 1)')
+  else:
+    for param in ('local_steps_decay', 'local_steps_theory_b'):
+      if cfg.get(param) is not None:
+        raise ScheduleError(f'--{param} is not used by --local_steps_schedule=constant; '
+                            f'got --{param}={cfg[param]!r}')
+  lrs = {}
+  for prefix, name in (('client', names[1]), ('server', names[2])):
+    if name == 'constant' and not cfg.get(f'{prefix}_lr_warmup_rounds'):
+      # Constant: nothing to write each round, but parameters for another
+      # schedule are still a mistake.
+      base = cfg.get(f'{prefix}_learning_rate')
+      make_lr_schedule(
+          'constant', 1.0 if base is None else base,
+          decay_rate=cfg.get(f'{prefix}_lr_decay_rate'),
+          decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
+          staircase=cfg.get(f'{prefix}_lr_staircase'), flag_prefix=prefix)
+      lrs[prefix] = None
+      continue
+    lrs[prefix] = make_lr_schedule(
+        name, cfg[f'{prefix}_learning_rate'], decay_rate=cfg.get(f'{prefix}_lr_decay_rate'),
+        decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
+        staircase=cfg.get(f'{prefix}_lr_staircase'),
+        warmup_rounds=cfg.get(f'{prefix}_lr_warmup_rounds'), total_rounds=total,
+        flag_prefix=prefix, **only(name))
+  return round_schedules.RoundSchedules(
+      local_steps=local, client_lr=lrs['client'], server_lr=lrs['server'],
+      step_seconds=cfg.get('step_time_seconds') or 0.0,
+      down_mbps=cfg.get('download_mbps') or runtime_model.DEFAULT_DOWN_MBPS,
+      up_mbps=cfg.get('upload_mbps') or runtime_model.DEFAULT_UP_MBPS,
+      rounds_per_eval=cfg.get('rounds_per_eval'))
+
+
+# The driver's schedules (and check_process's data_on_workers) → bin/train's flags.
+DRIVER_FLAGS = {'local_steps': '--local_steps_schedule', 'client_lr': '--client_lr_schedule',
+                'server_lr': '--server_lr_schedule', 'data_on_workers': '--data_on_workers'}
+_DRIVER_NAME = re.compile(r'(?<![\w-])(' + '|'.join(DRIVER_FLAGS) + r')(?![\w])')
+
+
+def flag_error(error: round_schedules.ScheduleError) -> str:
+  """A driver's ScheduleError with its schedule names replaced by the flags."""
+  return _DRIVER_NAME.sub(lambda m: DRIVER_FLAGS[m.group(1)], str(error))
