@@ -23,6 +23,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from workflow import cli  # pylint: disable=g-import-not-at-top
 from workflow import selection  # pylint: disable=g-import-not-at-top
 from workflow import sweep  # pylint: disable=g-import-not-at-top
 from workflow import sweep_runner  # pylint: disable=g-import-not-at-top
@@ -62,6 +63,7 @@ def main(argv):
       raise sweep.SpecError('--sweep_dir is required')
     if bool(FLAGS.grid) == bool(FLAGS.spec):
       raise sweep.SpecError('give exactly one of --grid and --spec')
+    sweep.check_sweep_dir(FLAGS.sweep_dir)
     groups = sweep.parse_grid(FLAGS.grid) if FLAGS.grid else sweep.parse_spec_file(FLAGS.spec)
     fixed = sweep.parse_fixed(FLAGS.fixed)
     trials = sweep.expand(groups, sweep.parse_seeds(FLAGS.num_seeds, FLAGS.seeds), fixed)
@@ -93,5 +95,12 @@ def main(argv):
     sys.exit(1)
 
 
+def _parse_flags(argv):
+  try:
+    return cli.parse_flags(argv, FLAGS)
+  except cli.UsageError as e:  # a bad value, a --flagfile that is not text
+    _fail(str(e))
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

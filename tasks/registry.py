@@ -78,13 +78,14 @@ def custom_task_function(name: str) -> Callable[..., base.FederatedTask]:
   if not module_name or not function_name:
     raise ValueError(f'--task={name}: expected package.module:function')
   try:
-    module = importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    if os.getcwd() in sys.path or e.name != module_name.split('.')[0]:
+    module = _import_user_module(name, module_name)
+  except ImportError as e:
+    if (os.getcwd() in sys.path or not isinstance(e, ModuleNotFoundError)
+        or e.name != module_name.split('.')[0]):
       raise ValueError(f'--task={name}: cannot import {module_name} ({e})') from None
     sys.path.append(os.getcwd())  # a module beside the user's command
     try:
-      module = importlib.import_module(module_name)
+      module = _import_user_module(name, module_name)
     except ImportError as e2:
       raise ValueError(f'--task={name}: cannot import {module_name} ({e2})') from None
   function = getattr(module, function_name, None)
@@ -93,13 +94,42 @@ def custom_task_function(name: str) -> Callable[..., base.FederatedTask]:
   return function
 
 
+class TaskCodeError(ValueError):
+  """The code of a `package.module:function` task raised; `__cause__` is its exception."""
+
+
+# The environment variable that shows the traceback of a TaskCodeError (bin/train).
+TRACEBACK_HINT = 'TFF_ADAPTIVE_TRACEBACK=1 shows the traceback'
+
+
+def _describe(error: BaseException) -> str:
+  text = (str(error).strip().splitlines() or [''])[0]
+  where = ''
+  if isinstance(error, SyntaxError) and error.filename:
+    where = f' ({error.filename}, line {error.lineno})'
+    text = error.msg or text
+  return f'{type(error).__name__}: {text}{where} ({TRACEBACK_HINT})'
+
+
+def _import_user_module(name: str, module_name: str):
+  try:
+    return importlib.import_module(module_name)
+  except ImportError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (user code)
+    raise TaskCodeError(f'--task={name}: importing {module_name} failed: {_describe(e)}') from e
+
+
 def _call_task_function(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask:
   function = custom_task_function(name)
   try:
     takes_config = bool(inspect.signature(function).parameters)
   except (TypeError, ValueError):
     takes_config = True
-  task = function(cfg) if takes_config else function()
+  try:
+    task = function(cfg) if takes_config else function()
+  except Exception as e:  # pylint: disable=broad-except  (user code)
+    raise TaskCodeError(f'--task={name} raised {_describe(e)}') from e
   if not isinstance(task, base.FederatedTask):
     raise ValueError(f'--task={name} returned {type(task).__name__}, not a '
                      'tasks.base.FederatedTask')

@@ -65,11 +65,18 @@ def wants_help(argv) -> bool:
 
 
 def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
-  """absl's parse of bin/train's command line; UsageError (one line) for a bad one."""
+  """absl's parse of a command line; UsageError (one line) for a bad one.
+
+  Also for a --flagfile that is not text (absl reads it as UTF-8).
+  """
   try:
     return flag_values(argv)
   except flags.Error as e:
     raise UsageError(str(e)) from None
+  except UnicodeDecodeError as e:
+    files = [a.split('=', 1)[1] for a in argv[1:] if a.startswith(('--flagfile=', '-flagfile='))]
+    raise UsageError(f'--flagfile={",".join(files) or "?"}: not a text file of flags (byte '
+                     f'{e.start} is not UTF-8)') from None
 
 
 def resolve_flags(flag_values: flags.FlagValues) -> tuple[dict[str, Any], list[str]]:
@@ -119,7 +126,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
     try:
       task_registry.custom_task_function(cfg['task'])
     except ValueError as e:
-      raise UsageError(str(e)) from None
+      raise UsageError(str(e)) from e  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
   elif cfg['task'] not in task_registry.TASKS:
     raise UsageError(f'--task must be one of {", ".join(sorted(task_registry.TASKS))}, or '
                      f'package.module:function; got {cfg["task"]!r}')
@@ -131,6 +138,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
   for name, value in cfg.items():
     if isinstance(value, float) and not math.isfinite(value):
       raise UsageError(f'--{name} must be a finite number; got {value}')
+    _check_text(name, value)
+  _check_bounds(cfg)
   for name in POSITIVE_INTS:
     if cfg.get(name) is not None and cfg[name] < 1:
       raise UsageError(f'--{name} must be a positive integer (>= 1); got {cfg[name]}')
@@ -216,6 +225,9 @@ def validate(cfg: Mapping[str, Any]) -> None:
     addresses = worker_process.parse_addresses(cfg.get('workers') or '')
   except ValueError as e:
     raise UsageError(str(e)) from None
+  if (cfg.get('workers') or '').strip() and not addresses:
+    raise UsageError(f'--workers lists no address (host:port,...); got {cfg["workers"]!r} '
+                     '(leave the flag out to run locally)')
   if cfg.get('worker_retry') and len(addresses) < 2:
     raise UsageError('--worker_retry needs at least two --workers')
   from workflow import personalization  # pylint: disable=g-import-not-at-top
@@ -223,6 +235,43 @@ def validate(cfg: Mapping[str, Any]) -> None:
     personalization.validate(cfg)
   except ValueError as e:
     raise UsageError(str(e)) from None
+
+
+# Upper (and lower) bounds beyond which a flag only hangs or overflows (issue 26).
+# Dirichlet(α) sampling (NumPy's) takes time ~1/α: 0.1 ms per draw of 50 shares at
+# α = 1e-4, 0.5 s at 1e-9, no end at 1e-30; below ~1e-3 every client holds one label anyway.
+MIN_DIRICHLET_ALPHA = 1e-4
+# The RDP accountant fails numerically above σ ≈ 1e4 (and overflows at 1e154);
+# ε is already ≈ 0 at σ = 1000.
+MAX_DP_NOISE_MULTIPLIER = 1e3
+# The papers use K of tens to hundreds; 2·10⁹ steps is a round that never ends.
+MAX_LOCAL_STEPS = 100_000
+
+
+def _check_bounds(cfg: Mapping[str, Any]) -> None:
+  alpha = cfg.get('dirichlet_alpha')
+  if alpha is not None and 0 < alpha < MIN_DIRICHLET_ALPHA:
+    raise UsageError(f'--dirichlet_alpha must be at least {MIN_DIRICHLET_ALPHA:g} (smaller values '
+                     f'give every client one label, and sampling them takes ~1/α time); got {alpha}')
+  sigma = cfg.get('dp_noise_multiplier')
+  if sigma is not None and sigma > MAX_DP_NOISE_MULTIPLIER:
+    raise UsageError(f'--dp_noise_multiplier must be at most {MAX_DP_NOISE_MULTIPLIER:g} (ε is '
+                     f'already ≈ 0 there, and the privacy accountant fails beyond); got {sigma}')
+  steps = cfg.get('local_steps')
+  if steps is not None and steps > MAX_LOCAL_STEPS:
+    raise UsageError(f'--local_steps must be at most {MAX_LOCAL_STEPS} per round; got {steps}')
+
+
+def _check_text(name: str, value: Any) -> None:
+  """String flags must be UTF-8 text (TensorFlow's paths and summaries take nothing else)."""
+  if not isinstance(value, str):
+    return
+  if '\0' in value:
+    raise UsageError(f'--{name} must not hold a NUL byte; got {value!r}')
+  try:
+    value.encode('utf-8')
+  except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
+    raise UsageError(f'--{name} must be UTF-8 text; got bytes that are not: {value!r}') from None
 
 
 # Flags that do not name a run: where it runs and for how long (resumable
@@ -300,6 +349,27 @@ def check_data_dir(cfg: Mapping[str, Any]) -> None:
     raise UsageError(f'--data_dir={cfg["data_dir"]!r} is not a directory')
 
 
+def check_output_paths(cfg: Mapping[str, Any]) -> None:
+  """Where the run will write: inside --root_output_dir, no links, entries of the right kind.
+
+  A machine's state, so not in `validate`; checked before anything is written
+  (workflow/run_dir.py says why).
+  """
+  from workflow import run_dir  # pylint: disable=g-import-not-at-top
+  root, out = cfg['root_output_dir'], experiment_dir(cfg)
+  try:
+    if os.path.lexists(root) and not os.path.isdir(root):
+      raise run_dir.PathError(f'--root_output_dir={root} is a file, not a directory')
+    run_dir.check_name_fits(root, os.path.relpath(out, root))
+    run_dir.check_confined(root, out)
+    run_dir.check_writable_dir(out)
+    run_dir.check_entries(out)
+    if cfg.get('client_state_dir'):
+      run_dir.check_writable_dir(cfg['client_state_dir'], flag='--client_state_dir')
+  except run_dir.PathError as e:
+    raise UsageError(str(e)) from None
+
+
 def check_task_counts(cfg: Mapping[str, Any], task) -> None:
   """Counts that the built task must be able to supply (UsageError naming the flag)."""
   population = len(task.train_data.client_ids)
@@ -342,8 +412,12 @@ def lock_run_dir(out: str) -> None:
   """
   if out in _held_locks:
     return
+  from workflow import run_dir  # pylint: disable=g-import-not-at-top
   path = os.path.join(out, LOCK_NAME)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+  try:
+    fd = run_dir.open_file(path, os.O_RDWR | os.O_CREAT)
+  except run_dir.PathError as e:
+    raise UsageError(str(e)) from None
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:
@@ -410,7 +484,8 @@ def _read_saved_flags(out: str, cfg: Mapping[str, Any]) -> Any:
     return None
   if cfg.get('trust_command_line'):
     print(f'warning: {flags_path} {problem}; --trust_command_line: resuming with this '
-          'command\'s flags, recorded anew', file=sys.stderr)
+          'command\'s flags (its hyperparameters replace the checkpoint\'s), recorded anew',
+          file=sys.stderr)
     return None
   raise UsageError(f'{flags_path} {problem}, so the flags of the run in {out} are unknown; '
                    'restore the file, or rerun with --trust_command_line if this command has '
@@ -438,27 +513,39 @@ def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
   Nothing is written before the checks pass (bar the lock file of an existing
   directory). The lock is held until the process ends (or `unlock_run_dir`).
   """
+  from workflow import run_dir  # pylint: disable=g-import-not-at-top
   out = experiment_dir(cfg)
   flags_path = os.path.join(out, 'flags.json')
   if os.path.isdir(out):
     _check_resume_flags(out, cfg)  # before anything is written
+  created = []
   try:
-    os.makedirs(out, exist_ok=True)
+    created = run_dir.make_dirs(out)
     lock_run_dir(out)
     probe = os.path.join(out, '.write_probe')
-    with open(probe, 'w') as f:
-      f.write('ok')
+    os.close(run_dir.open_file(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
     os.remove(probe)
-  except RunDirectoryBusy:
+  except UsageError:
+    run_dir.remove_dirs(created)
     raise
   except OSError as e:
-    raise UsageError(f'--root_output_dir={cfg["root_output_dir"]!r} is not writable '
-                     f'({e.strerror}: {out})') from None
-  _check_resume_flags(out, cfg)  # again, now that no other run can change the directory
+    run_dir.remove_dirs(created)
+    raise UsageError(f'cannot create the run directory {out} (--root_output_dir='
+                     f'{cfg["root_output_dir"]} and --experiment_name='
+                     f'{os.path.relpath(out, cfg["root_output_dir"])}): {e.strerror}') from None
   try:
-    with open(flags_path + '.tmp', 'w') as f:
+    # Again, now that no other run can change the directory.
+    run_dir.check_confined(cfg['root_output_dir'], out)
+    run_dir.check_entries(out)
+  except run_dir.PathError as e:
+    raise UsageError(str(e)) from None
+  _check_resume_flags(out, cfg)
+  try:
+    with run_dir.write_text(flags_path + '.tmp') as f:
       json.dump(dict(cfg), f, indent=1, sort_keys=True)
     os.replace(flags_path + '.tmp', flags_path)
+  except run_dir.PathError as e:
+    raise UsageError(str(e)) from None
   except OSError as e:
     raise UsageError(f'cannot write {flags_path} ({e.strerror})') from None
   return out
@@ -538,10 +625,13 @@ def _stopped(signum: int, out, progress) -> Stopped:
   signal.signal(signal.SIGINT, signal.SIG_DFL)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   from workflow import program  # pylint: disable=g-import-not-at-top
-  if out is not None and progress is not None and progress.round_num:
+  if out is not None:
     program.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
-    where = (f'stopped at round {progress.round_num} '
-             f'({program.checkpoint_phrase(out, progress.last_checkpoint)})')
+    # The checkpoints on disk, not what the loop last noted: the signal may
+    # land between a save and the note of it.
+    when = (f'at round {progress.round_num}' if progress is not None and progress.round_num
+            else 'before its first round')
+    where = f'stopped {when} ({program.checkpoint_phrase(out)})'
   else:
     where = 'stopped before the first round'
   return Stopped(signum, where)
@@ -565,6 +655,7 @@ def run_training(cfg: Mapping[str, Any], notes=()):
   runtime.track_tff_workers()
   validate(cfg)
   check_data_dir(cfg)
+  check_output_paths(cfg)
   check_not_busy(experiment_dir(cfg))
   from workflow import program  # pylint: disable=g-import-not-at-top
   install_signal_handlers()
@@ -622,7 +713,9 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
   except UsageError:
     raise
   except ValueError as e:
-    raise UsageError(str(e)) from None
+    raise UsageError(str(e)) from e  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
+  except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
+    raise UsageError(f'cannot write {e.filename or out}: {e.strerror}') from e
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
     runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0),

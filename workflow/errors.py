@@ -56,9 +56,17 @@ class Stopped(RunError):
     return [str(self)]
 
 
+# Set to 1 in the environment: `report` prints the error's traceback (and its causes,
+# e.g. the user code of a --task that raised) before its lines.
+TRACEBACK_ENV = 'TFF_ADAPTIVE_TRACEBACK'
+
+
 def report(error: RunError, program: Optional[str] = None) -> int:
   """Prints `error` on stderr as bin/train does; returns the status bin/train exits with."""
   program = os.path.basename(sys.argv[0]) if program is None else program
+  if os.environ.get(TRACEBACK_ENV, '') not in ('', '0'):
+    import traceback  # pylint: disable=g-import-not-at-top
+    traceback.print_exception(error, file=sys.stderr)
   for line in error.lines(program):
     print(line, file=sys.stderr, flush=True)
   return error.exit_code

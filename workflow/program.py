@@ -13,6 +13,7 @@ guaranteed, each failure's message and how to recover by hand.
 
 import asyncio
 import collections
+import contextlib
 import csv
 import dataclasses
 import glob
@@ -22,6 +23,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
@@ -33,6 +35,7 @@ import tqdm
 
 from tasks import base as task_base
 from tff_adaptive.algorithms import composer
+from workflow import run_dir
 
 
 class IncompatibleCheckpoint(ValueError):
@@ -93,8 +96,29 @@ class Progress:
   last_checkpoint: int = 0  # the newest checkpoint written or resumed from (0: none)
 
 
-def checkpoint_phrase(output_dir: str, last_checkpoint: int) -> str:
-  """'the last checkpoint is after round N (DIR/checkpoints/program_state_N)' or 'no checkpoint'."""
+def newest_checkpoint(output_dir: str) -> int:
+  """The round of the newest checkpoint in `output_dir` (0: none).
+
+  TFF writes a checkpoint to `program_state_N_temp*` and renames it when
+  complete, so every `program_state_N` is whole (a damaged one is set aside
+  as `.damaged` by `recover` at the next start).
+  """
+  try:
+    names = os.listdir(os.path.join(output_dir, 'checkpoints'))
+  except OSError:
+    return 0
+  prefix = 'program_state_'
+  return max((int(n[len(prefix):]) for n in names
+              if n.startswith(prefix) and n[len(prefix):].isdigit()), default=0)
+
+
+def checkpoint_phrase(output_dir: str) -> str:
+  """'the last checkpoint is after round N (DIR/checkpoints/program_state_N)' or 'no checkpoint'.
+
+  Read from the disk at the moment of the message: whatever the loop noted,
+  this names the checkpoint a rerun resumes from.
+  """
+  last_checkpoint = newest_checkpoint(output_dir)
   if last_checkpoint <= 0:
     return f'no checkpoint was kept in {output_dir} (a rerun starts at round 1)'
   path = os.path.join(output_dir, 'checkpoints', f'program_state_{last_checkpoint}')
@@ -272,7 +296,7 @@ class MetricsFile:
       return
     size = os.path.getsize(self._path)
     try:
-      with open(self._path, 'a', newline='') as f:
+      with run_dir.write_text(self._path, 'a') as f:
         csv.DictWriter(f, fieldnames=self._fieldnames).writerow(values)
         f.flush()
         os.fsync(f.fileno())
@@ -287,7 +311,7 @@ class MetricsFile:
   def _rewrite(self) -> None:
     temp = f'{self._path}.tmp'
     try:
-      with open(temp, 'w', newline='') as f:
+      with run_dir.write_text(temp) as f:
         writer = csv.DictWriter(f, fieldnames=self._fieldnames)
         writer.writeheader()
         writer.writerows(self._rows)
@@ -345,6 +369,9 @@ class LoopConfig:
   # consecutive rounds (0: only non-finite values stop a run).
   divergence_factor: float = 10.0
   divergence_rounds: int = 3
+  # A round still running after this many seconds says so, then every 6x as
+  # long (with show_progress; 0: never): a long round shows it is alive.
+  heartbeat_seconds: float = 10.0
   # Filled in as the run goes (for messages after an interruption).
   progress: Progress = dataclasses.field(default_factory=Progress)
 
@@ -463,12 +490,18 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
         initial, tf.nest.flatten(program_state['state']))
     print(f'Resuming from the checkpoint after round {start_round}.', file=sys.stderr)
   # metrics.csv and TensorBoard drop what rounds after the checkpoint wrote.
-  releases = _Releases(config.output_dir, start_round)
+  try:
+    releases = _Releases(config.output_dir, start_round)
+  except (OSError, tf.errors.OpError) as e:
+    raise WriteFailed(f'cannot write the metrics in {config.output_dir} ({_first_line(e)}); '
+                      f'{checkpoint_phrase(config.output_dir)}') from None
   hook = config.client_state
   if hook is not None:
     # The client-state snapshot saved with this server checkpoint (0: none).
     hook.restore(start_round)
   state = program_state['state']
+  if loaded is not None:
+    state = with_hparams_of(process, state, initial)
   if sched is not None and program_state.get('schedules'):
     saved = program_state['schedules']
     sched.restore(saved.decode() if isinstance(saved, bytes) else str(saved))
@@ -477,7 +510,7 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
     saved_totals = json.loads(saved_totals.decode() if isinstance(saved_totals, bytes)
                               else saved_totals)
   totals = collections.defaultdict(float, {k: float(v) for k, v in saved_totals.items()})
-  last_checkpoint = progress.last_checkpoint = start_round
+  progress.last_checkpoint = start_round
   # The finite blow-up rule's reference: the initial model's loss.
   blowup_limit, streak = math.inf, 0
   if config.divergence_factor > 0 and start_round < config.total_rounds:
@@ -486,13 +519,14 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
       blowup_limit = config.divergence_factor * initial_loss
 
   def where_to_resume():
-    return checkpoint_phrase(config.output_dir, last_checkpoint)
+    return checkpoint_phrase(config.output_dir)
 
   client_ids = list(task.train_data.client_ids)
   bar = tqdm.tqdm(total=config.total_rounds, initial=start_round, unit='round',
                   disable=not config.show_progress, file=sys.stderr, dynamic_ncols=True)
   row = {}
   last_eval = {}
+  non_finite_eval = False  # said once
   try:
     for round_num in range(start_round + 1, config.total_rounds + 1):
       progress.round_num = round_num
@@ -508,7 +542,8 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
         data = client_data_fn(sampled, data_steps)
         if hook is not None:  # pair each client's data with its own state
           data = hook.client_data(round_num, sampled, data)
-        output = process.next(state, data)
+        with _heartbeat(round_num, config):
+          output = process.next(state, data)
       except Exception as e:
         # The caller (bin/train) reports where a rerun resumes; the type is kept.
         e.add_note(f'Round {round_num} failed; {where_to_resume()}.')
@@ -546,6 +581,7 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
       if round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds:
         last_eval = {f'eval/{k}': v for k, v in evaluate(weights).items()}
         row.update(last_eval)
+        non_finite_eval = _warn_non_finite_eval(last_eval, round_num, non_finite_eval)
       if sched is not None:
         row.update(schedule_row)
         row.update(sched.observe(round_num, row, len(sampled)))
@@ -569,7 +605,7 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
           raise WriteFailed(f'could not write the checkpoint of round {round_num} '
                             f'({_first_line(e)}); partial files removed; {where_to_resume()}; '
                             'free space and rerun the same command to resume') from None
-        last_checkpoint = progress.last_checkpoint = round_num
+        progress.last_checkpoint = round_num
       bar.update(1)
       bar.set_postfix(_progress_postfix(row, last_eval), refresh=False)
       if not sys.stderr.isatty() and config.show_progress and round_num % config.rounds_per_eval == 0:
@@ -579,6 +615,65 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
   finally:
     bar.close()
   return state, row
+
+
+@contextlib.contextmanager
+def _heartbeat(round_num: int, config: LoopConfig):
+  """While the block runs: a line after `heartbeat_seconds`, then every 6x as long."""
+  if not (config.show_progress and config.heartbeat_seconds > 0):
+    yield
+    return
+  done = threading.Event()
+  started = time.monotonic()
+
+  def beat():
+    wait = config.heartbeat_seconds
+    while not done.wait(wait):
+      tqdm.tqdm.write(f'round {round_num}/{config.total_rounds}: still running after '
+                      f'{time.monotonic() - started:.0f} s', file=sys.stderr)
+      sys.stderr.flush()
+      wait = 6 * config.heartbeat_seconds
+
+  thread = threading.Thread(target=beat, name='round-heartbeat', daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
+
+
+def with_hparams_of(process, state, initial):
+  """`state` (a checkpoint's) with the hyperparameters of `initial` (this command's).
+
+  A run resumes with the hyperparameters its flags give (recorded in
+  flags.json), not with those its checkpoint happens to hold: they differ only
+  when --trust_command_line replaced a lost flags.json with a command that
+  changes one (issue 26: the run recorded 1e12 and trained with 0.1). Schedules
+  set theirs again each round (`RoundSchedules.apply`), so for an unchanged
+  command this changes nothing.
+  """
+  state = process.set_hparams(state, process.get_hparams(initial))
+  # Personalised processes keep (η, K) in `client_work` without TFF hparams.
+  if (isinstance(state, tff.learning.templates.LearningAlgorithmState)
+      and composer.runs_local_steps(state)):
+    state = state._replace(client_work=initial.client_work)
+  return state
+
+
+def _warn_non_finite_eval(metrics: Mapping[str, float], round_num: int, warned: bool) -> bool:
+  """Warns (once per run) of non-finite evaluation metrics; returns whether it has warned.
+
+  The run goes on: the model's weights and training loss are finite (checked
+  before), so a NaN here comes from the task's evaluation data or metric, which
+  stopping the run would not fix. The values are kept in metrics.csv as they are.
+  """
+  bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+  if bad and not warned:
+    warn(f'round {round_num}: evaluation metrics {", ".join(f"{k}={metrics[k]}" for k in bad)} '
+         'are not finite while the model\'s weights are: the task\'s test data or metric '
+         'produces them (e.g. NaN in the data); training goes on, and this is said once')
+  return warned or bool(bad)
 
 
 def _has_round_hparams(state) -> bool:

@@ -81,6 +81,31 @@ def _known_flags() -> Optional[frozenset]:
   return frozenset(cli.TRAIN_FLAG_NAMES)
 
 
+_PARSERS: Optional[dict] = None
+
+
+def _check_value(name: str, value: str, where: str) -> None:
+  """SpecError naming `where` if bin/train would refuse `value` for --name (its flag's parser)."""
+  global _PARSERS
+  if _PARSERS is None:
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    from workflow import train_flags  # pylint: disable=g-import-not-at-top
+    values = flags.FlagValues()
+    train_flags.define_flags(values)
+    _PARSERS = {n: values[n].parser for n in values}
+  if '\0' in value:
+    raise SpecError(f'{where}: --{name} holds a NUL byte')
+  parser = _PARSERS.get(name)
+  if parser is None:
+    return
+  try:
+    parser.parse(value)
+  except (ValueError, TypeError) as e:
+    reason = e.args[0] if e.args else e
+    raise SpecError(f'{where}: --{name}={value!r} is not a valid {parser.flag_type()} value '
+                    f'({reason})') from None
+
+
 def _check_flag(name: str, where: str, known: Optional[frozenset]) -> None:
   if not _FLAG_NAME.match(name):
     raise SpecError(f'{where}: {name!r} is not a flag name')
@@ -105,6 +130,8 @@ def _parse_assignment(text: str, where: str, known) -> tuple[str, tuple[str, ...
   parsed = tuple(v.strip() for v in values.split(','))
   if not parsed or any(v == '' for v in parsed):
     raise SpecError(f'{where}: --{name} has an empty value in {values.strip()!r}')
+  for value in parsed:
+    _check_value(name, value, where)
   if len(set(parsed)) != len(parsed):
     raise SpecError(f'{where}: --{name} repeats a value in {values.strip()!r}')
   return name, parsed
@@ -144,16 +171,20 @@ def parse_spec_file(path: str, known_flags: Optional[frozenset] = None) -> list[
   """Groups of a spec file: `[label]` headers, `name = v1, v2` lines, `#` comments."""
   known = _known_flags() if known_flags is None else known_flags
   try:
-    with open(path) as f:
-      lines = f.read().splitlines()
+    with open(path, 'rb') as f:
+      lines = f.read().decode('utf-8').splitlines()
   except OSError as e:
     raise SpecError(f'--spec: cannot read {path}: {e.strerror}') from None
+  except UnicodeDecodeError as e:
+    raise SpecError(f'--spec: {path} is not a text file (byte {e.start} is not UTF-8)') from None
   common, sections = [], []  # sections: [label, axes, first line]
   for number, raw in enumerate(lines, 1):
+    where = f'{path}:{number}'
+    if '\0' in raw:
+      raise SpecError(f'{where}: holds a NUL byte (a spec is text: [label] and name = values lines)')
     line = raw.split('#', 1)[0].strip()
     if not line:
       continue
-    where = f'{path}:{number}'
     if line.startswith('['):
       if not line.endswith(']') or not line[1:-1].strip():
         raise SpecError(f'{where}: a group header looks like [label]; got {line!r}')
@@ -185,6 +216,7 @@ def parse_fixed(text: str, known_flags: Optional[frozenset] = None) -> dict[str,
     _check_flag(name, '--fixed', known)
     if name in fixed:
       raise SpecError(f'--fixed: --{name} is given twice')
+    _check_value(name, value.strip(), '--fixed')
     fixed[name] = value.strip()
   return fixed
 
@@ -269,6 +301,17 @@ def parse_seeds(num_seeds: int = 0, seeds: str = '') -> list[int]:
   if num_seeds < 1:
     raise SpecError(f'--num_seeds must be a positive integer; got {num_seeds}')
   return list(range(num_seeds))
+
+
+def check_sweep_dir(sweep_dir: str) -> None:
+  """SpecError if --sweep_dir (or what a sweep keeps in it) exists as the wrong kind of file."""
+  for path, is_dir in ((sweep_dir, True), (trials_dir(sweep_dir), True),
+                       (os.path.join(sweep_dir, 'logs'), True),
+                       (os.path.join(sweep_dir, MANIFEST), False)):
+    if os.path.lexists(path) and os.path.isdir(path) != is_dir:
+      what = 'a file, not a directory' if is_dir else 'a directory, not a file'
+      where = f'--sweep_dir={path}' if path == sweep_dir else f'--sweep_dir={sweep_dir}: {path}'
+      raise SpecError(f'{where} is {what}')
 
 
 def trials_dir(sweep_dir: str) -> str:
