@@ -339,6 +339,6 @@ def test_composes_with_tff_aggregators(clients, algorithm, aggregator):
 
 
 def test_unweighted_aggregator_with_example_weighting_is_refused():
-  with pytest.raises(ValueError, match='--client_weighting=num_examples'):
+  with pytest.raises(ValueError, match='client_weighting=NUM_EXAMPLES contradicts'):
     mfl.build_mfl(at.model_fn, _opt('adam'), model_aggregator=_dp(3),
                   client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES)

@@ -45,6 +45,8 @@ import tensorflow_federated as tff
 from tff_adaptive.accounting import costs
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import validation
+from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.rounds import layout as round_layout
 
 Structure = Any
 
@@ -384,7 +386,7 @@ def build_personalized_process(
           non_trainable[i].assign(private[key])
         else:
           opt[kind][i] = tf.identity(private[key])
-    return trainable, non_trainable, composer._tuples(opt)  # pylint: disable=protected-access
+    return trainable, non_trainable, client_lib.tuples(opt)
 
   def user_accuracy(model, trainable, non_trainable, data, lr, counters):
     """UA before local training: personalise (if the recipe does), test, undo."""
@@ -432,7 +434,7 @@ def build_personalized_process(
     step = tf.constant(0, tf.int32)
     num_examples = tf.constant(0, tf.int64)
     for batch in iter(repeated.take(tf.where(cycle, steps64, -1))):
-      opt = composer._tuples(local.train_step(ctx, opt, batch, lr, step))  # pylint: disable=protected-access
+      opt = client_lib.tuples(local.train_step(ctx, opt, batch, lr, step))
       for b in (batch if local.batches_per_step > 1 else (batch,)):
         num_examples += tf.shape(tf.nest.flatten(b)[0], out_type=tf.int64)[0]
       step += 1
@@ -512,8 +514,8 @@ def build_personalized_process(
     # Same containers as the initial state: checkpoints restore into it.
     return new_weights, tf.nest.pack_sequence_as(stats, tf.nest.flatten(new_stats))
 
-  down_bits = composer._num_bits(broadcast_type) + composer._num_bits(hparams_type)  # pylint: disable=protected-access
-  upload_bits = composer._num_bits(upload_type)  # pylint: disable=protected-access
+  down_bits = round_layout.num_bits(broadcast_type) + round_layout.num_bits(hparams_type)
+  upload_bits = round_layout.num_bits(upload_type)
   num_params = sum(int(np.prod(s.shape)) for s in trainable_specs)
   opt_floats = sum(int(np.prod(np.shape(v))) for key in opt_lists for v in opt_initial[key])
   private_floats = sum(int(np.size(v)) for v in private_initial.values())

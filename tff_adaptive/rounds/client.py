@@ -1,0 +1,136 @@
+"""One client's round as three pure functions (FedJAX's client_init/step/final).
+
+  carry  = loop.init(x_t, broadcast(s_t), η)       y_0 = x_t, local = init_local(…)
+  carry  = loop.step(carry, g_k, loss_k, n_k, η)   one minibatch: the recipe's local_step
+  result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i
+  sums   = client_sums(result, metrics, …)         what is summed over clients
+
+Executions differ only in how they get g_k: the per-client TFF computation
+reads it from the model's variables, the cohort program from a functional
+view of the model (`functional.py`), over many clients at once. Nothing of an
+algorithm is written here: `recipe.init_local`, `local_step` and `upload` are.
+"""
+
+import collections
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_adaptive.accounting import drift
+from tff_adaptive.rounds import recipe as recipe_lib
+
+DRIFT_KEYS = ('drift_delta_sum', 'drift_delta_n', 'drift_model_sum', 'drift_model_n')
+
+
+class ClientResult(NamedTuple):
+  delta: list          # Δ_i (zeroed when non-finite)
+  extra: Any           # the recipe's extra upload, float32
+  weight: tf.Tensor    # the client's aggregation weight (0 when Δ_i is non-finite)
+  stats: Any           # OrderedDict of counters (first_minibatch_loss, local_steps, ...)
+
+
+def tuples(structure):
+  """Lists → tuples: loop state would stack a list into one tensor."""
+  if isinstance(structure, (list, tuple)):
+    return tuple(tuples(x) for x in structure)
+  if isinstance(structure, dict):
+    return type(structure)((k, tuples(v)) for k, v in structure.items())
+  return structure
+
+
+def zero_if_non_finite(tensors):
+  """(tensors, non_finite): all zeros when any value is NaN or ±inf."""
+  non_finite = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
+  return [tf.where(non_finite, tf.zeros_like(t), t) for t in tensors], non_finite
+
+
+def client_weight(num_examples, non_finite, weighting: tff.learning.ClientWeighting):
+  """The aggregation weight: examples or 1; 0 for a client whose update is dropped."""
+  if weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
+    weight = tf.cast(num_examples, tf.float32)
+  else:
+    weight = tf.constant(1.0)
+  return tf.where(non_finite, 0.0, weight)
+
+
+class ClientLoop:
+  """The recipe's client side, as functions of tensors only."""
+
+  def __init__(self, recipe: recipe_lib.Recipe, weighting: tff.learning.ClientWeighting,
+               measure_client_drift: bool = False):
+    self.recipe = recipe
+    self.weighting = weighting
+    self.measure_client_drift = measure_client_drift
+
+  def init(self, x_t, broadcast_value):
+    x_t = tuple(x_t)
+    return collections.OrderedDict(
+        y=x_t,
+        local=tuples(self.recipe.init_local(broadcast_value, list(x_t))),
+        g0=tuple(tf.zeros_like(v) for v in x_t) if self.recipe.uses_first_gradient else (),
+        first_loss=tf.constant(0.0),
+        num_examples=tf.constant(0, tf.int64),
+        step=tf.constant(0, tf.int32))
+
+  def step(self, carry, grads, loss, num_examples, lr):
+    grads = tuple(grads)
+    is_first = tf.equal(carry['step'], 0)
+    g0 = carry['g0']
+    if self.recipe.uses_first_gradient:
+      # A cond, not tf.where: no copy of the model-sized gradient per step.
+      g0 = tf.cond(is_first, lambda: grads, lambda: g0)
+    # Tuples throughout: TFF optimisers insist that weights and state have the
+    # same structure.
+    local, y = self.recipe.local_step(carry['local'], carry['y'], grads, lr, carry['step'])
+    return collections.OrderedDict(
+        y=tuple(y), local=tuples(local), g0=g0,
+        first_loss=tf.where(is_first, tf.cast(loss, tf.float32), carry['first_loss']),
+        num_examples=carry['num_examples'] + tf.cast(num_examples, tf.int64),
+        step=carry['step'] + 1)
+
+  def final(self, carry, x_t) -> ClientResult:
+    delta, non_finite = zero_if_non_finite([a - b for a, b in zip(x_t, carry['y'])])
+    weight = client_weight(carry['num_examples'], non_finite, self.weighting)
+    extra = (_as_float32(self.recipe.upload(carry['local'], carry['g0']))
+             if self.recipe.upload is not None else ())
+    stats = collections.OrderedDict(
+        first_minibatch_loss=carry['first_loss'], local_steps=carry['step'],
+        num_examples=carry['num_examples'])
+    if self.measure_client_drift:
+      # Unit vectors only: their sum over clients gives the mean pairwise
+      # cosine (accounting/drift.py), so no per-client upload is collected.
+      stats['drift_delta_sum'], stats['drift_delta_n'] = drift.unit_vector(delta)
+      stats['drift_model_sum'], stats['drift_model_n'] = drift.unit_vector(list(carry['y']))
+    return ClientResult(delta, extra, weight, stats)
+
+
+def client_sums(result: ClientResult, local_metrics, *, fused_mean: bool, delta_structure):
+  """Everything one client adds to the round's single `federated_sum`.
+
+  Each per-client intrinsic is a call in TFF's executor, so the counters
+  (steps, examples, first loss, clients; Σ steps² for the equal-K check), the
+  model's unfinalized metrics and, when the mean is fused, w·Δ, w·extra and w
+  travel in one structure. Returns (sums, delta) where delta is Δ packed as
+  `delta_structure` (for a composed aggregator).
+  """
+  steps = tf.cast(result.stats['local_steps'], tf.int64)
+  sums = collections.OrderedDict(
+      metrics=local_metrics,
+      first_minibatch_loss=result.stats['first_minibatch_loss'],
+      num_examples=result.stats['num_examples'], local_steps=steps,
+      local_steps_squared=steps * steps, clients=tf.constant(1, tf.int64))
+  for key in DRIFT_KEYS:
+    if key in result.stats:
+      sums[key] = result.stats[key]
+  delta = tf.nest.pack_sequence_as(delta_structure, result.delta)
+  if fused_mean:
+    weight = result.weight
+    sums['weighted_delta'] = tf.nest.map_structure(lambda t: t * weight, delta)
+    sums['weighted_extra'] = tf.nest.map_structure(lambda t: t * weight, result.extra)
+    sums['weight'] = weight
+  return sums, delta
+
+
+def _as_float32(structure):
+  return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), structure)

@@ -1,0 +1,212 @@
+"""Execution 1: every client its own call of a TFF computation (TFF's model).
+
+  next(state, client_datasets):
+    message = broadcast(x_t, broadcast(s_t), (η, K))
+    per client (tff.federated_map): y_k from the model's variables over its
+      tf.data batches; `client.ClientLoop` does the algorithm's part
+    one federated_sum of the client sums (the mean fused in), or Δ through
+      `model_aggregator` / `upload_compression`
+    server: `server.ServerRound`
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.rounds import layout
+from tff_adaptive.rounds import model_info as model_info_lib
+from tff_adaptive.rounds import options as options_lib
+from tff_adaptive.rounds import recipe as recipe_lib
+from tff_adaptive.rounds import server as server_lib
+
+
+def _batches(dataset, steps):
+  """K > 0: exactly K batches, cycling the data; K <= 0: the dataset as given."""
+  steps64 = tf.cast(steps, tf.int64)
+  cycle = steps64 > 0
+  return dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
+      tf.where(cycle, steps64, -1))
+
+
+def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate: bool):
+  """One client's round on the model's variables: Δ_i, extra_i, weight, stats."""
+  variables = tff.learning.models.ModelWeights.from_model(model)
+  tf.nest.map_structure(lambda v, t: v.assign(t), variables, message['model_weights'])
+  trainable = list(tf.nest.flatten(variables.trainable))
+  x_t = [tf.identity(v) for v in trainable]
+  lr = message['hparams']['learning_rate']
+  carry = loop.init(x_t, message['broadcast'])
+  batches = _batches(dataset, message['hparams']['local_steps'])
+  # An iterator loop, not `for batch in dataset` (which autograph lowers to
+  # `dataset.reduce`): in TFF's C++ executor the reduce form costs ~3x more per
+  # client (bench/results, docs/performance.md).
+  for batch in (iter(batches) if iterate else batches):
+    for v, w in zip(trainable, carry['y']):
+      v.assign(w)
+    with tf.GradientTape() as tape:
+      output = model.forward_pass(batch, training=True)
+    grads = tape.gradient(output.loss, trainable)
+    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+             for g, v in zip(grads, trainable)]
+    carry = loop.step(carry, grads, output.loss, output.num_examples, lr)
+  return loop.final(carry, x_t), variables.trainable
+
+
+def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
+          local_steps: int, options: options_lib.RoundOptions,
+          info: model_info_lib.ModelInfo) -> tff.learning.templates.LearningProcess:
+  """The per-client `LearningProcess` of `recipe` (see `composer.build_process`)."""
+  metrics_aggregator = options.metrics_aggregator
+  if metrics_aggregator is tff.learning.metrics.sum_then_finalize:
+    metrics_aggregator = None  # what the fused sum computes
+  fused_mean = options.fused_mean and metrics_aggregator is None
+  loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)
+  iterate = (options.loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
+             ) == tff.learning.LoopImplementation.DATASET_ITERATOR
+  message_type = info.message_type
+
+  def client_round(model, message, dataset):
+    result, trainable = client_update(model, loop, message, dataset, iterate)
+    local_metrics = model.report_local_unfinalized_metrics()
+    sums, delta = client_lib.client_sums(
+        result, local_metrics if metrics_aggregator is None else (),
+        fused_mean=fused_mean, delta_structure=trainable)
+    if fused_mean:
+      return sums
+    return delta, result.extra, result.weight, sums, (
+        () if metrics_aggregator is None else local_metrics)
+
+  @tff.tensorflow.computation(message_type, tff.SequenceType(info.element_type))
+  def client_round_fn(message, dataset):
+    model = info.client_model()  # variables must be created outside the tf.function
+    return tf.function(lambda *args: client_round(model, *args))(message, dataset)
+
+  client_result = client_round_fn.type_signature.result
+  if fused_mean:
+    sums_type = client_result
+    delta_type, extra_type = client_result.weighted_delta, client_result.weighted_extra
+    local_metrics_type = None
+  else:
+    delta_type, extra_type, _, sums_type, local_metrics_type = client_result
+  aggregation = _Aggregation(options, recipe, delta_type, extra_type)
+  server_round = server_lib.ServerRound(
+      recipe, info.costs(recipe, delta_type, extra_type, options.fb_flops_per_example),
+      info.finalizers if metrics_aggregator is None else None, options.measure_client_drift)
+
+  if fused_mean:
+    @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE, sums_type)
+    def server_round_fn(model_weights, stats, hparams, sums):
+      return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
+  else:
+    @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE,
+                                sums_type, delta_type, extra_type, tff.TensorType(np.float64))
+    def server_round_fn(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits):
+      return server_round(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits)
+
+  initialize_fn = layout.initial_state_computation(
+      info.model_fn, client_learning_rate, local_steps, aggregation.delta, info.init_stats)
+  state_type = initialize_fn.type_signature.result
+  if fused_mean:  # MeanFactory's (tensor-free) measurements, as every path reports them
+    no_measurements = layout.tensor_free_value(
+        aggregation.delta.next.type_signature.result.measurements)
+
+  @tff.federated_computation(state_type, tff.FederatedType(tff.SequenceType(info.element_type),
+                                                           tff.CLIENTS))
+  def next_fn(state, client_data):
+    message = tff.federated_broadcast(tff.federated_map(
+        info.server_message_fn, (state.global_model_weights, state.finalizer, state.client_work)))
+    server_args = (state.global_model_weights, state.finalizer, state.client_work)
+    train_metrics = None
+    if fused_mean:
+      sums = tff.federated_sum(tff.federated_map(client_round_fn, (message, client_data)))
+      server = tff.federated_map(server_round_fn, (*server_args, sums))
+      aggregator_state = state.aggregator
+      measurements = tff.federated_value(no_measurements, tff.SERVER)
+    else:
+      delta, extra, weight, client_sums, local_metrics = tff.federated_map(
+          client_round_fn, (message, client_data))
+      if metrics_aggregator is not None:
+        train_metrics = metrics_aggregator(info.finalizers, local_metrics_type)(local_metrics)
+      aggregator_state, measurements, mean_delta, mean_extra, bits = aggregation(
+          state.aggregator, delta, extra, weight)
+      server = tff.federated_map(server_round_fn, (
+          *server_args, tff.federated_sum(client_sums), mean_delta, mean_extra, bits))
+    return output(state, server, aggregator_state, measurements, train_metrics,
+                  options.measure_client_drift)
+
+  return finish_process(initialize_fn, next_fn, state_type, info, recipe)
+
+
+class _Aggregation:
+  """Δ (and the extra upload) through `model_aggregator` or `upload_compression`."""
+
+  def __init__(self, options: options_lib.RoundOptions, recipe, delta_type, extra_type):
+    self.options = options
+    self.has_extra = recipe.upload is not None
+    factory = options.model_aggregator or tff.aggregators.MeanFactory()
+    weight_type = tff.TensorType(np.float32)
+    if options.upload_compression is not None:
+      joint_type = tff.StructWithPythonType([('delta', delta_type), ('extra', extra_type)],
+                                            collections.OrderedDict)
+      self.delta = options.upload_compression.create(joint_type, weight_type)
+    elif options.weighted:
+      self.delta = factory.create(delta_type, weight_type)
+    else:
+      self.delta = factory.create(delta_type)
+    self.extra = tff.aggregators.MeanFactory().create(extra_type, weight_type)
+    # The extra upload's mean keeps no state: a constant, not a part of the
+    # process state (whose `aggregator` is `model_aggregator`'s).
+    extra_state_type = self.extra.initialize.type_signature.result
+    if any(True for _ in layout.leaves(extra_state_type)):
+      raise AssertionError('the extra upload aggregator must be stateless')
+    self.extra_state = layout.tensor_free_value(extra_state_type)
+
+  def __call__(self, state, delta, extra, weight):
+    """(state, measurements, mean Δ, mean extra, measured upload bits), all at SERVER."""
+    if self.options.upload_compression is not None:
+      agg = self.delta.next(
+          state, tff.federated_zip(collections.OrderedDict(delta=delta, extra=extra)), weight)
+      return (agg.state, agg.measurements, agg.result.delta, agg.result.extra,
+              agg.measurements.upload_bits_per_client)
+    agg = (self.delta.next(state, delta, weight) if self.options.weighted
+           else self.delta.next(state, delta))
+    if self.has_extra:
+      mean_extra = self.extra.next(
+          tff.federated_value(self.extra_state, tff.SERVER), extra, weight).result
+    else:  # nothing besides Δ goes up: no aggregation of an empty structure
+      mean_extra = tff.federated_value((), tff.SERVER)
+    return (agg.state, agg.measurements, agg.result, mean_extra,
+            tff.federated_value(np.float64(-1.0), tff.SERVER))
+
+
+def output(state, server, aggregator_state, measurements, train_metrics, measure_client_drift):
+  """The round's `LearningProcessOutput` in TFF's layout (federated values)."""
+  new_weights, new_stats, round_metrics = server
+  new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+      global_model_weights=new_weights, distributor=state.distributor,
+      client_work=state.client_work, aggregator=aggregator_state, finalizer=new_stats))
+  if train_metrics is None:
+    train_metrics = round_metrics.train
+  metrics = collections.OrderedDict(
+      distributor=tff.federated_value((), tff.SERVER),
+      client_work=tff.federated_zip(collections.OrderedDict(
+          train=train_metrics, first_minibatch_loss=round_metrics.first_minibatch_loss)),
+      aggregator=measurements,
+      finalizer=tff.federated_value((), tff.SERVER),
+      cost=round_metrics.cost)
+  if measure_client_drift:
+    metrics['client_drift'] = round_metrics.client_drift
+  return tff.learning.templates.LearningProcessOutput(new_state, tff.federated_zip(metrics))
+
+
+def finish_process(initialize_fn, next_fn, state_type, info, recipe, process_class=None, **kwargs):
+  """The `LearningProcess` around `next_fn` with TFF's weight and hparam accessors."""
+  get_model_weights, set_model_weights = layout.model_weights_fns(state_type.member,
+                                                                  info.weights_type)
+  get_hparams_fn, set_hparams_fn = layout.hparams_fns(state_type.member, recipe)
+  process_class = process_class or tff.learning.templates.LearningProcess
+  return process_class(initialize_fn, next_fn, get_model_weights, set_model_weights,
+                       get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn, **kwargs)

@@ -1,0 +1,51 @@
+"""`Recipe`: an algorithm's math as TF functions; every execution runs these."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Optional
+
+import tensorflow_federated as tff
+
+Structure = Any
+# Ops per parameter per local step of the optimiser, SPEC §8 (SGD: 2).
+DEFAULT_OPTIMIZER_OPS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """An algorithm's math as TF functions over lists of trainable tensors.
+
+  Attributes:
+    name: for messages.
+    init_stats: trainable TensorSpecs → s_0 (server-side statistics).
+    broadcast: s → what clients receive besides x (a sub-structure of s).
+    init_local: (broadcast value, y_0) → client optimiser state.
+    local_step: (local, y, g, η, k) → (local, y').
+    server_update: (x, s, Δ̄, mean extra upload, η, K) → (x', s').
+    upload: (local, g_0) → extra tensors averaged on the server, or None.
+    optimizer_ops_per_param: C in the FLOP model (SPEC §8).
+    The client optimiser memory reported is the float size of `init_local`'s
+    output (what a client holds besides the model).
+    equal_local_steps: the server step assumes every client ran exactly K
+      steps (FedGBO's inverse step); a round violating it fails loudly.
+    weighting: default client weighting.
+    uses_first_gradient: `upload` reads g_0 (MimeXlite); otherwise the client
+      loop does not keep it.
+    get_server_hparams: s → the server's hyperparameters (e.g. a server
+      optimiser's `get_hparams`), the `finalizer` part of `process.get_hparams`;
+      None: no server hyperparameters.
+    set_server_hparams: (s, hparams) → s.
+  """
+  name: str
+  init_stats: Callable[[list], Structure]
+  broadcast: Callable[[Structure], Structure]
+  init_local: Callable[[Structure, list], Structure]
+  local_step: Callable[..., tuple[Structure, list]]
+  server_update: Callable[..., tuple[list, Structure]]
+  upload: Optional[Callable[[Structure, list], Structure]] = None
+  optimizer_ops_per_param: float = DEFAULT_OPTIMIZER_OPS
+  equal_local_steps: bool = False
+  weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+  uses_first_gradient: bool = False
+  get_server_hparams: Optional[Callable[[Structure], Structure]] = None
+  set_server_hparams: Optional[Callable[[Structure, Structure], Structure]] = None
