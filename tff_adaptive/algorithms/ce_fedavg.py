@@ -17,7 +17,7 @@ Intelligence in IoT", IEEE IoT Journal 2020 (thesis ch. 3); SPEC §6.
                     3.2: 224|W| + (1−s)(24 + g_s)Σ|ω|).
 """
 
-from typing import Optional
+from typing import Any
 
 import tensorflow_federated as tff
 
@@ -35,10 +35,7 @@ def build_ce_fedavg(
     quantize: bool = True,
     local_steps: int = 0,
     bias_correction: bool = True,
-    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    metrics_aggregator=None,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
-    fb_flops_per_example: Optional[float] = None,
+    **options: Any,
 ) -> tff.learning.templates.LearningProcess:
   """CE-FedAvg: MFL-Adam whose uploads are compressed (module docstring).
 
@@ -48,6 +45,10 @@ def build_ce_fedavg(
   The aggregation is the compression itself: no `model_aggregator` or
   `model_distributor`.
   """
+  for refused in ('model_aggregator', 'upload_compression', 'model_distributor'):
+    if options.get(refused) is not None:
+      raise ValueError(f'ce_fedavg: {refused} is not supported: the aggregation is the '
+                       'compression itself')
   kind = adapters.describe(client_optimizer_fn, algorithm='ce_fedavg').kind
   if kind not in ('adam', 'paper_adam'):
     raise ValueError(f'ce_fedavg runs Adam clients: client_optimizer_fn must be an Adam '
@@ -55,7 +56,5 @@ def build_ce_fedavg(
                      f'tff_adaptive.optimizers.build_paper_client_adam); got {kind}')
   return mfl.build_mfl(
       model_fn, client_optimizer_fn, local_steps=local_steps, bias_correction=bias_correction,
-      client_weighting=client_weighting, metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation,
       upload_compression=compression.SharedIndexCompressionFactory(sparsity, quantize),
-      upload_state_deltas=True, fb_flops_per_example=fb_flops_per_example)
+      upload_state_deltas=True, **options)

@@ -24,7 +24,7 @@ sub-linear. DP: pass an unweighted DP factory as `model_aggregator` (see
 """
 
 import collections
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -123,14 +123,8 @@ def build_fedada2(
     local_steps: int = 0,
     preconditioner: str = 'none',
     warmup: bool = False,
-    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    model_distributor=None,
-    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
-    metrics_aggregator=None,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
-    upload_compression=None,
     ops_per_param: Optional[float] = None,
-    fb_flops_per_example: Optional[float] = None,
+    **options: Any,
 ) -> tff.learning.templates.LearningProcess:
   """FedAda2 / DJA / no-PC (see module docstring).
 
@@ -163,8 +157,4 @@ def build_fedada2(
       model_fn, fedada2_recipe(client_optimizer_fn, server_optimizer_fn,
                                preconditioner=preconditioner, warmup=warmup,
                                ops_per_param=ops_per_param),
-      client_learning_rate=learning_rate, local_steps=local_steps,
-      model_aggregator=model_aggregator, client_weighting=client_weighting,
-      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression,
-      model_distributor=model_distributor, metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation)
+      client_learning_rate=learning_rate, local_steps=local_steps, **options)

@@ -21,7 +21,7 @@ The tracking is the server step of the recipe; clients' Δ go through any
 `tff.aggregators` factory (`model_aggregator`).
 """
 
-from typing import Optional
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -81,13 +81,7 @@ def build_fedgbo(
     *,
     local_steps: int,
     upload: str = 'model',
-    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    model_distributor=None,
-    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
-    metrics_aggregator=None,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
-    upload_compression=None,
-    fb_flops_per_example: Optional[float] = None,
+    **options: Any,
 ) -> tff.learning.templates.LearningProcess:
   """FedGBO (see module docstring).
 
@@ -105,13 +99,12 @@ def build_fedgbo(
       Others (Yogi, SM3, ...) are refused with a ValueError.
     local_steps: K, identical for every client (required).
     upload: 'model' (the paper's default) or 'average_gradient'.
-    client_weighting: default UNIFORM (the paper; the exact-tracking identity
-      needs it).
-    model_distributor: not supported (ValueError): x_t and s_t go down together.
-    model_aggregator: `tff.aggregators` factory for Δ.
-    metrics_aggregator, loop_implementation: as in TFF's builders.
-    upload_compression: see `composer.build_process`.
-    fb_flops_per_example: for the FLOP measurement; None: counted from the model.
+    **options: `composer.RoundOptions` fields as keywords: TFF's
+      `client_weighting`, `model_aggregator`, `metrics_aggregator`,
+      `loop_implementation` (`model_distributor` is refused), and the
+      package's `upload_compression`, `fb_flops_per_example`,
+      `measure_client_drift`, `execution` ('per_client', 'cohort' or a
+      `tff_adaptive.rounds.cohort.CohortExecution`).
 
   FedGBO has no server optimiser (x_{t+1} = x_t − Δ̄), so no
   `server_optimizer_fn`.
@@ -121,7 +114,4 @@ def build_fedgbo(
   optimizer, learning_rate = adapters.to_biased(client_optimizer_fn, algorithm='fedgbo')
   return composer.build_process(
       model_fn, fedgbo_recipe(optimizer, upload), client_learning_rate=learning_rate,
-      local_steps=local_steps, model_aggregator=model_aggregator,
-      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
-      upload_compression=upload_compression, model_distributor=model_distributor,
-      metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)
+      local_steps=local_steps, **options)

@@ -123,14 +123,8 @@ def build_fedopt(
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
     local_steps: int = 0,
-    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    model_distributor=None,
-    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
-    metrics_aggregator=None,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
-    upload_compression=None,
-    fb_flops_per_example: Optional[float] = None,
     algorithm: str = 'fedopt',
+    **options: Any,
 ) -> tff.learning.templates.LearningProcess:
   """FedOpt: any client optimiser, any server optimiser on Δ̄ (module docstring).
 
@@ -143,14 +137,12 @@ def build_fedopt(
     server_optimizer_fn: default `build_sgdm(1.0)` (FedAvg).
     local_steps: K > 0: exactly K minibatch steps per client (cycling its
       data); 0: one pass over the client's dataset as given (E epochs).
-    client_weighting: default NUM_EXAMPLES (the paper).
-    model_distributor: not supported (ValueError; see `composer`).
-    model_aggregator: a `tff.aggregators` factory for Δ (weighted, or
-      unweighted with uniform weighting; DP factories are unweighted).
-    metrics_aggregator, loop_implementation: as in TFF's builders.
-    upload_compression: see `composer.build_process`.
-    fb_flops_per_example: forward+backward FLOPs per example; None: counted
-      from the model (see `composer.count_fb_flops`).
+    **options: `composer.RoundOptions` fields as keywords: TFF's
+      `client_weighting`, `model_aggregator`, `metrics_aggregator`,
+      `loop_implementation` (`model_distributor` is refused), and the
+      package's `upload_compression`, `fb_flops_per_example`,
+      `measure_client_drift`, `execution` ('per_client', 'cohort' or a
+      `tff_adaptive.rounds.cohort.CohortExecution`).
     algorithm: the name in messages (`build_fedadam` etc. pass theirs).
   """
   model_fn = composer.variable_model_fn(model_fn, algorithm)
@@ -162,10 +154,7 @@ def build_fedopt(
       model_fn, fedopt_recipe(server_optimizer_fn, client, info.ops_per_param(moving=True),
                               name=algorithm),
       client_learning_rate=adapters.learning_rate(client_optimizer_fn, algorithm=algorithm),
-      local_steps=local_steps, model_aggregator=model_aggregator,
-      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
-      upload_compression=upload_compression, model_distributor=model_distributor,
-      metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)
+      local_steps=local_steps, **options)
 
 
 def _named(algorithm: str, server_name: str):

@@ -14,7 +14,7 @@ the thesis's FedAvg-Adam (ch. 3/4), the base of CE-FedAvg.
   network per client: down |x| + |s|, up |x| + |s|.
 """
 
-from typing import Optional
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -66,14 +66,8 @@ def build_mfl(
     *,
     local_steps: int = 0,
     bias_correction: bool = False,
-    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    model_distributor=None,
-    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
-    metrics_aggregator=None,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
-    upload_compression=None,
     upload_state_deltas: bool = False,
-    fb_flops_per_example: Optional[float] = None,
+    **options: Any,
 ) -> tff.learning.templates.LearningProcess:
   """MFL (see module docstring); `local_steps=0` runs epochs.
 
@@ -88,8 +82,4 @@ def build_mfl(
                                                 bias_correction=bias_correction)
   return composer.build_process(
       model_fn, mfl_recipe(optimizer, upload_state_deltas),
-      client_learning_rate=learning_rate, local_steps=local_steps,
-      model_aggregator=model_aggregator, client_weighting=client_weighting,
-      fb_flops_per_example=fb_flops_per_example, upload_compression=upload_compression,
-      model_distributor=model_distributor, metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation)
+      client_learning_rate=learning_rate, local_steps=local_steps, **options)

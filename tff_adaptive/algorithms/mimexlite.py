@@ -20,7 +20,7 @@ exactly TFF's Mimelite (tested).
 """
 
 import collections
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -74,13 +74,8 @@ def build_mimexlite(
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
     local_steps: int,
-    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    model_distributor=None,
-    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
-    metrics_aggregator=None,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
     ops_per_param: Optional[float] = None,
-    fb_flops_per_example: Optional[float] = None,
+    **options: Any,
 ) -> tff.learning.templates.LearningProcess:
   """MimeXlite (see module docstring).
 
@@ -106,9 +101,8 @@ def build_mimexlite(
   adapters.describe(server_optimizer_fn, algorithm='mimexlite', role='server_optimizer_fn')
   if ops_per_param is None:
     ops_per_param = info.ops_per_param(moving=False)
+  if options.get('upload_compression') is not None:
+    raise ValueError('mimexlite: upload_compression is not supported')
   return composer.build_process(
       model_fn, mimexlite_recipe(client_optimizer_fn, server_optimizer_fn, ops_per_param),
-      client_learning_rate=learning_rate, local_steps=local_steps,
-      model_aggregator=model_aggregator, client_weighting=client_weighting,
-      fb_flops_per_example=fb_flops_per_example, model_distributor=model_distributor,
-      metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)
+      client_learning_rate=learning_rate, local_steps=local_steps, **options)

@@ -1,0 +1,311 @@
+"""Execution 2: the whole cohort's round as one compiled program.
+
+  next(state, shards):                         shards: `cohort_data` padded tensors
+    message = (x_t, broadcast(s_t), (η, K))
+    per shard, one TF program:
+      for each client (tf.vectorized_map, or tf.map_fn in sequence):
+        carry = loop.init(x_t, broadcast)                       client.ClientLoop
+        for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
+                                       carry = loop.step(carry, g, loss, n, η)
+        result = loop.final(carry, x_t)
+      Σ over clients of client.client_sums(result)   (the per-client round's sums)
+    Σ over shards; server.ServerRound.from_weighted_sums (the per-client server step)
+
+The algorithm's math is the recipe's, run by the same `ClientLoop` and
+`ServerRound` as the per-client execution; only where the gradient comes from
+differs (`functional.FunctionalView` instead of the model's variables).
+
+It is a TFF `LearningProcess`: `initialize`, the state (`layout.py`), the
+accessors and `process.next`'s TFF computation (shards as a CLIENTS-placed
+value, one federated_sum) are those of the per-client process, so runs switch
+execution and resume from the same checkpoints, and TFF executors (several
+machines: one shard per worker) run it. In one process, `in_process=True`
+(the default) runs the same shard program as a `tf.function`, without
+serialising the data through TFF's executor (which costs more than the
+round's arithmetic for small models: docs/performance.md).
+
+Supported: the example-weighted or uniform mean (fused, as per client).
+Other aggregators, metrics aggregators and models without a functional view
+run per client (`build_or_explain` warns once, naming the reason).
+"""
+
+import collections
+import dataclasses
+import warnings
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.rounds import cohort_data
+from tff_adaptive.rounds import functional
+from tff_adaptive.rounds import layout
+from tff_adaptive.rounds import model_info as model_info_lib
+from tff_adaptive.rounds import options as options_lib
+from tff_adaptive.rounds import per_client
+from tff_adaptive.rounds import recipe as recipe_lib
+from tff_adaptive.rounds import server as server_lib
+
+MODES = ('auto', 'vectorized', 'sequential')
+
+
+@dataclasses.dataclass(frozen=True)
+class CohortExecution:
+  """How the cohort program runs.
+
+  Attributes:
+    mode: 'vectorized' (clients in parallel, `tf.vectorized_map`),
+      'sequential' (`tf.map_fn`), or 'auto': sequential for models with
+      convolutions or recurrent layers (pfor runs their gradients as while
+      loops: slower than in sequence, docs/performance.md), else vectorized.
+    in_process: run the shard program as a `tf.function` in this process
+      (single-machine simulation); False: through the current TFF context.
+    num_shards: split the cohort into this many shards (e.g. one per TFF
+      worker); None: by size, so that padding stays under `max_waste`.
+    max_waste: see `cohort_data.group_by_size`.
+  """
+  mode: str = 'auto'
+  in_process: bool = True
+  num_shards: Optional[int] = None
+  max_waste: float = 0.25
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f'mode must be one of {", ".join(MODES)}; got {self.mode!r}')
+    if self.num_shards is not None and self.num_shards < 1:
+      raise ValueError(f'num_shards must be at least 1; got {self.num_shards}')
+    if not 0.0 <= self.max_waste < 1.0:
+      raise ValueError(f'max_waste must be in [0, 1); got {self.max_waste}')
+
+
+def execution_of(options: options_lib.RoundOptions) -> CohortExecution:
+  execution = options.execution
+  return CohortExecution() if isinstance(execution, str) else execution
+
+
+def unsupported_reason(options: options_lib.RoundOptions, model_fn) -> Optional[str]:
+  """Why this round cannot run as a cohort program (None: it can)."""
+  if options.upload_compression is not None:
+    return 'upload_compression is applied per client'
+  if options.model_aggregator is not None:
+    return f'the aggregator {type(options.model_aggregator).__name__} runs per client'
+  if options.metrics_aggregator not in (None, tff.learning.metrics.sum_then_finalize):
+    return 'a metrics_aggregator runs per client'
+  try:
+    functional.FunctionalView(model_fn)
+  except functional.Unsupported as e:
+    return str(e)
+  return None
+
+
+def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kwargs):
+  """The cohort process, or the per-client one with a one-line warning why."""
+  reason = unsupported_reason(options, model_fn)
+  if reason is not None:
+    warnings.warn(f'{recipe.name}: the cohort execution does not apply ({reason}); the round '
+                  'runs per client', stacklevel=3)
+    return per_client.build(model_fn, recipe, info=info, options=options, **kwargs)
+  return build(model_fn, recipe, info=info, options=options, **kwargs)
+
+
+def shard_type(element_type) -> tff.Type:
+  """The TFF type of one shard: each batch leaf gains [clients, steps] dimensions."""
+  batches = tff.types.type_to_tf_tensor_specs(element_type)
+  batches = tf.nest.map_structure(
+      lambda s: tf.TensorSpec([None, None, None] + list(s.shape[1:]), s.dtype), batches)
+  return tff.StructWithPythonType(
+      [('batches', tff.types.tensorflow_to_type(batches)),
+       ('mask', tff.TensorType(np.float32, [None, None, None]))], collections.OrderedDict)
+
+
+class CohortProgram:
+  """The shard program: Σ over a shard's clients of their round sums."""
+
+  def __init__(self, view: functional.FunctionalView, loop: client_lib.ClientLoop,
+               vectorized: bool, trainable_structure):
+    self.view = view
+    self.loop = loop
+    self.vectorized = vectorized
+    self._trainable_structure = trainable_structure
+
+  def __call__(self, message, shard):
+    x_t = [tf.convert_to_tensor(t) for t in tf.nest.flatten(message['model_weights'].trainable)]
+    one = lambda args: self._one_client(message, x_t, *args)
+    elems = (shard['batches'], shard['mask'])
+    if self.vectorized:
+      sums = tf.vectorized_map(one, elems, fallback_to_while_loop=True)
+    else:
+      sums = tf.map_fn(one, elems, fn_output_signature=self._signature(message, x_t, shard))
+    return tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sums)
+
+  def _signature(self, message, x_t, shard):
+    first = tf.nest.map_structure(lambda t: t[0], (shard['batches'], shard['mask']))
+    graph = tf.function(lambda b, m: self._one_client(message, x_t, b, m)).get_concrete_function(
+        *tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first))
+    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                                 graph.structured_outputs)
+
+  def _one_client(self, message, x_t, batches, mask):
+    lr = message['hparams']['learning_rate']
+    carry = self.loop.init(x_t, message['broadcast'])
+    metrics = self.view.zero_metrics()
+
+    def body(s, carry, metrics):
+      batch = tf.nest.map_structure(lambda t: t[s], batches)
+      rows = mask[s]
+      grads, loss, data_loss, predictions = self.view.loss_and_grads(carry['y'], batch, rows)
+      n = tf.reduce_sum(rows)
+      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr)
+      counted = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
+      # A step without real rows (a shorter client) changes nothing.
+      active = n > 0
+      keep = lambda new, old: tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, old)
+      return s + 1, keep(stepped, carry), keep(counted, metrics)
+
+    _, carry, metrics = tf.while_loop(lambda s, *_: s < tf.shape(mask)[0], body,
+                                      (tf.constant(0), carry, metrics))
+    result = self.loop.final(carry, x_t)
+    sums, _ = client_lib.client_sums(result, metrics, fused_mean=True,
+                                     delta_structure=self._trainable_structure)
+    return sums
+
+
+def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
+          options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
+  """The cohort `LearningProcess` (see module docstring)."""
+  execution = execution_of(options)
+  view = functional.FunctionalView(model_fn)
+  vectorized = (execution.mode == 'vectorized' or
+                (execution.mode == 'auto' and not view.has_conv_or_rnn))
+  loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)
+  trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
+  program = CohortProgram(view, loop, vectorized, trainable_structure)
+  data_type = shard_type(info.element_type)
+
+  @tff.tensorflow.computation(info.message_type, data_type)
+  def shard_fn(message, shard):
+    return program(message, shard)
+
+  sums_type = shard_fn.type_signature.result
+  server_round = server_lib.ServerRound(
+      recipe, info.costs(recipe, sums_type.weighted_delta, sums_type.weighted_extra,
+                         options.fb_flops_per_example),
+      info.finalizers, options.measure_client_drift)
+
+  @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE, sums_type)
+  def server_round_fn(model_weights, stats, hparams, sums):
+    return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
+
+  mean = tff.aggregators.MeanFactory().create(sums_type.weighted_delta,
+                                              tff.TensorType(np.float32))
+  initialize_fn = layout.initial_state_computation(
+      info.model_fn, client_learning_rate, local_steps, mean, info.init_stats)
+  state_type = initialize_fn.type_signature.result
+  no_measurements = layout.tensor_free_value(mean.next.type_signature.result.measurements)
+
+  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, shards):
+    message = tff.federated_broadcast(tff.federated_map(
+        info.server_message_fn, (state.global_model_weights, state.finalizer, state.client_work)))
+    sums = tff.federated_sum(tff.federated_map(shard_fn, (message, shards)))
+    server = tff.federated_map(server_round_fn, (
+        state.global_model_weights, state.finalizer, state.client_work, sums))
+    return per_client.output(state, server, state.aggregator,
+                             tff.federated_value(no_measurements, tff.SERVER), None,
+                             options.measure_client_drift)
+
+  # Keras metric finalizers build metrics (variables) when called: in-process,
+  # they run eagerly on the summed values, outside the server's tf.function.
+  unfinalized = server_lib.ServerRound(recipe, server_round.costs, None,
+                                       options.measure_client_drift)
+  in_process = _InProcessNext(next_fn, recipe, program, unfinalized, info, data_type,
+                              no_measurements, options.measure_client_drift)
+  return per_client.finish_process(
+      initialize_fn, next_fn, state_type, info, recipe, process_class=CohortProcess,
+      execution=execution, in_process_next=in_process if execution.in_process else None,
+      vectorized=vectorized)
+
+
+class CohortProcess(tff.learning.templates.LearningProcess):
+  """A `LearningProcess` whose `next` takes padded shards (`make_shards`).
+
+  `next` is the in-process program when `execution.in_process` (it has the
+  TFF computation's `type_signature`), else the TFF computation itself,
+  which is always `tff_next`.
+  """
+
+  def __init__(self, *args, execution: CohortExecution, in_process_next, vectorized: bool,
+               **kwargs):
+    super().__init__(*args, **kwargs)
+    self.execution = execution
+    self.vectorized = vectorized
+    self._in_process_next = in_process_next
+    self.shard_stats = cohort_data.ShardStats()
+
+  @property
+  def next(self):
+    return self._in_process_next or super().next
+
+  @property
+  def tff_next(self) -> tff.Computation:
+    return super().next
+
+  def make_shards(self, client_batches, num_shards: Optional[int] = None):
+    """Padded shards from each client's batches (`cohort_data.client_batches`)."""
+    return cohort_data.shards(client_batches, num_shards or self.execution.num_shards,
+                              self.execution.max_waste, self.shard_stats)
+
+
+class _InProcessNext:
+  """`process.next` as `tf.function`s in this process: same programs, no executor."""
+
+  def __init__(self, tff_next, recipe, program, server_round, info, data_type, no_measurements,
+               measure_client_drift):
+    self.type_signature = tff_next.type_signature
+    self._recipe = recipe
+    self._no_measurements = no_measurements
+    self._measure_client_drift = measure_client_drift
+    message_spec = tff.types.type_to_tf_tensor_specs(info.message_type)
+    shard_spec = tff.types.type_to_tf_tensor_specs(data_type)
+    # Relaxed shapes ([None] clients and steps): one trace for every cohort.
+    self._shard = tf.function(program, input_signature=[message_spec, shard_spec])
+    self._server_round = server_round
+    self._view = program.view
+    self._server = None
+    self._message = tf.function(lambda w, s, h: model_info_lib.server_message(recipe, w, s, h))
+
+  def __call__(self, state, shards):
+    weights, stats, hparams = _as_tensors((state.global_model_weights, state.finalizer,
+                                           state.client_work))
+    weights = tff.learning.models.ModelWeights(*weights)
+    message = self._message(weights, stats, hparams)
+    sums = None
+    for shard in shards:
+      shard_sums = self._shard(message, shard)
+      sums = shard_sums if sums is None else tf.nest.map_structure(tf.add, sums, shard_sums)
+    if self._server is None:
+      self._server = tf.function(self._server_round.from_weighted_sums)
+    new_weights, new_stats, metrics = self._server(weights, stats, hparams, sums)
+    metrics['train'] = self._view.finalize(sums['metrics'])
+    new_state = state._replace(
+        global_model_weights=_numpy_like(state.global_model_weights, new_weights),
+        finalizer=_numpy_like(state.finalizer, new_stats))
+    metrics = tf.nest.map_structure(np.asarray, metrics)
+    out = collections.OrderedDict(
+        distributor=(), client_work=collections.OrderedDict(
+            train=metrics['train'], first_minibatch_loss=metrics['first_minibatch_loss']),
+        aggregator=self._no_measurements, finalizer=(), cost=metrics['cost'])
+    if self._measure_client_drift:
+      out['client_drift'] = metrics['client_drift']
+    return tff.learning.templates.LearningProcessOutput(new_state, out)
+
+
+def _as_tensors(structure):
+  return tf.nest.map_structure(tf.convert_to_tensor, structure)
+
+
+def _numpy_like(like, tensors):
+  """`tensors` as NumPy values in the containers of `like` (what TFF returns)."""
+  return tf.nest.pack_sequence_as(like, [t.numpy() for t in tf.nest.flatten(tensors)])

@@ -1,0 +1,190 @@
+"""The cohort's client data as padded tensors: what one compiled round reads.
+
+A shard is `OrderedDict(batches=<the model's batch structure, each leaf
+[clients, steps, rows, ...]>, mask=[clients, steps, rows] float32)`: client c's
+step s holds its s-th minibatch in the first rows (mask 1), zeros after.
+A client with fewer steps than the shard's longest has all-zero masks there and
+stops updating; a partial batch is weighted by its real rows only
+(`functional.FunctionalView`), so a padded round equals the per-client one.
+
+Clients of very different sizes (epoch-based rounds) are grouped into shards of
+similar step counts, so that padding stays small; `ShardStats` measures it.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+ClientBatches = list  # of batches, each a structure of NumPy arrays [rows, ...]
+
+
+def client_batches(dataset: tf.data.Dataset, local_steps: int) -> ClientBatches:
+  """The batches one client trains on: exactly K (cycling, as the per-client
+  round does) or, for K <= 0, its dataset as given."""
+  if local_steps > 0:
+    dataset = dataset.repeat().take(local_steps)
+  return list(dataset.as_numpy_iterator())
+
+
+@dataclasses.dataclass
+class ShardStats:
+  """Rows in the shards: real (examples trained on) and padded (computed)."""
+  real_rows: int = 0
+  padded_rows: int = 0
+  shards: int = 0
+
+  @property
+  def waste(self) -> float:
+    """The share of computed rows that are padding."""
+    return 1.0 - self.real_rows / self.padded_rows if self.padded_rows else 0.0
+
+
+def pad(clients: Sequence[ClientBatches], batch_rows: Optional[int] = None):
+  """One shard from the clients' batches (see module docstring)."""
+  structure = next((batches[0] for batches in clients if batches), None)
+  if structure is None:
+    raise ValueError('pad: every client of the shard has no data')
+  steps = max(len(batches) for batches in clients)
+  rows = batch_rows or max(_rows(b) for batches in clients for b in batches)
+  leaves = tf.nest.flatten(structure)
+  arrays = [np.zeros((len(clients), steps, rows) + np.shape(leaf)[1:], np.asarray(leaf).dtype)
+            for leaf in leaves]
+  mask = np.zeros((len(clients), steps, rows), np.float32)
+  for c, batches in enumerate(clients):
+    for s, batch in enumerate(batches):
+      n = _rows(batch)
+      mask[c, s, :n] = 1.0
+      for array, leaf in zip(arrays, tf.nest.flatten(batch)):
+        array[c, s, :n] = leaf
+  return collections.OrderedDict(batches=tf.nest.pack_sequence_as(structure, arrays), mask=mask)
+
+
+def _rows(batch) -> int:
+  return int(np.shape(tf.nest.flatten(batch)[0])[0])
+
+
+def group_by_size(clients: Sequence[ClientBatches], num_shards: Optional[int] = None,
+                  max_waste: float = 0.25) -> list[list[int]]:
+  """Client indices grouped into shards of similar step counts.
+
+  `num_shards`: exactly that many (contiguous in size order, e.g. one per TFF
+  worker); None: a new shard starts when a client's steps would leave more than
+  `max_waste` of the shard's longest client padded.
+  """
+  order = sorted(range(len(clients)), key=lambda i: (-len(clients[i]), i))
+  if num_shards:
+    return [list(part) for part in np.array_split(order, min(num_shards, len(order))) if len(part)]
+  groups, longest = [], 0
+  for i in order:
+    steps = len(clients[i])
+    if not groups or steps < (1.0 - max_waste) * longest:
+      groups.append([])
+      longest = steps
+    groups[-1].append(i)
+  return groups
+
+
+def shards(clients: Sequence[ClientBatches], num_shards: Optional[int] = None,
+           max_waste: float = 0.25, stats: Optional[ShardStats] = None) -> list:
+  """The padded shards of a cohort; adds to `stats` if given."""
+  clients = list(clients)
+  if not any(clients):
+    raise ValueError('the sampled clients have no data')
+  rows = max(_rows(b) for batches in clients for b in batches)
+  result = []
+  for group in group_by_size(clients, num_shards, max_waste):
+    members = [clients[i] for i in group]
+    if not any(members):  # clients without data add nothing (weight 0 or 1: see below)
+      members = [[_empty_like(next(b for b in clients if b)[0])] for _ in members]
+    shard = pad(members, rows)
+    result.append(shard)
+    if stats is not None:
+      stats.real_rows += int(shard['mask'].sum())
+      stats.padded_rows += int(shard['mask'].size)
+      stats.shards += 1
+  return result
+
+
+def _empty_like(batch):
+  return tf.nest.map_structure(lambda a: np.asarray(a)[:0], batch)
+
+
+class ClientCache:
+  """Clients' batches kept as arrays, least recently used first out, under a byte budget.
+
+  Keyed by (client id, K): with the task's fixed shuffle seed a client's K
+  batches are the same every round, so they are read from tf.data once.
+  """
+
+  def __init__(self, dataset_fn: Callable[[Sequence[str]], Sequence[tf.data.Dataset]],
+               budget_bytes: int = 1 << 30):
+    self._dataset_fn = dataset_fn
+    self._budget = budget_bytes
+    self._entries: collections.OrderedDict = collections.OrderedDict()
+    self._bytes = 0
+    self._lock = threading.Lock()
+
+  @property
+  def nbytes(self) -> int:
+    return self._bytes
+
+  def get(self, client_ids: Sequence[str], local_steps: int) -> list[ClientBatches]:
+    with self._lock:
+      missing = [cid for cid in client_ids if (cid, local_steps) not in self._entries]
+    if missing:
+      built = [client_batches(ds, local_steps) for ds in self._dataset_fn(missing)]
+      with self._lock:
+        for cid, batches in zip(missing, built):
+          self._put((cid, local_steps), batches)
+    with self._lock:
+      result = []
+      for cid in client_ids:
+        key = (cid, local_steps)
+        batches = self._entries.get(key)
+        if batches is None:  # evicted meanwhile: larger than the budget
+          batches = client_batches(self._dataset_fn([cid])[0], local_steps)
+        else:
+          self._entries.move_to_end(key)
+        result.append(batches)
+      return result
+
+  def _put(self, key, batches):
+    size = sum(np.asarray(leaf).nbytes for b in batches for leaf in tf.nest.flatten(b))
+    if key in self._entries or size > self._budget:
+      return
+    self._entries[key] = batches
+    self._bytes += size
+    while self._bytes > self._budget:
+      _, old = self._entries.popitem(last=False)
+      self._bytes -= sum(np.asarray(leaf).nbytes for b in old for leaf in tf.nest.flatten(b))
+
+
+class Prefetcher:
+  """Builds the next round's shards on a background thread while this round trains."""
+
+  def __init__(self, build: Callable[..., Any]):
+    self._build = build
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                       thread_name_prefix='cohort-data')
+    self._pending: dict = {}
+
+  def prefetch(self, key, *args) -> None:
+    if key not in self._pending:
+      self._pending[key] = self._pool.submit(self._build, *args)
+
+  def get(self, key, *args):
+    future = self._pending.pop(key, None)
+    # Anything else pending is stale (the schedule changed K, say): dropped.
+    for stale in self._pending.values():
+      stale.cancel()
+    self._pending.clear()
+    return future.result() if future is not None else self._build(*args)
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True, cancel_futures=True)

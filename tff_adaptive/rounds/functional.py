@@ -1,0 +1,199 @@
+"""A `from_keras_model` VariableModel as pure functions of its weights.
+
+The cohort execution trains many clients in one program (vectorised with
+`tf.vectorized_map`, or in sequence), so it cannot keep a client's weights in
+variables. `FunctionalView` recomputes what the model's `forward_pass` computes
+from tensors: the Keras model is cloned with its variables replaced by the
+client's weights (the trick of TFF's `functional_model_from_keras`, which
+itself refuses to run outside graph mode), the loss is the model's loss on the
+real examples of a padded batch, and the metrics' unfinalized values are
+those `report_local_unfinalized_metrics` would hold.
+
+Padded batches: a batch of B rows with n real ones (mask 1) gives the same
+loss and gradient as the n rows alone, because the model's Keras loss reduces
+SUM_OVER_BATCH_SIZE: loss(y, ŷ, sample_weight=mask) · B / n. Other reductions,
+several losses, non-trainable weights (BatchNorm statistics), subclassed
+models (no `clone_model`) and metrics other than Keras ones are not supported:
+`Unsupported` says which, and the round runs per client.
+"""
+
+import collections
+
+import numpy as np
+
+import tensorflow as tf
+import tensorflow_federated as tff
+# TFF 0.87's tensor-backed variable, the same one TFF's functional metrics use
+# (tff.learning.metrics.create_functional_metric_fns), which drops sample weights.
+from tensorflow_federated.python.core.environments.tensorflow_frontend import variable_utils
+
+
+class Unsupported(ValueError):
+  """The model has no functional view; the message says why."""
+
+
+_TFF_COUNTERS = {'NumExamplesCounter': 'num_examples', 'NumBatchesCounter': 'num_batches'}
+_REDUCTIONS = (tf.keras.losses.Reduction.AUTO, tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
+
+
+def _keras_parts(model):
+  keras_model = getattr(model, '_keras_model', None)
+  loss_fns = getattr(model, '_loss_fns', None)
+  if not isinstance(keras_model, tf.keras.Model) or loss_fns is None:
+    raise Unsupported('the model does not come from tff.learning.models.from_keras_model')
+  if len(loss_fns) != 1:
+    raise Unsupported('the model has several losses')
+  if getattr(loss_fns[0], 'reduction', None) not in _REDUCTIONS:
+    raise Unsupported('the loss does not reduce SUM_OVER_BATCH_SIZE')
+  if model.non_trainable_variables:
+    raise Unsupported('the model has non-trainable weights (e.g. BatchNorm statistics)')
+  if isinstance(keras_model, tf.keras.Sequential) or getattr(keras_model, '_is_graph_network',
+                                                             False):
+    return keras_model, loss_fns[0]
+  raise Unsupported('the Keras model is subclassed (tf.keras.models.clone_model cannot clone it)')
+
+
+def _metric_plan(model):
+  """(name, kind, constructor or None, variable dtypes) per metric, in report order."""
+  plan = []
+  for metric in model.get_metrics():
+    kind = _TFF_COUNTERS.get(type(metric).__name__)
+    if type(metric).__name__ == '_WeightedMeanLossMetric':
+      kind = 'loss'
+    constructor = None
+    if kind is None:
+      kind = 'keras'
+      config = metric.get_config()
+      constructor = lambda cls=type(metric), config=config: cls.from_config(config)
+    plan.append((metric.name, kind, constructor, [v.dtype for v in metric.variables]))
+  return plan
+
+
+class FunctionalView:
+  """Loss, gradients and metric sums of the model as functions of its weights."""
+
+  def __init__(self, model_fn):
+    with tf.Graph().as_default():
+      model = model_fn()
+      self._keras_model, self._loss_fn = _keras_parts(model)
+      self._plan = _metric_plan(model)
+      shapes = [tuple(v.shape) for v in model.trainable_variables]
+      self.has_conv_or_rnn = any(
+          isinstance(layer, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D,
+                             tf.keras.layers.Conv3D, tf.keras.layers.RNN))
+          for layer in self._keras_model.submodules if isinstance(layer, tf.keras.layers.Layer))
+    self._check_clone_order(shapes)
+
+  def _check_clone_order(self, shapes):
+    created = []
+
+    def record(next_creator, **kwargs):
+      variable = next_creator(**kwargs)
+      if kwargs.get('trainable', True):
+        created.append(tuple(variable.shape))
+      return variable
+
+    with tf.Graph().as_default(), tf.variable_creator_scope(record):
+      tf.keras.models.clone_model(self._keras_model)
+    if created != shapes:
+      raise Unsupported('the cloned Keras model creates its weights in another order')
+
+  def _clone_with(self, trainable):
+    weights = list(trainable)
+
+    def swap(next_creator, **kwargs):
+      del next_creator, kwargs
+      return weights.pop(0)
+
+    with tf.variable_creator_scope(swap):
+      return tf.keras.models.clone_model(self._keras_model)
+
+  def loss_and_grads(self, trainable, batch, mask):
+    """(gradients, training loss, data loss, predictions) on the real rows of a batch."""
+    x, y = _inputs(batch)
+    trainable = list(trainable)
+    with tf.GradientTape() as tape:
+      tape.watch(trainable)
+      model = self._clone_with(trainable)
+      predictions = model(x, training=True)
+      scale = tf.math.divide_no_nan(tf.cast(tf.shape(mask)[0], tf.float32), tf.reduce_sum(mask))
+      data_loss = self._loss_fn(y, predictions, sample_weight=mask) * scale
+      loss = tf.add_n([data_loss] + list(model.losses))  # regularisers, as TFF adds them
+    grads = tape.gradient(loss, trainable)
+    grads = [tf.zeros_like(w) if g is None else tf.convert_to_tensor(g)
+             for g, w in zip(grads, trainable)]
+    return grads, loss, data_loss, predictions
+
+  def zero_metrics(self):
+    return collections.OrderedDict(
+        (name, [tf.zeros([], d) for d in dtypes]) for name, _, _, dtypes in self._plan)
+
+  def add_metrics(self, state, batch, predictions, mask, data_loss):
+    """`state` plus this batch, as the model's metrics would count its real rows."""
+    _, y = _inputs(batch)
+    n = tf.reduce_sum(mask)
+    new = collections.OrderedDict()
+    for name, kind, constructor, dtypes in self._plan:
+      if kind == 'loss':  # a Mean of batch losses weighted by batch size
+        values = [state[name][0] + data_loss * n, state[name][1] + n]
+      elif kind == 'num_examples':
+        values = [state[name][0] + tf.cast(n, dtypes[0])]
+      elif kind == 'num_batches':
+        values = [state[name][0] + tf.cast(n > 0, dtypes[0])]
+      else:
+        values = _update_keras_metric(constructor, state[name], y, predictions,
+                                      _mask_like(mask, y))
+      new[name] = [tf.cast(v, d) for v, d in zip(values, dtypes)]
+    return new
+
+
+  def finalize(self, state):
+    """The finalized metrics of summed values, eagerly (TFF's Keras finalizers
+    build a metric on every trace, so they run in graphs only)."""
+    if not hasattr(self, '_eager_metrics'):
+      self._eager_metrics = {name: constructor() for name, kind, constructor, _ in self._plan
+                             if kind == 'keras'}
+    result = collections.OrderedDict()
+    for name, kind, _, _ in self._plan:
+      values = [np.asarray(v) for v in state[name]]
+      if kind == 'loss':  # a Mean: total / count
+        result[name] = np.float32(values[0] / values[1]) if values[1] else np.float32(0)
+      elif kind in ('num_examples', 'num_batches'):
+        result[name] = values[0]
+      else:
+        metric = self._eager_metrics[name]
+        for variable, value in zip(metric.variables, values):
+          variable.assign(value)
+        result[name] = metric.result().numpy()
+    return result
+
+
+def _inputs(batch):
+  if isinstance(batch, collections.abc.Mapping):
+    return batch['x'], batch['y']
+  return batch[0], batch[1]
+
+
+def _mask_like(mask, y):
+  """The per-row mask broadcast to the label's shape ([B] → [B, T] for sequences)."""
+  y = tf.nest.flatten(y)[0]
+  mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([tf.rank(y) - 1], tf.int32)], 0))
+  return mask * tf.ones_like(y, tf.float32)
+
+
+def _update_keras_metric(constructor, values, y, predictions, sample_weight):
+  """A Keras metric's update_state on tensors: its variables are the given values."""
+  values = list(values)
+
+  def from_values(next_creator, **kwargs):
+    del next_creator
+    kwargs.pop('initial_value', None)
+    return variable_utils.TensorVariable(initial_value=values.pop(0), **kwargs)
+
+  with tf.variable_creator_scope(from_values):
+    metric = constructor()
+  update = metric.update_state
+  while hasattr(update, '__original_wrapped__'):  # see TFF's create_functional_metric_fns
+    update = update.__original_wrapped__
+  update(y, predictions, sample_weight=sample_weight)
+  return [v.read_value() for v in metric.variables]
