@@ -140,9 +140,7 @@ def _round_options(options: Optional[RoundOptions], keywords, name: str) -> Roun
     raise TypeError(f'pass either options= or option keywords, not both ({", ".join(keywords)})')
   if options is not None:
     return options
-  keywords = dict(keywords)
-  if keywords.get('measure_client_drift') is None:
-    keywords['measure_client_drift'] = _MEASURE_CLIENT_DRIFT.get()
+  keywords = {**_DEFAULTS.get(), **{k: v for k, v in keywords.items() if v is not None}}
   try:
     return RoundOptions(**keywords)
   except TypeError as e:
@@ -154,17 +152,27 @@ def _round_options(options: Optional[RoundOptions], keywords, name: str) -> Roun
     raise ValueError(f'{name}: {e}') from None
 
 
-_MEASURE_CLIENT_DRIFT = contextvars.ContextVar('measure_client_drift', default=False)
+_DEFAULTS = contextvars.ContextVar('round_option_defaults', default={})
 
 
 @contextlib.contextmanager
-def measuring_client_drift(enabled: bool = True):
-  """Within the block, `build_process` measures client drift by default."""
-  token = _MEASURE_CLIENT_DRIFT.set(bool(enabled))
+def round_option_defaults(**defaults):
+  """Within the block, `build_process` takes these `RoundOptions` fields by default.
+
+  How bin/train applies `--measure_client_drift` and `--execution` to every
+  composer-built algorithm; keywords a builder is given win.
+  """
+  RoundOptions(**defaults)  # the same checks as when they are used
+  token = _DEFAULTS.set({**_DEFAULTS.get(), **defaults})
   try:
     yield
   finally:
-    _MEASURE_CLIENT_DRIFT.reset(token)
+    _DEFAULTS.reset(token)
+
+
+def measuring_client_drift(enabled: bool = True):
+  """`round_option_defaults(measure_client_drift=enabled)`."""
+  return round_option_defaults(measure_client_drift=bool(enabled))
 
 
 def variable_model_fn(model_fn: ModelFn, algorithm: str) -> Callable[[], tff.learning.models.VariableModel]:

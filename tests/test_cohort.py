@@ -1,0 +1,194 @@
+"""The cohort execution equals the per-client one (issue 23).
+
+For every algorithm the cohort supports: 3 rounds on clients of unequal sizes
+with partial batches, K-step and epoch-based rounds, vectorised and in
+sequence, in-process and through TFF's executor; weights, server state and
+metrics equal within 1e-5. Both executions start from and return the same
+`LearningAlgorithmState` layout, so a round of one continues a run of the other.
+"""
+
+import collections
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_adaptive.algorithms import fedada2
+from tff_adaptive.algorithms import fedgbo
+from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms import mfl
+from tff_adaptive.algorithms import mimexlite
+from tff_adaptive.rounds import cohort
+from tff_adaptive.rounds import cohort_data
+
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
+
+D, H, C, B = 5, 7, 3, 4
+SIZES = (7, 13, 3, 10)  # partial batches everywhere (B = 4)
+_SPEC = collections.OrderedDict(x=tf.TensorSpec([None, D], tf.float32),
+                                y=tf.TensorSpec([None], tf.int32))
+
+
+def model_fn():
+  init = lambda seed: tf.keras.initializers.RandomNormal(stddev=0.5, seed=seed)
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(D,)),
+      tf.keras.layers.Dense(H, activation='tanh', kernel_initializer=init(1),
+                            bias_initializer=init(2)),
+      tf.keras.layers.Dense(C, kernel_initializer=init(3), bias_initializer=init(4))])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=_SPEC, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+
+def client_datasets(sizes=SIZES):
+  rng = np.random.default_rng(0)
+  return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+      x=rng.normal(loc=0.3 * i, size=(n, D)).astype(np.float32),
+      y=rng.integers(0, C, n).astype(np.int32))).batch(B) for i, n in enumerate(sizes)]
+
+
+sgd = lambda: tff.learning.optimizers.build_sgdm(0.1)
+adam = lambda: tff.learning.optimizers.build_adam(0.05, beta_1=0.9, beta_2=0.99, epsilon=1e-3)
+BUILDERS = {
+    'fedavg': lambda **kw: fedopt.build_fedavg(model_fn, sgd(), **kw),
+    'fedadam': lambda **kw: fedopt.build_fedadam(model_fn, sgd(), 0.05, **kw),
+    'fedyogi_paper': lambda **kw: fedopt.build_fedyogi(model_fn, sgd(), 0.05, semantics='paper',
+                                                       **kw),
+    'fedavg_adam_clients': lambda **kw: fedopt.build_fedavg(model_fn, adam(), **kw),
+    'fedgbo': lambda **kw: fedgbo.build_fedgbo(model_fn, adam(), **kw),
+    'mfl': lambda **kw: mfl.build_mfl(model_fn, adam(), **kw),
+    'mimexlite': lambda **kw: mimexlite.build_mimexlite(
+        model_fn, sgd(), tff.learning.optimizers.build_sgdm(1.0, momentum=0.9), **kw),
+    'fedada2': lambda **kw: fedada2.build_fedada2(
+        model_fn, fedada2.build_client_optimizer('adam', 0.05),
+        fedada2.build_server_optimizer('adam', 0.05), **kw),
+    'fedada2_dja': lambda **kw: fedada2.build_fedada2(
+        model_fn, fedada2.build_client_optimizer('adam', 0.05),
+        fedada2.build_server_optimizer('adam', 0.05), preconditioner='dja', **kw),
+    'fedada2_none': lambda **kw: fedada2.build_fedada2(
+        model_fn, tff.learning.optimizers.build_sgdm(0.05),
+        fedada2.build_server_optimizer('adam', 0.05), preconditioner='none', **kw),
+}
+
+
+def _shards(process, datasets, local_steps):
+  return process.make_shards([cohort_data.client_batches(ds, local_steps) for ds in datasets])
+
+
+def _assert_outputs_equal(a, b, what):
+  for name, x, y in (('state', a.state, b.state), ('metrics', a.metrics, b.metrics)):
+    xs, ys = tf.nest.flatten(x), tf.nest.flatten(y)
+    assert len(xs) == len(ys), f'{what}: {name} structures differ'
+    for u, v in zip(xs, ys):
+      np.testing.assert_allclose(np.asarray(v, np.float64), np.asarray(u, np.float64),
+                                 rtol=1e-5, atol=1e-5, err_msg=f'{what}: {name}')
+
+
+def _compare(name, local_steps, execution, rounds=3, datasets=None, **kwargs):
+  datasets = datasets or client_datasets()
+  per_client = BUILDERS[name](local_steps=local_steps, **kwargs)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')  # the cohort must not fall back to per client
+    fast = BUILDERS[name](local_steps=local_steps, execution=execution, **kwargs)
+  assert isinstance(fast, cohort.CohortProcess)
+  state = per_client.initialize()
+  assert tf.nest.map_structure(lambda _: 0, state) == tf.nest.map_structure(
+      lambda _: 0, fast.initialize()), 'the two executions must share the state layout'
+  fast_state = state
+  for r in range(rounds):
+    expected = per_client.next(state, datasets)
+    actual = fast.next(fast_state, _shards(fast, datasets, local_steps))
+    _assert_outputs_equal(expected, actual, f'{name} K={local_steps} round {r + 1}')
+    state, fast_state = expected.state, actual.state
+  return fast
+
+
+@pytest.mark.parametrize('name', sorted(BUILDERS))
+def test_cohort_equals_per_client_k_steps(name):
+  fast = _compare(name, 3, cohort.CohortExecution(mode='auto'))
+  assert fast.vectorized  # an MLP: clients vectorised
+
+
+@pytest.mark.parametrize('name', ['fedavg', 'fedadam', 'mfl'])
+def test_cohort_equals_per_client_epochs_in_sequence(name):
+  fast = _compare(name, 0, cohort.CohortExecution(mode='sequential'))
+  assert not fast.vectorized
+  assert fast.shard_stats.shards > 3  # clients of 1 to 4 batches: several shards by size
+  assert 0.0 <= fast.shard_stats.waste < 0.5
+
+
+def test_cohort_epochs_vectorised_with_one_padded_shard():
+  fast = _compare('fedadam', 0, cohort.CohortExecution(mode='vectorized', num_shards=1))
+  assert fast.shard_stats.shards == 3 and fast.shard_stats.waste > 0.2
+
+
+def test_cohort_through_tff_executor_equals_in_process():
+  _compare('fedadam', 3, cohort.CohortExecution(in_process=False, num_shards=2), rounds=2)
+
+
+def test_client_drift_and_uniform_weighting_equal():
+  _compare('fedavg', 2, 'cohort', rounds=2, measure_client_drift=True,
+           client_weighting=tff.learning.ClientWeighting.UNIFORM)
+
+
+def test_a_client_without_data_counts_as_in_the_per_client_round():
+  datasets = client_datasets((6, 0, 9))
+  _compare('fedavg', 2, 'cohort', rounds=1, datasets=datasets)
+
+
+def test_runs_switch_execution_between_rounds():
+  datasets = client_datasets()
+  per_client = BUILDERS['fedadam'](local_steps=2)
+  fast = BUILDERS['fedadam'](local_steps=2, execution='cohort')
+  state = per_client.initialize()
+  one = per_client.next(state, datasets)
+  reference = per_client.next(one.state, datasets)
+  switched = fast.next(one.state, _shards(fast, datasets, 2))
+  _assert_outputs_equal(reference, switched, 'per-client round 1, cohort round 2')
+  back = per_client.next(fast.next(state, _shards(fast, datasets, 2)).state, datasets)
+  _assert_outputs_equal(reference, back, 'cohort round 1, per-client round 2')
+
+
+def test_unsupported_aggregator_runs_per_client_with_one_line_naming_it():
+  with pytest.warns(UserWarning, match=r'fedavg: the cohort execution does not apply \(the '
+                    r'aggregator .*Clipping.* runs per client\)'):
+    process = BUILDERS['fedavg'](
+        local_steps=1, execution='cohort',
+        model_aggregator=tff.aggregators.clipping_factory(1.0, tff.aggregators.MeanFactory()))
+  assert not isinstance(process, cohort.CohortProcess)
+
+
+def test_padding_and_shards():
+  clients = [[{'x': np.ones((4, 2)), 'y': np.ones(4)}] * n for n in (5, 1, 4, 2)]
+  clients[1] = [{'x': np.ones((3, 2)), 'y': np.ones(3)}]
+  assert cohort_data.group_by_size(clients) == [[0, 2], [3], [1]]
+  assert cohort_data.group_by_size(clients, num_shards=2) == [[0, 2], [3, 1]]
+  shard = cohort_data.pad([clients[1], clients[3]])
+  assert shard['batches']['x'].shape == (2, 2, 4, 2)
+  np.testing.assert_array_equal(shard['mask'], [[[1, 1, 1, 0], [0, 0, 0, 0]],
+                                                [[1, 1, 1, 1], [1, 1, 1, 1]]])
+  stats = cohort_data.ShardStats()
+  cohort_data.shards(clients, num_shards=1, stats=stats)
+  assert (stats.real_rows, stats.padded_rows) == (47, 80)
+
+
+def test_client_cache_keeps_under_its_budget_and_rebuilds_evicted():
+  built = []
+
+  def dataset_fn(ids):
+    built.extend(ids)
+    return [tf.data.Dataset.from_tensor_slices({'x': np.full((6, 10), float(i))}).batch(2)
+            for i in ids]
+
+  cache = cohort_data.ClientCache(dataset_fn, budget_bytes=3 * 6 * 10 * 8)
+  first = cache.get(['0', '1'], 3)
+  assert len(first[1]) == 3 and built == ['0', '1']
+  cache.get(['0', '1'], 3)
+  assert built == ['0', '1']  # cached
+  cache.get(['2', '3'], 3)  # 4 clients do not fit: the oldest goes
+  assert cache.nbytes <= 3 * 6 * 10 * 8
+  again = cache.get(['0'], 3)
+  assert built[-1] == '0' and float(again[0][0]['x'][0, 0]) == 0.0
