@@ -6,8 +6,10 @@ one entry here.
 """
 
 import dataclasses
+import sys
+import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -21,6 +23,7 @@ from tff_adaptive.aggregators import compression
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import composer
+from tff_adaptive.rounds import cohort
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedmax
@@ -441,7 +444,43 @@ def build(name: str, task: task_base.FederatedTask,
   if measure_drift and name in NO_CLIENT_DRIFT:
     raise ConfigError(f'--measure_client_drift is not available for --algorithm={name} (built by '
                       f"TFF's own template); use an algorithm of the round composer")
-  # The composer reads the default from this context: every composer-built
-  # algorithm gets the flag without an argument in each builder.
-  with composer.measuring_client_drift(measure_drift):
-    return entry.build(task, cfg)
+  execution, reason = _execution(name, cfg)
+  # The composer reads these defaults from its context: every composer-built
+  # algorithm gets the flags without an argument in each builder.
+  with warnings.catch_warnings(record=True) as caught, composer.round_option_defaults(
+      measure_client_drift=measure_drift, execution=execution):
+    warnings.simplefilter('always')
+    process = entry.build(task, cfg)
+  for warning in caught:
+    text = str(warning.message)
+    if 'the cohort execution does not apply' in text:
+      reason = text.split('does not apply (', 1)[1].rsplit(')', 1)[0]
+    else:
+      warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+  print(execution_line(process, reason), file=sys.stderr)
+  return process
+
+
+# Processes of their own round (personalised) or of TFF's templates.
+PER_CLIENT_ONLY = {'mtfl': 'a personalised round', 'perfedavg': 'a personalised round',
+                   'pfedme': 'a personalised round', 'mimelite': "built by TFF's template",
+                   'fedprox': "built by TFF's template"}
+
+
+def _execution(name: str, cfg: Mapping[str, Any]):
+  """(execution for the builders, why per client or None) from --execution and the setup."""
+  if cfg.get('execution', 'cohort') == 'per_client':
+    return 'per_client', '--execution=per_client'
+  if name in PER_CLIENT_ONLY:
+    return 'per_client', f'--algorithm={name}: {PER_CLIENT_ONLY[name]}'
+  if cfg.get('workers'):
+    return 'per_client', '--workers: TFF workers run each client as a call'
+  return cohort.CohortExecution(mode=cfg.get('cohort_mode', 'auto')), None
+
+
+def execution_line(process, reason: Optional[str]) -> str:
+  """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
+  if isinstance(process, cohort.CohortProcess):
+    how = 'clients vectorised' if process.vectorized else 'clients in sequence'
+    return f'execution: cohort (one compiled program per round, {how})'
+  return f'execution: per_client ({reason})' if reason else 'execution: per_client'

@@ -35,6 +35,8 @@ import tqdm
 
 from tasks import base as task_base
 from tff_adaptive.algorithms import composer
+from tff_adaptive.rounds import cohort
+from workflow import cohort_feed
 from workflow import run_dir
 
 
@@ -468,8 +470,26 @@ def run(process: tff.learning.templates.LearningProcess, task: task_base.Federat
 
 
 async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
-  if client_data_fn is None:
+  feeder = None
+  if client_data_fn is None and isinstance(process, cohort.CohortProcess):
+    feeder = cohort_feed.CohortFeeder(task, process)
+  elif client_data_fn is None:
     client_data_fn = lambda ids, steps: client_datasets(task, ids, steps)
+  try:
+    return await _rounds(process, task, config, round_metrics_fn, client_data_fn, feeder)
+  finally:
+    if feeder is not None:
+      feeder.close()
+
+
+def _model_weights(process, state):
+  # In-process cohort rounds keep the state in this process: no executor call.
+  if isinstance(process, cohort.CohortProcess) and process.execution.in_process:
+    return state.global_model_weights
+  return process.get_model_weights(state)
+
+
+async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feeder):
   progress = config.progress
   state_manager = tff.program.FileProgramStateManager(
       os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
@@ -539,7 +559,12 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
         state, scheduled_steps, schedule_row = sched.apply(state, round_num)
         data_steps = scheduled_steps if scheduled_steps is not None else data_steps
       try:
-        data = client_data_fn(sampled, data_steps)
+        if feeder is not None:  # K is this round's (schedules may change it)
+          upcoming = sample_clients(client_ids, config.clients_per_round, config.seed,
+                                    round_num + 1) if round_num < config.total_rounds else None
+          data = feeder(sampled, int(state.client_work['local_steps']), upcoming)
+        else:
+          data = client_data_fn(sampled, data_steps)
         if hook is not None:  # pair each client's data with its own state
           data = hook.client_data(round_num, sampled, data)
         with _heartbeat(round_num, config):
@@ -556,7 +581,9 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
         row.update(round_metrics_fn(round_num, output))
       loss_key = next((k for k in row if k.endswith('train/loss')), None)
       train_loss = row[loss_key] if loss_key else 0.0
-      weights = process.get_model_weights(output.state)
+      weights = _model_weights(process, output.state)
+      if feeder is not None:
+        row['cohort_padding_waste'] = feeder.padding_waste
       if not math.isfinite(train_loss) or not _all_finite(weights.trainable):
         what = f'{loss_key}={train_loss}' if not math.isfinite(train_loss) else 'model weights'
         raise TrainingDiverged(

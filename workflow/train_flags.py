@@ -269,6 +269,14 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'with this command\'s flags (recorded anew).'),
     ]),
     ('execution', 'Execution: local runtime and workers (docs/workers.md)', [
+        _e('execution', 'cohort', ('cohort', 'per_client'), 'How a round runs. cohort: the '
+           'sampled clients as one compiled program (padded client tensors; the fastest on one '
+           'machine, docs/performance.md), wherever the algorithm and aggregator allow, else per '
+           'client (the reason is printed at start); per_client: each client its own call of a '
+           'TFF computation.'),
+        _e('cohort_mode', 'auto', ('auto', 'vectorized', 'sequential'), 'Cohort execution: '
+           'clients vectorised (tf.vectorized_map) or in sequence; auto: in sequence for models '
+           'with convolutions or recurrent layers, else vectorised.'),
         _i('execution_concurrency', 0, 'Max concurrent client computations in TFF\'s C++ '
            'runtime. 0: two per CPU core (the fastest measured, docs/performance.md); -1: '
            'unlimited (TFF\'s default).'),

@@ -254,7 +254,7 @@ def build_personalized_process(
     fingerprint: extra JSON-able identity for the client-state store.
   """
   if local_steps < 0:
-    raise ValueError(f'--local_steps must be non-negative; got {local_steps}')
+    raise ValueError(f'{name}: local_steps must be non-negative; got {local_steps}')
   model_fn = validation.returning_a_model(model_fn, name)
   validation.check_client_weighting(client_weighting, name)
   client_weighting = client_weighting or tff.learning.ClientWeighting.NUM_EXAMPLES
@@ -448,11 +448,7 @@ def build_personalized_process(
                                      non_trainable=tuple(map(zero, delta_n)))
     if local.share_optimizer_state:
       upload['optimizer'] = tf.nest.map_structure(zero, shared_opt(opt))
-    if client_weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
-      weight = tf.cast(num_examples, tf.float32)
-    else:
-      weight = tf.constant(1.0)
-    weight = tf.where(non_finite, 0.0, weight)
+    weight = client_lib.client_weight(num_examples, non_finite, client_weighting)
     out = collections.OrderedDict(ua=ua)
     if has_private:
       new_private = collections.OrderedDict()
