@@ -469,7 +469,9 @@ PER_CLIENT_ONLY = {'mtfl': 'a personalised round', 'perfedavg': 'a personalised 
 
 def _execution(name: str, cfg: Mapping[str, Any]):
   """(execution for the builders, why per client or None) from --execution and the setup."""
-  if cfg.get('execution', 'cohort') == 'per_client':
+  # bin/train's flag defaults to cohort; a config without it (a library
+  # caller's dict that passes datasets to `process.next`) keeps per client.
+  if cfg.get('execution', 'per_client') == 'per_client':
     return 'per_client', '--execution=per_client'
   if name in PER_CLIENT_ONLY:
     return 'per_client', f'--algorithm={name}: {PER_CLIENT_ONLY[name]}'
