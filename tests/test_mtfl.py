@@ -498,3 +498,20 @@ def test_bad_input_gets_clear_errors(tmp_path):
   with pytest.raises(ValueError, match='--noisy_client_fraction needs a personalised'):
     personalization.validate({'algorithm': 'fedavg', 'noisy_client_fraction': 0.2,
                               'noise_stddev': 1.0})
+
+
+def test_personalized_process_hyperparameters_round_trip():
+  """get_hparams/set_hparams as a LearningProcess's (issue 26: a resume applies the command's)."""
+  adam = mtfl.build_mtfl(at.model_fn, at.keras_model, tff.learning.optimizers.build_sgdm(0.1),
+                         private='none', strategy='fedadam')
+  other = mtfl.build_mtfl(at.model_fn, at.keras_model, tff.learning.optimizers.build_sgdm(0.3),
+                          tff.learning.optimizers.build_adam(0.05), private='none',
+                          strategy='fedadam')
+  state = adam.initialize()
+  assert adam.get_hparams(state)['server']['learning_rate'] == pytest.approx(0.01)
+  changed = adam.set_hparams(state, other.get_hparams(other.initialize()))
+  hparams = adam.get_hparams(changed)
+  assert hparams['client_work']['learning_rate'] == pytest.approx(0.3)
+  assert hparams['server']['learning_rate'] == pytest.approx(0.05)
+  for a, b in zip(at.trainable(adam, changed), at.trainable(adam, state), strict=True):
+    np.testing.assert_array_equal(a, b)  # the weights are untouched

@@ -21,7 +21,9 @@ import time
 import numpy as np
 import pytest
 
+# three_rounds: a digits run of 3 rounds (checkpoints 1-3), to copy and plant links or files in.
 from test_reliability import NAME, _cfg, _copy, _one_line, _rounds, _run_dir, _train
+from test_reliability import three_rounds  # pylint: disable=unused-import  (a fixture)
 from workflow import cli
 from workflow import errors
 from workflow import program
@@ -54,15 +56,6 @@ def _rejected(tmp_path, cfg, *needles):
   _one_line(lines, *needles)
   assert _snapshot(tmp_path) == before
   return lines[0]
-
-
-@pytest.fixture(scope='module')
-def three_rounds(tmp_path_factory):
-  """A digits run of 3 rounds (checkpoints 1-3), to copy and plant links or files in."""
-  root = tmp_path_factory.mktemp('three_hostile')
-  code, lines = _train(_cfg(root, total_rounds=3))
-  assert code == 0, lines
-  return _run_dir(root)
 
 
 # ---- Symbolic links: a run never writes through one ----

@@ -680,12 +680,7 @@ def with_hparams_of(process, state, initial):
   set theirs again each round (`RoundSchedules.apply`), so for an unchanged
   command this changes nothing.
   """
-  state = process.set_hparams(state, process.get_hparams(initial))
-  # Personalised processes keep (η, K) in `client_work` without TFF hparams.
-  if (isinstance(state, tff.learning.templates.LearningAlgorithmState)
-      and composer.runs_local_steps(state)):
-    state = state._replace(client_work=initial.client_work)
-  return state
+  return process.set_hparams(state, process.get_hparams(initial))
 
 
 def _warn_non_finite_eval(metrics: Mapping[str, float], round_num: int, warned: bool) -> bool:

@@ -266,7 +266,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _i('divergence_rounds', 3, 'Consecutive rounds above --divergence_factor x the initial '
            'loss that stop a run.'),
         _b('trust_command_line', False, 'Resume a run whose flags.json is missing or damaged '
-           'with this command\'s flags (recorded anew).'),
+           'with this command\'s flags (recorded anew, and run: its hyperparameters replace '
+           'the checkpoint\'s).'),
     ]),
     ('execution', 'Execution: local runtime and workers (docs/workers.md)', [
         _e('execution', 'cohort', ('cohort', 'per_client'), 'How a round runs. cohort: the '

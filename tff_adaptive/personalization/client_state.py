@@ -53,7 +53,10 @@ def _layout(initial: Mapping[str, np.ndarray]) -> list[list[Any]]:
 
 def _atomic_write(path: str, write) -> None:
   tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'wb') as f:
+  # O_NOFOLLOW: a link planted at the (predictable) temporary name fails the
+  # write instead of redirecting it; the rename then replaces a link at `path`.
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+  with os.fdopen(fd, 'wb') as f:
     write(f)
     f.flush()
     os.fsync(f.fileno())

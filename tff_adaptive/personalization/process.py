@@ -182,11 +182,14 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
   """
 
   def __init__(self, initialize_fn, next_fn, evaluate_fn, get_model_weights, set_model_weights,
-               *, private_initial, upload_type, upload_bits, fingerprint, name):
+               *, private_initial, upload_type, upload_bits, fingerprint, name,
+               get_hparams=None, set_hparams=None):
     super().__init__(initialize_fn, next_fn)
     self._evaluate_fn = evaluate_fn
     self._get_model_weights = get_model_weights
     self._set_model_weights = set_model_weights
+    self._get_hparams = get_hparams
+    self._set_hparams = set_hparams
     self.private_initial = private_initial
     self.upload_type = upload_type
     self.upload_bits = upload_bits
@@ -205,6 +208,16 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
   @property
   def set_model_weights(self) -> tff.Computation:
     return self._set_model_weights
+
+  @property
+  def get_hparams(self) -> tff.Computation:
+    """state → OrderedDict(client_work=(η, K), server=the server optimiser's hyperparameters)."""
+    return self._get_hparams
+
+  @property
+  def set_hparams(self) -> tff.Computation:
+    """(state, hparams of `get_hparams`) → state, as a LearningProcess's."""
+    return self._set_hparams
 
   @property
   def has_private_state(self) -> bool:
@@ -584,6 +597,18 @@ def build_personalized_process(
   get_model_weights, set_model_weights = composer.model_weights_fns(state_type.member,
                                                                     weights_type)
 
+  @tff.tensorflow.computation(state_type.member)
+  def get_hparams_fn(state):
+    return collections.OrderedDict(client_work=state.client_work,
+                                   server=server_optimizer.get_hparams(state.finalizer['server']))
+
+  @tff.tensorflow.computation(state_type.member, get_hparams_fn.type_signature.result)
+  def set_hparams_fn(state, hparams):
+    finalizer = collections.OrderedDict(state.finalizer)
+    finalizer['server'] = server_optimizer.set_hparams(finalizer['server'], hparams['server'])
+    finalizer = tf.nest.pack_sequence_as(state.finalizer, tf.nest.flatten(finalizer))
+    return state._replace(client_work=hparams['client_work'], finalizer=finalizer)
+
   identity = collections.OrderedDict(
       algorithm=name, local=local.name,
       private=[[key, list(np.shape(v)), np.asarray(v).dtype.str]
@@ -593,4 +618,4 @@ def build_personalized_process(
   return PersonalizedProcess(
       initialize_fn, next_fn, evaluate_fn, get_model_weights, set_model_weights,
       private_initial=private_initial, upload_type=upload_type, upload_bits=upload_bits,
-      fingerprint=identity, name=name)
+      fingerprint=identity, name=name, get_hparams=get_hparams_fn, set_hparams=set_hparams_fn)
