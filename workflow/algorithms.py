@@ -6,7 +6,6 @@ one entry here.
 """
 
 import dataclasses
-import sys
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
@@ -457,7 +456,9 @@ def build(name: str, task: task_base.FederatedTask,
       reason = text.split('does not apply (', 1)[1].rsplit(')', 1)[0]
     else:
       warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-  print(execution_line(process, reason), file=sys.stderr)
+  # program.run prints it when the rounds start (after every check that
+  # may still refuse the command in one line).
+  process.execution_line = execution_line(process, reason)
   return process
 
 
@@ -475,8 +476,8 @@ def _execution(name: str, cfg: Mapping[str, Any]):
     return 'per_client', '--execution=per_client'
   if name in PER_CLIENT_ONLY:
     return 'per_client', f'--algorithm={name}: {PER_CLIENT_ONLY[name]}'
-  if cfg.get('workers'):
-    return 'per_client', '--workers: TFF workers run each client as a call'
+  if cfg.get('workers') or cfg.get('data_on_workers'):
+    return 'per_client', '--workers/--data_on_workers: TFF workers run each client as a call'
   return cohort.CohortExecution(mode=cfg.get('cohort_mode', 'auto')), None
 
 

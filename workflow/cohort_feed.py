@@ -27,6 +27,7 @@ class CohortFeeder:
     self._process = process
     self._cache = cohort_data.ClientCache(task.client_train_datasets, cache_bytes)
     self._prefetcher = cohort_data.Prefetcher(self._build)
+    self.padding_waste = 0.0
 
   def _build(self, client_ids: Sequence[str], local_steps: int):
     return self._process.make_shards(self._cache.get(client_ids, local_steps))
@@ -34,13 +35,11 @@ class CohortFeeder:
   def __call__(self, client_ids: Sequence[str], local_steps: int,
                next_ids: Optional[Sequence[str]] = None):
     shards = self._prefetcher.get((tuple(client_ids), local_steps), client_ids, local_steps)
+    # This round's own: a resumed run reports the same values.
+    self.padding_waste = cohort_data.padding_waste(shards)
     if next_ids:  # K may change by schedule: a stale prefetch is dropped then
       self._prefetcher.prefetch((tuple(next_ids), local_steps), next_ids, local_steps)
     return shards
-
-  @property
-  def padding_waste(self) -> float:
-    return self._process.shard_stats.waste
 
   def close(self) -> None:
     self._prefetcher.close()

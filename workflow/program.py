@@ -542,6 +542,8 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
     return checkpoint_phrase(config.output_dir)
 
   client_ids = list(task.train_data.client_ids)
+  if getattr(process, 'execution_line', None) and config.show_progress:
+    print(process.execution_line, file=sys.stderr)
   bar = tqdm.tqdm(total=config.total_rounds, initial=start_round, unit='round',
                   disable=not config.show_progress, file=sys.stderr, dynamic_ncols=True)
   row = {}

@@ -45,6 +45,13 @@ class ShardStats:
     return 1.0 - self.real_rows / self.padded_rows if self.padded_rows else 0.0
 
 
+def padding_waste(shards) -> float:
+  """The share of the rows of these shards that are padding."""
+  real = sum(float(np.sum(shard['mask'])) for shard in shards)
+  total = sum(np.size(shard['mask']) for shard in shards)
+  return 1.0 - real / total if total else 0.0
+
+
 def pad(clients: Sequence[ClientBatches], batch_rows: Optional[int] = None):
   """One shard from the clients' batches (see module docstring)."""
   structure = next((batches[0] for batches in clients if batches), None)
