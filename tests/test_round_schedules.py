@@ -222,7 +222,7 @@ def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
   rounds = 8
   cfg = _cfg(tmp_path, 'whole', local_steps=20, local_steps_schedule='error', schedule_window=2,
              client_learning_rate=0.3, total_rounds=rounds, rounds_per_eval=4,
-             rounds_per_checkpoint=2)
+             rounds_per_checkpoint=2, execution='cohort')  # bin/train's default, as below
   cli.run_training(cfg)
   flags = ['--task=digits', '--num_clients=6', f'--clients_per_round={CLIENTS}',
            '--client_batch_size=20', '--local_steps=20', '--local_steps_schedule=error',
