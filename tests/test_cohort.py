@@ -161,6 +161,47 @@ def test_unsupported_aggregator_runs_per_client_with_one_line_naming_it():
   assert not isinstance(process, cohort.CohortProcess)
 
 
+def _label_shaped_model(kind):
+  """An autoencoder (y = x, mean squared error: the metric reduces y's last axis) or a
+  multi-label model (multi-hot y, Precision/Recall: the mask must take y's shape)."""
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, D], tf.float32),
+                                 y=tf.TensorSpec([None, D], tf.float32))
+
+  def build():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(D,)),
+        tf.keras.layers.Dense(D, activation='sigmoid',
+                              kernel_initializer=tf.keras.initializers.RandomNormal(seed=5))])
+    if kind == 'autoencoder':
+      loss, metrics = tf.keras.losses.MeanSquaredError(), [
+          tf.keras.metrics.MeanSquaredError(), tf.keras.metrics.MeanAbsoluteError()]
+    else:
+      loss, metrics = tf.keras.losses.BinaryCrossentropy(), [
+          tf.keras.metrics.Precision(), tf.keras.metrics.Recall(top_k=2)]
+    return tff.learning.models.from_keras_model(keras_model, loss=loss, input_spec=spec,
+                                                metrics=metrics)
+
+  return build
+
+
+@pytest.mark.parametrize('kind', ['autoencoder', 'multi_label'])
+def test_metrics_of_label_shaped_outputs_equal(kind):
+  rng = np.random.default_rng(1)
+  datasets = []
+  for n in SIZES:
+    x = rng.uniform(size=(n, D)).astype(np.float32)
+    y = x if kind == 'autoencoder' else (x > 0.5).astype(np.float32)
+    datasets.append(tf.data.Dataset.from_tensor_slices(
+        collections.OrderedDict(x=x, y=y)).batch(B))
+  build = lambda **kw: fedopt.build_fedavg(_label_shaped_model(kind), sgd(), local_steps=2, **kw)
+  per_client, fast = build(), build(execution='cohort')
+  assert isinstance(fast, cohort.CohortProcess)
+  state = per_client.initialize()
+  expected = per_client.next(state, datasets)
+  actual = fast.next(state, _shards(fast, datasets, 2))
+  _assert_outputs_equal(expected, actual, kind)
+
+
 def test_padding_and_shards():
   clients = [[{'x': np.ones((4, 2)), 'y': np.ones(4)}] * n for n in (5, 1, 4, 2)]
   clients[1] = [{'x': np.ones((3, 2)), 'y': np.ones(3)}]

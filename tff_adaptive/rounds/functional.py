@@ -54,7 +54,7 @@ def _keras_parts(model):
 
 
 def _metric_plan(model):
-  """(name, kind, constructor or None, variable dtypes) per metric, in report order."""
+  """(name, kind, constructor or None, variable (dtype, shape)s) per metric, in report order."""
   plan = []
   for metric in model.get_metrics():
     kind = _TFF_COUNTERS.get(type(metric).__name__)
@@ -65,7 +65,8 @@ def _metric_plan(model):
       kind = 'keras'
       config = metric.get_config()
       constructor = lambda cls=type(metric), config=config: cls.from_config(config)
-    plan.append((metric.name, kind, constructor, [v.dtype for v in metric.variables]))
+    plan.append((metric.name, kind, constructor,
+                 [(v.dtype, tuple(v.shape)) for v in metric.variables]))
   return plan
 
 
@@ -126,14 +127,16 @@ class FunctionalView:
 
   def zero_metrics(self):
     return collections.OrderedDict(
-        (name, [tf.zeros([], d) for d in dtypes]) for name, _, _, dtypes in self._plan)
+        (name, [tf.zeros(shape, dtype) for dtype, shape in variables])
+        for name, _, _, variables in self._plan)
 
   def add_metrics(self, state, batch, predictions, mask, data_loss):
     """`state` plus this batch, as the model's metrics would count its real rows."""
     _, y = _inputs(batch)
     n = tf.reduce_sum(mask)
     new = collections.OrderedDict()
-    for name, kind, constructor, dtypes in self._plan:
+    for name, kind, constructor, variables in self._plan:
+      dtypes = [dtype for dtype, _ in variables]
       if kind == 'loss':  # a Mean of batch losses weighted by batch size
         values = [state[name][0] + data_loss * n, state[name][1] + n]
       elif kind == 'num_examples':
@@ -141,8 +144,7 @@ class FunctionalView:
       elif kind == 'num_batches':
         values = [state[name][0] + tf.cast(n > 0, dtypes[0])]
       else:
-        values = _update_keras_metric(constructor, state[name], y, predictions,
-                                      _mask_like(mask, y))
+        values = _update_keras_metric_masked(constructor, state[name], y, predictions, mask)
       new[name] = [tf.cast(v, d) for v, d in zip(values, dtypes)]
     return new
 
@@ -179,6 +181,18 @@ def _mask_like(mask, y):
   y = tf.nest.flatten(y)[0]
   mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([tf.rank(y) - 1], tf.int32)], 0))
   return mask * tf.ones_like(y, tf.float32)
+
+
+def _update_keras_metric_masked(constructor, values, y, predictions, mask):
+  """The metric updated on the real rows. The row mask is first broadcast to the
+  label's shape, which masked sequence metrics (TFF's Shakespeare and Stack Overflow
+  ones multiply their own [B, T] mask by it) and Precision/Recall on multi-hot labels
+  need; a metric that reduces the label's last axis first (mean squared error of an
+  autoencoder) refuses that shape at trace time and gets the [B] row mask."""
+  try:
+    return _update_keras_metric(constructor, values, y, predictions, _mask_like(mask, y))
+  except ValueError:
+    return _update_keras_metric(constructor, values, y, predictions, mask)
 
 
 def _update_keras_metric(constructor, values, y, predictions, sample_weight):
