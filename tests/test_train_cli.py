@@ -70,7 +70,7 @@ def _final_weights(out_dir):
   return version, [np.asarray(x) for x in tf.nest.flatten(state)]
 
 
-@pytest.mark.parametrize('algorithm', ['fedadam', 'fedgbo'])
+@pytest.mark.parametrize('algorithm', ['fedadam', 'fedgbo', 'scaffold'])
 def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
   args = [*SMALL, '--total_rounds=8', f'--algorithm={algorithm}', '--client_learning_rate=0.05',
           f'--experiment_name=digits_{algorithm}',

@@ -58,6 +58,9 @@ DEFAULTS: dict[str, Callable[[Mapping[str, Any]], Mapping[str, Any]]] = {
     'mtfl': _mtfl_defaults,
     'perfedavg': lambda cfg: _NONE,
     'pfedme': lambda cfg: _NONE,
+    # The paper's server step (SGD, η_g = 1: --server_learning_rate's default)
+    # and unweighted means (the builder's default weighting).
+    'scaffold': lambda cfg: _NONE,
 }
 
 

@@ -34,6 +34,7 @@ from tff_adaptive.algorithms import mimexlite
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
+from tff_adaptive.algorithms import scaffold
 
 
 class ConfigError(ValueError):
@@ -353,6 +354,17 @@ def _build_pfedme(task, cfg):
       fb_flops_per_example=fb_flops_per_example(task))
 
 
+def _build_scaffold(task, cfg):
+  if (cfg.get('upload_compression') or 'none') != 'none':
+    raise ConfigError('--upload_compression is not available for --algorithm=scaffold (its '
+                      'control-variate upload is summed, not compressed)')
+  return scaffold.build_scaffold(
+      task.model_fn, _client_sgd(cfg), _server_optimizer('scaffold', cfg),
+      local_steps=cfg.get('local_steps', 0), total_clients=len(task.train_data.client_ids),
+      client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
+      fb_flops_per_example=fb_flops_per_example(task))
+
+
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     **{name: AlgorithmEntry(_fedopt_family(name), doc=f'FedOpt, server {opt} (seed 003)',
                             defaults=algorithm_defaults_table.DEFAULTS[name])
@@ -380,6 +392,9 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                            defaults=algorithm_defaults_table.DEFAULTS['mtfl']),
     'perfedavg': AlgorithmEntry(_build_perfedavg, doc='Per-FedAvg, first order (thesis ch. 4)'),
     'pfedme': AlgorithmEntry(_build_pfedme, doc='pFedMe, Moreau envelopes (thesis ch. 4)'),
+    'scaffold': AlgorithmEntry(_build_scaffold,
+                               doc='control variates c, c_i kept by clients (seed 003 baseline)',
+                               defaults=algorithm_defaults_table.DEFAULTS['scaffold']),
 }
 
 

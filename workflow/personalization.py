@@ -1,4 +1,4 @@
-"""The training loop's side of personalised FL: client state, user accuracy, noise.
+"""The training loop's side of per-client state: personalised FL, SCAFFOLD; UA, noise.
 
 Thesis ch. 4 (seed 004) and SPEC §7. `PersonalizationHook` is what
 `program.run` calls when `LoopConfig.client_state` is set:
@@ -20,6 +20,11 @@ Noisy clients (thesis Table 4.3): `add_input_noise` adds fixed zero-mean
 Gaussian noise to the training inputs of a seeded fraction of the clients;
 their UA is left out of every mean. `rounds_to_target` reads rounds to a
 target mean UA off a metrics CSV (thesis Tables 4.2, 4.3).
+
+`ClientStateHook` is the same without user accuracy, for a process whose
+clients keep state (`rounds.stateful.StatefulClientsProcess`, SCAFFOLD's
+control variates c_i): it pairs each sampled client's dataset with its stored
+state and stores what the client returns, snapshotted with the checkpoints.
 """
 
 import collections
@@ -40,8 +45,11 @@ from tasks import base as task_base
 from tff_adaptive.personalization import client_state
 from workflow import program
 from tff_adaptive.personalization import process as personalized
+from tff_adaptive.rounds import stateful
 
 PERSONALIZED_ALGORITHMS = ('mtfl', 'perfedavg', 'pfedme')
+# Algorithms whose clients keep state between rounds (a store, --client_state_dir).
+CLIENT_STATE_ALGORITHMS = PERSONALIZED_ALGORITHMS + ('scaffold',)
 
 
 def noisy_client_ids(client_ids: Sequence[str], fraction: float, seed: int) -> list[str]:
@@ -110,7 +118,53 @@ def summarize(accuracies: Sequence[float], prefix: str) -> dict[str, float]:
           f'{prefix}/num_clients': float(values.size)}
 
 
-class PersonalizationHook:
+class ClientStateHook:
+  """Per-client state for `program.run` (`LoopConfig.client_state`), without UA.
+
+  Args:
+    process: a `stateful.StatefulClientsProcess`.
+    store: where the clients' states live between rounds.
+  """
+
+  def __init__(self, process: stateful.StatefulClientsProcess,
+               store: Optional[client_state.ClientStateStore]):
+    self._process = process
+    self._store = store
+
+  @property
+  def store(self) -> Optional[client_state.ClientStateStore]:
+    return self._store
+
+  def client_data(self, round_num: int, client_ids: Sequence[str],
+                  datasets: Sequence[tf.data.Dataset]) -> list[collections.OrderedDict]:
+    del round_num
+    return [self._process.client_input(dataset, self._store.get(client_id))
+            for client_id, dataset in zip(client_ids, datasets)]
+
+  def _put(self, client_ids: Sequence[str], states: Sequence[Any]) -> None:
+    if len(states) != len(client_ids):
+      raise RuntimeError(f'{len(states)} client outputs for {len(client_ids)} clients')
+    if self._store is not None:
+      for client_id, value in zip(client_ids, states):
+        self._store.put(client_id, value)
+
+  def after_round(self, round_num: int, client_ids: Sequence[str], output: Any,
+                  evaluate: bool) -> dict[str, float]:
+    """Stores the returned states; no metrics of its own."""
+    del round_num, evaluate
+    self._put(client_ids, list(output.clients))
+    return {}
+
+  def save(self, round_num: int) -> None:
+    if self._store is not None:
+      self._store.save(round_num)
+
+  def restore(self, round_num: int) -> None:
+    if self._store is not None:
+      self._store.restore(round_num)
+
+
+class PersonalizationHook(ClientStateHook):
   """Per-client state and UA for `program.run` (`LoopConfig.client_state`).
 
   Args:
@@ -131,15 +185,10 @@ class PersonalizationHook:
                        'needs (digits, mnist, cifar10 have one; e.g. --partition=shards)')
     if process.has_private_state and store is None:
       raise ValueError(f'{process.name} keeps private client state: it needs a store')
-    self._process = process
+    super().__init__(process, store if process.has_private_state else None)
     self._task = task
-    self._store = store if process.has_private_state else None
     self._noisy = frozenset(noisy_clients)
     self._evaluate_all = evaluate_all_clients
-
-  @property
-  def store(self) -> Optional[client_state.ClientStateStore]:
-    return self._store
 
   def test_dataset(self, client_id: str) -> tf.data.Dataset:
     data = self._task.test_client_data.create_tf_dataset_for_client(client_id)
@@ -170,11 +219,7 @@ class PersonalizationHook:
     """Stores the returned private state; returns the round's UA metrics."""
     del round_num
     outputs = list(output.clients)
-    if len(outputs) != len(client_ids):
-      raise RuntimeError(f'{len(outputs)} client outputs for {len(client_ids)} clients')
-    if self._store is not None:
-      for client_id, out in zip(client_ids, outputs):
-        self._store.put(client_id, out['private'])
+    self._put(client_ids, [out.get('private') for out in outputs])
     row = summarize(self._accuracies(client_ids, outputs), 'ua')
     if evaluate and self._evaluate_all:
       row.update(self.evaluate_all(output.state))
@@ -186,14 +231,6 @@ class PersonalizationHook:
     datasets = program.client_datasets(self._task, ids, None)
     outputs = self._process.evaluate_clients(state, self.client_data(0, ids, datasets))
     return summarize(self._accuracies(ids, outputs), 'ua_all')
-
-  def save(self, round_num: int) -> None:
-    if self._store is not None:
-      self._store.save(round_num)
-
-  def restore(self, round_num: int) -> None:
-    if self._store is not None:
-      self._store.restore(round_num)
 
 
 # ---- flags → hook (bin/train) ----
@@ -214,12 +251,13 @@ def validate(cfg: Mapping[str, Any]) -> None:
     raise ValueError(f'--noisy_client_fraction must be in [0, 1); got {fraction}')
   if fraction and not (cfg.get('noise_stddev') or 0) > 0:
     raise ValueError(f'--noise_stddev must be positive; got {cfg.get("noise_stddev")}')
-  if personal and cfg.get('data_on_workers'):
+  stateful_clients = cfg.get('algorithm') in CLIENT_STATE_ALGORITHMS
+  if stateful_clients and cfg.get('data_on_workers'):
     raise ValueError(f'--data_on_workers is not available for --algorithm={cfg["algorithm"]} '
-                     '(its clients also need their test split and private state)')
-  if cfg.get('client_state_dir') and not personal:
-    raise ValueError('--client_state_dir is only used by personalised algorithms '
-                     f'({", ".join(PERSONALIZED_ALGORITHMS)})')
+                     '(its clients also need their own state from the store)')
+  if cfg.get('client_state_dir') and not stateful_clients:
+    raise ValueError('--client_state_dir is only used by algorithms whose clients keep state '
+                     f'({", ".join(CLIENT_STATE_ALGORITHMS)})')
 
 
 def experiment_fingerprint(cfg: Mapping[str, Any], ignored: Iterable[str]) -> str:
@@ -229,10 +267,22 @@ def experiment_fingerprint(cfg: Mapping[str, Any], ignored: Iterable[str]) -> st
   return hashlib.sha256(json.dumps(defining, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _store(cfg, task, process, output_dir, ignored_flags) -> client_state.ClientStateStore:
+  directory = cfg.get('client_state_dir') or os.path.join(output_dir, 'client_state')
+  fingerprint = dict(process.fingerprint)
+  fingerprint['task'] = task.name
+  fingerprint['experiment'] = experiment_fingerprint(cfg, ignored_flags)
+  initial = (process.private_initial if is_personalized(process)
+             else process.client_state_initial)
+  return client_state.ClientStateStore(directory, initial, fingerprint)
+
+
 def setup(cfg: Mapping[str, Any], task: task_base.FederatedTask, process, output_dir: str,
           ignored_flags: Iterable[str] = ()) -> tuple[task_base.FederatedTask,
-                                                       Optional[PersonalizationHook]]:
-  """(task with noisy clients, hook) for a personalised process; (task, None) else."""
+                                                       Optional[ClientStateHook]]:
+  """(task with noisy clients, hook) for a process with per-client state; (task, None) else."""
+  if isinstance(process, stateful.StatefulClientsProcess):
+    return task, ClientStateHook(process, _store(cfg, task, process, output_dir, ignored_flags))
   if not is_personalized(process):
     return task, None
   noisy = []
@@ -242,11 +292,7 @@ def setup(cfg: Mapping[str, Any], task: task_base.FederatedTask, process, output
     task = add_input_noise(task, noisy, cfg['noise_stddev'], cfg.get('seed', 0))
   store = None
   if process.has_private_state:
-    directory = cfg.get('client_state_dir') or os.path.join(output_dir, 'client_state')
-    fingerprint = dict(process.fingerprint)
-    fingerprint['task'] = task.name
-    fingerprint['experiment'] = experiment_fingerprint(cfg, ignored_flags)
-    store = client_state.ClientStateStore(directory, process.private_initial, fingerprint)
+    store = _store(cfg, task, process, output_dir, ignored_flags)
   return task, PersonalizationHook(process, task, store=store, noisy_clients=noisy)
 
 

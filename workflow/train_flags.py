@@ -25,12 +25,12 @@ from workflow import schedule_flags
 FEDOPT = ('fedavg', 'fedavgm', 'fedadagrad', 'fedadam', 'fedyogi')
 PERSONALIZED = ('mtfl', 'perfedavg', 'pfedme')
 _SERVER_OPT = FEDOPT + ('mimelite', 'mimexlite', 'fedprox', 'fedmax', 'perfedavg', 'mtfl',
-                        'fedada2')
+                        'fedada2', 'scaffold')
 _CLIENT_OPT = ('fedgbo', 'mfl', 'mimelite', 'mimexlite', 'ce_fedavg', 'fedada2', 'mtfl')
 _AGGREGATED = FEDOPT + ('fedgbo', 'mfl', 'mimelite', 'mimexlite', 'fedprox', 'fedmax',
-                        'fedada2')
+                        'fedada2', 'scaffold')
 _COMPRESSIBLE = FEDOPT + ('fedgbo', 'mfl', 'fedmax', 'ce_fedavg', 'fedada2')
-_DRIFT = FEDOPT + ('fedgbo', 'mfl', 'mimexlite', 'fedmax', 'ce_fedavg', 'fedada2')
+_DRIFT = FEDOPT + ('fedgbo', 'mfl', 'mimexlite', 'fedmax', 'ce_fedavg', 'fedada2', 'scaffold')
 
 TASK_MODEL_FLAGS = ('digits_model', 'cifar100_image_model', 'emnist_character_model',
                     'shakespeare_character_model', 'femnist_model', 'shakespeare_leaf_model',
@@ -233,7 +233,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _f('noise_stddev', 0.2, 'Standard deviation of the noisy clients\' input noise.',
            PERSONALIZED),
         _s('client_state_dir', '', 'Where each client\'s private state is kept (default '
-           '<experiment dir>/client_state).', PERSONALIZED),
+           '<experiment dir>/client_state).', PERSONALIZED + ('scaffold',)),
     ]),
     ('diagnostics', 'Diagnostics', [
         _b('measure_client_drift', False, 'Report client_drift/{delta,model}_cosine_distance '

@@ -1,8 +1,8 @@
 """One client's round as three pure functions (FedJAX's client_init/step/final).
 
-  carry  = loop.init(x_t, broadcast(s_t), η)       y_0 = x_t, local = init_local(…)
+  carry  = loop.init(x_t, broadcast(s_t)[, c_i])    y_0 = x_t, local = init_local(…)
   carry  = loop.step(carry, g_k, loss_k, n_k, η)   one minibatch: the recipe's local_step
-  result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i
+  result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i[, c_i⁺]
   sums   = client_sums(result, metrics, …)         what is summed over clients
 
 Executions differ only in how they get g_k: the per-client TFF computation
@@ -28,6 +28,7 @@ class ClientResult(NamedTuple):
   extra: Any           # the recipe's extra upload, float32
   weight: tf.Tensor    # the client's aggregation weight (0 when Δ_i is non-finite)
   stats: Any           # OrderedDict of counters (first_minibatch_loss, local_steps, ...)
+  client_state: Any = ()  # the client's new state (recipes whose clients keep one)
 
 
 def tuples(structure):
@@ -63,11 +64,12 @@ class ClientLoop:
     self.weighting = weighting
     self.measure_client_drift = measure_client_drift
 
-  def init(self, x_t, broadcast_value):
+  def init(self, x_t, broadcast_value, client_state=()):
     x_t = tuple(x_t)
     return collections.OrderedDict(
         y=x_t,
-        local=tuples(self.recipe.init_local(broadcast_value, list(x_t))),
+        local=tuples(self.recipe.initial_local(broadcast_value, list(x_t), client_state)),
+        client_state=client_state,
         g0=tuple(tf.zeros_like(v) for v in x_t) if self.recipe.uses_first_gradient else (),
         first_loss=tf.constant(0.0),
         num_examples=tf.constant(0, tf.int64),
@@ -84,7 +86,7 @@ class ClientLoop:
     # same structure.
     local, y = self.recipe.local_step(carry['local'], carry['y'], grads, lr, carry['step'])
     return collections.OrderedDict(
-        y=tuple(y), local=tuples(local), g0=g0,
+        y=tuple(y), local=tuples(local), client_state=carry['client_state'], g0=g0,
         first_loss=tf.where(is_first, tf.cast(loss, tf.float32), carry['first_loss']),
         num_examples=carry['num_examples'] + tf.cast(num_examples, tf.int64),
         step=carry['step'] + 1)
@@ -94,6 +96,13 @@ class ClientLoop:
     weight = client_weight(carry['num_examples'], non_finite, self.weighting)
     extra = (_as_float32(self.recipe.upload(carry['local'], carry['g0']))
              if self.recipe.upload is not None else ())
+    if self.recipe.sum_extra:  # summed, not weighted: a dropped client adds zeros
+      extra = tf.nest.map_structure(lambda t: tf.where(non_finite, tf.zeros_like(t), t), extra)
+    client_state = ()
+    if self.recipe.has_client_state:
+      new_state = self.recipe.client_state_update(carry['local'])
+      client_state = tf.nest.map_structure(  # a dropped client keeps its state
+          lambda new, old: tf.where(non_finite, old, new), new_state, carry['client_state'])
     stats = collections.OrderedDict(
         first_minibatch_loss=carry['first_loss'], local_steps=carry['step'],
         num_examples=carry['num_examples'])
@@ -102,10 +111,11 @@ class ClientLoop:
       # cosine (accounting/drift.py), so no per-client upload is collected.
       stats['drift_delta_sum'], stats['drift_delta_n'] = drift.unit_vector(delta)
       stats['drift_model_sum'], stats['drift_model_n'] = drift.unit_vector(list(carry['y']))
-    return ClientResult(delta, extra, weight, stats)
+    return ClientResult(delta, extra, weight, stats, client_state)
 
 
-def client_sums(result: ClientResult, local_metrics, *, fused_mean: bool, delta_structure):
+def client_sums(result: ClientResult, local_metrics, *, fused_mean: bool, delta_structure,
+                summed_extra: bool = False):
   """Everything one client adds to the round's single `federated_sum`.
 
   Each per-client intrinsic is a call in TFF's executor, so the counters
@@ -127,7 +137,9 @@ def client_sums(result: ClientResult, local_metrics, *, fused_mean: bool, delta_
   if fused_mean:
     weight = result.weight
     sums['weighted_delta'] = tf.nest.map_structure(lambda t: t * weight, delta)
-    sums['weighted_extra'] = tf.nest.map_structure(lambda t: t * weight, result.extra)
+    # (a recipe's summed extra upload travels unweighted: `Recipe.sum_extra`)
+    sums['weighted_extra'] = (result.extra if summed_extra else
+                              tf.nest.map_structure(lambda t: t * weight, result.extra))
     sums['weight'] = weight
   return sums, delta
 

@@ -7,6 +7,9 @@
     one federated_sum of the client sums (the mean fused in), or Δ through
       `model_aggregator` / `upload_compression`
     server: `server.ServerRound`
+  A recipe whose clients keep state (`Recipe.init_client_state`) takes, per
+  client, OrderedDict(train=dataset, private=state) and returns the new states
+  per client: a `stateful.StatefulClientsProcess`.
 """
 
 import collections
@@ -21,6 +24,7 @@ from tff_adaptive.rounds import model_info as model_info_lib
 from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import server as server_lib
+from tff_adaptive.rounds import stateful
 
 
 def _batches(dataset, steps):
@@ -31,14 +35,15 @@ def _batches(dataset, steps):
       tf.where(cycle, steps64, -1))
 
 
-def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate: bool):
-  """One client's round on the model's variables: Δ_i, extra_i, weight, stats."""
+def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate: bool,
+                  client_state=()):
+  """One client's round on the model's variables: Δ_i, extra_i, weight, stats[, state]."""
   variables = tff.learning.models.ModelWeights.from_model(model)
   tf.nest.map_structure(lambda v, t: v.assign(t), variables, message['model_weights'])
   trainable = list(tf.nest.flatten(variables.trainable))
   x_t = [tf.identity(v) for v in trainable]
   lr = message['hparams']['learning_rate']
-  carry = loop.init(x_t, message['broadcast'])
+  carry = loop.init(x_t, message['broadcast'], client_state)
   batches = _batches(dataset, message['hparams']['local_steps'])
   # An iterator loop, not `for batch in dataset` (which autograph lowers to
   # `dataset.reduce`): in TFF's C++ executor the reduce form costs ~3x more per
@@ -67,24 +72,42 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
   iterate = (options.loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
              ) == tff.learning.LoopImplementation.DATASET_ITERATOR
   message_type = info.message_type
+  stateful_clients = recipe.has_client_state
+  if stateful_clients and options.upload_compression is not None:
+    raise ValueError(f'{recipe.name}: upload_compression is not available for an algorithm '
+                     'whose clients keep state (its extra upload is summed, not compressed)')
+  data_type = tff.SequenceType(info.element_type)
+  if stateful_clients:
+    client_state_type = tff.tensorflow.computation(
+        lambda: recipe.init_client_state(list(info.trainable_specs))).type_signature.result
+    data_type = tff.StructWithPythonType(
+        [('train', data_type), ('private', client_state_type)], collections.OrderedDict)
 
-  def client_round(model, message, dataset):
-    result, trainable = client_update(model, loop, message, dataset, iterate)
+  def client_round(model, message, data):
+    dataset, client_state = (data['train'], data['private']) if stateful_clients else (data, ())
+    result, trainable = client_update(model, loop, message, dataset, iterate, client_state)
     local_metrics = model.report_local_unfinalized_metrics()
     sums, delta = client_lib.client_sums(
         result, local_metrics if metrics_aggregator is None else (),
-        fused_mean=fused_mean, delta_structure=trainable)
+        fused_mean=fused_mean, delta_structure=trainable, summed_extra=recipe.sum_extra)
     if fused_mean:
-      return sums
-    return delta, result.extra, result.weight, sums, (
-        () if metrics_aggregator is None else local_metrics)
+      out = (sums,)
+    else:
+      out = (delta, result.extra, result.weight, sums,
+             () if metrics_aggregator is None else local_metrics)
+    # The new client state is a per-client output, never summed.
+    return out + (result.client_state,) if stateful_clients else (out[0] if fused_mean else out)
 
-  @tff.tensorflow.computation(message_type, tff.SequenceType(info.element_type))
-  def client_round_fn(message, dataset):
+  @tff.tensorflow.computation(message_type, data_type)
+  def client_round_fn(message, data):
     model = info.client_model()  # variables must be created outside the tf.function
-    return tf.function(lambda *args: client_round(model, *args))(message, dataset)
+    return tf.function(lambda *args: client_round(model, *args))(message, data)
 
   client_result = client_round_fn.type_signature.result
+  if stateful_clients:  # the round's results without the new client states
+    client_result = tff.StructType(list(tff.structure.iter_elements(client_result))[:-1])
+    if fused_mean:
+      client_result = client_result[0]
   if fused_mean:
     sums_type = client_result
     delta_type, extra_type = client_result.weighted_delta, client_result.weighted_extra
@@ -113,31 +136,53 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
     no_measurements = layout.tensor_free_value(
         aggregation.delta.next.type_signature.result.measurements)
 
-  @tff.federated_computation(state_type, tff.FederatedType(tff.SequenceType(info.element_type),
-                                                           tff.CLIENTS))
+  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, client_data):
     message = tff.federated_broadcast(tff.federated_map(
         info.server_message_fn, (state.global_model_weights, state.finalizer, state.client_work)))
     server_args = (state.global_model_weights, state.finalizer, state.client_work)
     train_metrics = None
+    results = tff.federated_map(client_round_fn, (message, client_data))
+    new_client_states = None
+    if stateful_clients:  # (sums, state) or (Δ, extra, weight, sums, metrics, state)
+      *results, new_client_states = results
+      results = results[0] if fused_mean else tuple(results)
     if fused_mean:
-      sums = tff.federated_sum(tff.federated_map(client_round_fn, (message, client_data)))
+      sums = tff.federated_sum(results)
       server = tff.federated_map(server_round_fn, (*server_args, sums))
       aggregator_state = state.aggregator
       measurements = tff.federated_value(no_measurements, tff.SERVER)
     else:
-      delta, extra, weight, client_sums, local_metrics = tff.federated_map(
-          client_round_fn, (message, client_data))
+      delta, extra, weight, client_sums, local_metrics = results
       if metrics_aggregator is not None:
         train_metrics = metrics_aggregator(info.finalizers, local_metrics_type)(local_metrics)
       aggregator_state, measurements, mean_delta, mean_extra, bits = aggregation(
           state.aggregator, delta, extra, weight)
       server = tff.federated_map(server_round_fn, (
           *server_args, tff.federated_sum(client_sums), mean_delta, mean_extra, bits))
-    return output(state, server, aggregator_state, measurements, train_metrics,
-                  options.measure_client_drift)
+    learning_output = output(state, server, aggregator_state, measurements, train_metrics,
+                             options.measure_client_drift)
+    if stateful_clients:
+      return stateful.StatefulClientsOutput(learning_output.state, learning_output.metrics,
+                                            new_client_states)
+    return learning_output
 
+  if stateful_clients:
+    return finish_process(
+        initialize_fn, next_fn, state_type, info, recipe,
+        process_class=stateful.StatefulClientsProcess,
+        client_state_initial=_initial_client_state(recipe, info),
+        client_state_structure=_client_state_structure(recipe, info), name=recipe.name)
   return finish_process(initialize_fn, next_fn, state_type, info, recipe)
+
+
+def _initial_client_state(recipe, info):
+  value = recipe.init_client_state([tf.TensorSpec(s.shape, s.dtype) for s in info.trainable_specs])
+  return stateful.flat_state(tf.nest.map_structure(lambda t: np.asarray(t), value))
+
+
+def _client_state_structure(recipe, info):
+  return recipe.init_client_state([tf.TensorSpec(s.shape, s.dtype) for s in info.trainable_specs])
 
 
 class _Aggregation:
@@ -156,6 +201,7 @@ class _Aggregation:
       self.delta = factory.create(delta_type, weight_type)
     else:
       self.delta = factory.create(delta_type)
+    self.sum_extra = recipe.sum_extra
     self.extra = tff.aggregators.MeanFactory().create(extra_type, weight_type)
     # The extra upload's mean keeps no state: a constant, not a part of the
     # process state (whose `aggregator` is `model_aggregator`'s).
@@ -173,7 +219,9 @@ class _Aggregation:
               agg.measurements.upload_bits_per_client)
     agg = (self.delta.next(state, delta, weight) if self.options.weighted
            else self.delta.next(state, delta))
-    if self.has_extra:
+    if self.has_extra and self.sum_extra:
+      mean_extra = tff.federated_sum(extra)  # `Recipe.sum_extra`: Σ extra_i
+    elif self.has_extra:
       mean_extra = self.extra.next(
           tff.federated_value(self.extra_state, tff.SERVER), extra, weight).result
     else:  # nothing besides Δ goes up: no aggregation of an empty structure

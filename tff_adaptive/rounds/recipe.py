@@ -35,6 +35,19 @@ class Recipe:
       optimiser's `get_hparams`), the `finalizer` part of `process.get_hparams`;
       None: no server hyperparameters.
     set_server_hparams: (s, hparams) → s.
+    init_client_state: trainable TensorSpecs → the state every client keeps
+      from one round it takes part in to the next, as a client that has not
+      trained yet holds it (SCAFFOLD's c_i = 0); None: clients keep nothing.
+      When set, `init_local` takes the client's state as a third argument,
+      the round's per-client input is OrderedDict(train=dataset,
+      private=state) and each client returns its new state
+      (`client_state_update`), which the caller stores.
+    client_state_update: local → the client's new state (required with
+      `init_client_state`); a client whose update is not finite keeps its old
+      state.
+    sum_extra: the extra upload is summed over the clients (server_update
+      receives Σ_i extra_i; a non-finite client adds zeros), not averaged
+      with Δ's weights.
   """
   name: str
   init_stats: Callable[[list], Structure]
@@ -49,3 +62,20 @@ class Recipe:
   uses_first_gradient: bool = False
   get_server_hparams: Optional[Callable[[Structure], Structure]] = None
   set_server_hparams: Optional[Callable[[Structure, Structure], Structure]] = None
+  init_client_state: Optional[Callable[[list], Structure]] = None
+  client_state_update: Optional[Callable[[Structure], Structure]] = None
+  sum_extra: bool = False
+
+  def __post_init__(self):
+    if (self.init_client_state is None) != (self.client_state_update is None):
+      raise ValueError(f'{self.name}: init_client_state and client_state_update go together')
+
+  @property
+  def has_client_state(self) -> bool:
+    return self.init_client_state is not None
+
+  def initial_local(self, broadcast_value, y0, client_state=()):
+    """`init_local`, given the client's state when clients keep one."""
+    if self.has_client_state:
+      return self.init_local(broadcast_value, y0, client_state)
+    return self.init_local(broadcast_value, y0)

@@ -38,10 +38,12 @@ class RoundCosts:
             layout.num_bits(layout.HPARAMS_TYPE))
     up = layout.num_bits(delta_type) + (
         layout.num_bits(extra_type) if recipe.upload is not None else 0)
+    zeros = lambda type_spec: layout.zeros_like_specs(tff.types.type_to_tf_tensor_specs(type_spec))
     local_state_type = tff.tensorflow.computation(
-        lambda: recipe.init_local(
-            layout.zeros_like_specs(tff.types.type_to_tf_tensor_specs(broadcast_type)),
-            layout.zeros_like_specs(list(trainable_specs)))).type_signature.result
+        lambda: recipe.initial_local(
+            zeros(broadcast_type), layout.zeros_like_specs(list(trainable_specs)),
+            recipe.init_client_state(list(trainable_specs)) if recipe.has_client_state else ())
+    ).type_signature.result
     # Tensors only: scalar leaves are hyperparameters (η, β) or counters.
     state_floats = sum(int(np.prod(t.shape)) for t in layout.leaves(local_state_type)
                        if t.dtype in (np.float32, np.float64) and len(t.shape) >= 1)
@@ -96,11 +98,16 @@ class ServerRound:
     return new_weights, new_stats, self._metrics(sums, measured_upload_bits)
 
   def from_weighted_sums(self, model_weights, stats, hparams, sums):
-    """The fused example-weighted mean: Σ w·Δ / Σ w, as `tff.aggregators.MeanFactory`."""
+    """The fused example-weighted mean: Σ w·Δ / Σ w, as `tff.aggregators.MeanFactory`.
+
+    A recipe's summed extra upload (`Recipe.sum_extra`) is passed on as Σ extra_i.
+    """
     mean = lambda t: tf.math.divide_no_nan(t, sums['weight'])
+    extra = sums['weighted_extra']
+    if not self.recipe.sum_extra:
+      extra = tf.nest.map_structure(mean, extra)
     return self(model_weights, stats, hparams, sums,
-                tf.nest.map_structure(mean, sums['weighted_delta']),
-                tf.nest.map_structure(mean, sums['weighted_extra']),
+                tf.nest.map_structure(mean, sums['weighted_delta']), extra,
                 tf.constant(-1.0, tf.float64))
 
   def _checks(self, sums):

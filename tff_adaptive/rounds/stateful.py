@@ -1,0 +1,88 @@
+"""Processes whose clients keep state across rounds (`Recipe.init_client_state`).
+
+TFF's `LearningProcess` must return everything at SERVER, but a client's new
+state (SCAFFOLD's control variate c_i) goes back to that client, so such a
+round is a `StatefulClientsProcess`: TFF's `IterativeProcess` with the
+`LearningProcess` accessors, whose `next(state, client_data)` takes, per
+client, `OrderedDict(train=dataset, private=state)` and returns
+`StatefulClientsOutput(state, metrics, clients)`, `clients` being the new
+states in input order. The caller stores them between rounds (the training
+loop: `tff_adaptive.personalization.client_state.ClientStateStore`, as for
+MTFL's private values).
+"""
+
+import collections
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+class StatefulClientsOutput(NamedTuple):
+  state: Any
+  metrics: Any
+  clients: Any  # the clients' new states, one per input client, in input order
+
+
+def flat_state(value) -> collections.OrderedDict:
+  """A client state as name → np.ndarray (`state_0`, `state_1`, ...), as the store keeps it."""
+  return collections.OrderedDict(
+      (f'state_{i}', np.asarray(v)) for i, v in enumerate(tf.nest.flatten(value)))
+
+
+class StatefulClientsProcess(tff.templates.IterativeProcess):
+  """A learning process whose clients bring and take back their own state.
+
+  Attributes:
+    client_state_initial: the state of a client that has not trained yet, as
+      name → np.ndarray (`flat_state`); what a store returns for a new client.
+    fingerprint: describes the algorithm for a client-state store.
+    name: the algorithm.
+  """
+
+  def __init__(self, initialize_fn, next_fn, get_model_weights, set_model_weights, *,
+               get_hparams_fn, set_hparams_fn, client_state_initial, client_state_structure,
+               name):
+    super().__init__(initialize_fn, next_fn)
+    self._get_model_weights = get_model_weights
+    self._set_model_weights = set_model_weights
+    self._get_hparams = get_hparams_fn
+    self._set_hparams = set_hparams_fn
+    self._structure = client_state_structure
+    self.client_state_initial = client_state_initial
+    self.name = name
+    self.fingerprint = collections.OrderedDict(
+        algorithm=name, private=[[k, list(v.shape), v.dtype.str]
+                                 for k, v in client_state_initial.items()])
+
+  @property
+  def get_model_weights(self) -> tff.Computation:
+    return self._get_model_weights
+
+  @property
+  def set_model_weights(self) -> tff.Computation:
+    return self._set_model_weights
+
+  @property
+  def get_hparams(self) -> tff.Computation:
+    return self._get_hparams
+
+  @property
+  def set_hparams(self) -> tff.Computation:
+    return self._set_hparams
+
+  @property
+  def has_private_state(self) -> bool:
+    return True
+
+  def client_input(self, dataset, client_state) -> collections.OrderedDict:
+    """One client's input to `next`: its dataset and its stored state (`flat_state` form)."""
+    values = [np.asarray(client_state[k]) for k in self.client_state_initial]
+    return collections.OrderedDict(
+        train=dataset, private=tf.nest.pack_sequence_as(self._structure, values))
+
+  def next(self, state, client_data) -> StatefulClientsOutput:
+    output = super().next(state, client_data)
+    return StatefulClientsOutput(output.state, output.metrics,
+                                 [flat_state(c) for c in output.clients])
