@@ -47,6 +47,7 @@ from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import validation
 from tff_adaptive.rounds import client as client_lib
 from tff_adaptive.rounds import layout as round_layout
+from tff_adaptive.rounds import stateful
 
 Structure = Any
 
@@ -165,7 +166,7 @@ class PersonalizedOutput(NamedTuple):
   clients: Any  # list (one per client, in input order) of OrderedDict(ua, [private])
 
 
-class PersonalizedProcess(tff.templates.IterativeProcess):
+class PersonalizedProcess(stateful.ClientStateProcess):
   """An iterative process whose clients keep private state between rounds.
 
   Not a `tff.learning.templates.LearningProcess`: TFF requires that
@@ -184,12 +185,9 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
   def __init__(self, initialize_fn, next_fn, evaluate_fn, get_model_weights, set_model_weights,
                *, private_initial, upload_type, upload_bits, fingerprint, name,
                get_hparams=None, set_hparams=None):
-    super().__init__(initialize_fn, next_fn)
+    super().__init__(initialize_fn, next_fn, get_model_weights, set_model_weights,
+                     get_hparams, set_hparams)
     self._evaluate_fn = evaluate_fn
-    self._get_model_weights = get_model_weights
-    self._set_model_weights = set_model_weights
-    self._get_hparams = get_hparams
-    self._set_hparams = set_hparams
     self.private_initial = private_initial
     self.upload_type = upload_type
     self.upload_bits = upload_bits
@@ -200,24 +198,6 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
   def evaluate_clients(self) -> tff.Computation:
     """(state, per-client data) → per-client OrderedDict(ua=...), no training."""
     return self._evaluate_fn
-
-  @property
-  def get_model_weights(self) -> tff.Computation:
-    return self._get_model_weights
-
-  @property
-  def set_model_weights(self) -> tff.Computation:
-    return self._set_model_weights
-
-  @property
-  def get_hparams(self) -> tff.Computation:
-    """state → OrderedDict(client_work=(η, K), server=the server optimiser's hyperparameters)."""
-    return self._get_hparams
-
-  @property
-  def set_hparams(self) -> tff.Computation:
-    """(state, hparams of `get_hparams`) → state, as a LearningProcess's."""
-    return self._set_hparams
 
   @property
   def has_private_state(self) -> bool:

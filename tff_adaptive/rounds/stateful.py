@@ -31,7 +31,41 @@ def flat_state(value) -> collections.OrderedDict:
       (f'state_{i}', np.asarray(v)) for i, v in enumerate(tf.nest.flatten(value)))
 
 
-class StatefulClientsProcess(tff.templates.IterativeProcess):
+class ClientStateProcess(tff.templates.IterativeProcess):
+  """An `IterativeProcess` with the `LearningProcess` model-weight accessors.
+
+  The base of every process whose clients take back per-client values (this
+  module's `StatefulClientsProcess`, `personalization.process.PersonalizedProcess`).
+  """
+
+  def __init__(self, initialize_fn, next_fn, get_model_weights, set_model_weights,
+               get_hparams=None, set_hparams=None):
+    super().__init__(initialize_fn, next_fn)
+    self._get_model_weights = get_model_weights
+    self._set_model_weights = set_model_weights
+    self._get_hparams = get_hparams
+    self._set_hparams = set_hparams
+
+  @property
+  def get_model_weights(self) -> tff.Computation:
+    return self._get_model_weights
+
+  @property
+  def set_model_weights(self) -> tff.Computation:
+    return self._set_model_weights
+
+  @property
+  def get_hparams(self) -> tff.Computation:
+    """state → OrderedDict(client_work=(η, K), ...=the server's hyperparameters)."""
+    return self._get_hparams
+
+  @property
+  def set_hparams(self) -> tff.Computation:
+    """(state, hparams of `get_hparams`) → state, as a LearningProcess's."""
+    return self._set_hparams
+
+
+class StatefulClientsProcess(ClientStateProcess):
   """A learning process whose clients bring and take back their own state.
 
   Attributes:
@@ -44,33 +78,14 @@ class StatefulClientsProcess(tff.templates.IterativeProcess):
   def __init__(self, initialize_fn, next_fn, get_model_weights, set_model_weights, *,
                get_hparams_fn, set_hparams_fn, client_state_initial, client_state_structure,
                name):
-    super().__init__(initialize_fn, next_fn)
-    self._get_model_weights = get_model_weights
-    self._set_model_weights = set_model_weights
-    self._get_hparams = get_hparams_fn
-    self._set_hparams = set_hparams_fn
+    super().__init__(initialize_fn, next_fn, get_model_weights, set_model_weights,
+                     get_hparams_fn, set_hparams_fn)
     self._structure = client_state_structure
     self.client_state_initial = client_state_initial
     self.name = name
     self.fingerprint = collections.OrderedDict(
         algorithm=name, private=[[k, list(v.shape), v.dtype.str]
                                  for k, v in client_state_initial.items()])
-
-  @property
-  def get_model_weights(self) -> tff.Computation:
-    return self._get_model_weights
-
-  @property
-  def set_model_weights(self) -> tff.Computation:
-    return self._set_model_weights
-
-  @property
-  def get_hparams(self) -> tff.Computation:
-    return self._get_hparams
-
-  @property
-  def set_hparams(self) -> tff.Computation:
-    return self._set_hparams
 
   @property
   def has_private_state(self) -> bool:
