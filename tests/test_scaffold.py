@@ -193,3 +193,15 @@ def test_bad_arguments_name_themselves():
   with pytest.raises(ValueError, match='plain SGD'):
     scaffold.build_scaffold(at.model_fn, tff.learning.optimizers.build_adam(LR), local_steps=1,
                             total_clients=3)
+
+
+def test_cohort_execution_falls_back_to_per_client_with_the_reason():
+  with pytest.warns(UserWarning, match='clients keep state between rounds'):
+    process = scaffold.build_scaffold(
+        at.model_fn, tff.learning.optimizers.build_sgdm(LR), local_steps=1, total_clients=N,
+        execution='cohort')
+  assert hasattr(process, 'client_input')
+  with pytest.raises(ValueError, match='upload_compression'):
+    scaffold.build_scaffold(
+        at.model_fn, tff.learning.optimizers.build_sgdm(LR), local_steps=1, total_clients=N,
+        upload_compression=tff.aggregators.MeanFactory())

@@ -130,10 +130,6 @@ def build_process(
   kwargs = dict(client_learning_rate=client_learning_rate, local_steps=local_steps,
                 options=options, info=info)
   if options.execution != 'per_client':
-    if recipe.has_client_state:
-      raise ValueError(f'{recipe.name}: execution={options.execution!r} is not available: its '
-                       'clients keep state between rounds, which only the per-client execution '
-                       'carries')
     from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
     return cohort.build_or_explain(model_fn, recipe, **kwargs)
   return per_client.build(model_fn, recipe, **kwargs)

@@ -31,7 +31,7 @@ keeps them in a `ClientStateStore`, checkpointed with the server state.
 """
 
 import collections
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -102,12 +102,7 @@ def build_scaffold(
     *,
     local_steps: int,
     total_clients: int,
-    client_weighting: Optional[tff.learning.ClientWeighting] = None,
-    model_distributor=None,
-    model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
-    metrics_aggregator=None,
-    loop_implementation: Optional[tff.learning.LoopImplementation] = None,
-    fb_flops_per_example: Optional[float] = None,
+    **options: Any,
 ):
   """SCAFFOLD (see module docstring): a `rounds.stateful.StatefulClientsProcess`.
 
@@ -122,11 +117,13 @@ def build_scaffold(
     local_steps: K > 0 steps per client (cycling its data), or 0: one pass
       over the client's data as given (K_i = its number of batches).
     total_clients: N, the number of training clients (c's step is Σ Δc_i / N).
-    client_weighting: the weighting of Δy; default UNIFORM (the paper).
-    model_distributor: not supported (ValueError): x and c go down together.
-    model_aggregator: `tff.aggregators` factory for Δy.
-    metrics_aggregator, loop_implementation: as in TFF's builders.
-    fb_flops_per_example: for the FLOP measurement; None: counted from the model.
+    **options: `composer.RoundOptions` fields as keywords: TFF's
+      `client_weighting` (of Δy; default UNIFORM, the paper's),
+      `model_aggregator` (for Δy), `metrics_aggregator`, `loop_implementation`
+      (`model_distributor` is refused: x and c go down together), and
+      `fb_flops_per_example`, `measure_client_drift`, `execution` (the cohort
+      execution does not carry per-client state: the round runs per client,
+      with a warning). `upload_compression` is refused (Δc is summed).
 
   `next(state, client_data)` takes, per client, `process.client_input(dataset,
   c_i)` (c_i as `process.client_state_initial` lays it out: name → array) and
@@ -143,10 +140,7 @@ def build_scaffold(
   adapters.describe(server_optimizer_fn, algorithm='scaffold', role='server_optimizer_fn')
   return composer.build_process(
       model_fn, scaffold_recipe(server_optimizer_fn, total_clients),
-      client_learning_rate=learning_rate, local_steps=local_steps,
-      client_weighting=client_weighting, model_distributor=model_distributor,
-      model_aggregator=model_aggregator, metrics_aggregator=metrics_aggregator,
-      loop_implementation=loop_implementation, fb_flops_per_example=fb_flops_per_example)
+      client_learning_rate=learning_rate, local_steps=local_steps, **options)
 
 
 def server_control(state) -> tuple:

@@ -103,6 +103,8 @@ def unsupported_reason(options: options_lib.RoundOptions, model_fn) -> Optional[
 def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kwargs):
   """The cohort process, or the per-client one with a one-line warning why."""
   reason = unsupported_reason(options, model_fn)
+  if recipe.has_client_state:
+    reason = 'its clients keep state between rounds, which the cohort program does not carry'
   if reason is not None:
     warnings.warn(f'{recipe.name}: the cohort execution does not apply ({reason}); the round '
                   'runs per client', stacklevel=3)
