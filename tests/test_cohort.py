@@ -202,6 +202,41 @@ def test_metrics_of_label_shaped_outputs_equal(kind):
   _assert_outputs_equal(expected, actual, kind)
 
 
+def test_masked_sequence_model_equals_tff_forward_pass():
+  """Embedding(mask_zero=True) + GRU, as the Shakespeare models: TFF's forward
+  pass loses the Keras mask (its loss counts the masked steps); so must the cohort."""
+  T, V = 6, 9
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, T], tf.int32),
+                                 y=tf.TensorSpec([None, T], tf.int32))
+
+  def sequence_model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer(input_shape=(T,)),
+        tf.keras.layers.Embedding(V, 3, mask_zero=True,
+                                  embeddings_initializer=tf.keras.initializers.RandomNormal(seed=1)),
+        tf.keras.layers.GRU(5, return_sequences=True,
+                            kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2),
+                            recurrent_initializer=tf.keras.initializers.Orthogonal(seed=3)),
+        tf.keras.layers.Dense(V, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=4))])
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+  rng = np.random.default_rng(0)  # zeros (masked tokens) inside and at the end of sequences
+  datasets = [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+      x=rng.integers(0, V, (n, T)).astype(np.int32),
+      y=rng.integers(0, V, (n, T)).astype(np.int32))).batch(B) for n in (7, 13, 3)]
+  build = lambda **kw: fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=0, **kw)
+  per_client, fast = build(), build(execution='cohort')
+  assert isinstance(fast, cohort.CohortProcess) and not fast.vectorized  # an RNN: in sequence
+  state = per_client.initialize()
+  for r in range(2):
+    expected = per_client.next(state, datasets)
+    actual = fast.next(state, _shards(fast, datasets, 0))
+    _assert_outputs_equal(expected, actual, f'masked GRU round {r + 1}')
+    state = expected.state
+
+
 def test_padding_and_shards():
   clients = [[{'x': np.ones((4, 2)), 'y': np.ones(4)}] * n for n in (5, 1, 4, 2)]
   clients[1] = [{'x': np.ones((3, 2)), 'y': np.ones(3)}]

@@ -116,7 +116,11 @@ class FunctionalView:
     with tf.GradientTape() as tape:
       tape.watch(trainable)
       model = self._clone_with(trainable)
-      predictions = model(x, training=True)
+      # TFF's forward pass calls the model in a tf.function, whose outputs lose
+      # Keras masks (`_keras_mask`, e.g. Embedding(mask_zero=True) in the
+      # Shakespeare models): its loss and metrics count the masked steps, and
+      # so do these, to equal it.
+      predictions = tf.nest.map_structure(tf.identity, model(x, training=True))
       scale = tf.math.divide_no_nan(tf.cast(tf.shape(mask)[0], tf.float32), tf.reduce_sum(mask))
       data_loss = self._loss_fn(y, predictions, sample_weight=mask) * scale
       loss = tf.add_n([data_loss] + list(model.losses))  # regularisers, as TFF adds them
