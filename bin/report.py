@@ -73,9 +73,9 @@ def main(argv):
   if not 0 < FLAGS.confidence < 1:
     _fail(f'--confidence must be in (0, 1); got {FLAGS.confidence}')
   if FLAGS.reproduction:
-    from workflow import reproduction
+    from workflow.reproduction import render
     out = FLAGS.out or 'reports/reproduction.md'
-    reproduction.write_reproduction_report(
+    render.write_reproduction_report(
         out, FLAGS.sweep_dir, target=0.85 if FLAGS.target is None else FLAGS.target,
         select_rule=FLAGS.select_rule, metric=FLAGS.select_metric,
         with_processes=FLAGS.with_processes, sweep_minutes=FLAGS.sweep_minutes,

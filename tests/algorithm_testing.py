@@ -121,3 +121,28 @@ def assert_close(actual, expected, rtol=1e-5, atol=1e-6, what=''):
 def max_abs_diff(a, b):
   return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
              for x, y in zip(a, b))
+
+
+def optimizer_computations(optimizer, specs):
+  """(initialize, next) of a `tff.learning.optimizers.Optimizer` as TFF computations."""
+  weights_type = tff.to_type(tf.nest.map_structure(
+      lambda s: tff.TensorType(s.dtype.as_numpy_dtype, s.shape), specs))
+
+  @tff.tensorflow.computation
+  def initialize():
+    return optimizer.initialize(specs)
+
+  @tff.tensorflow.computation(initialize.type_signature.result, weights_type, weights_type)
+  def next_fn(state, weights, gradients):
+    return optimizer.next(state, weights, gradients)
+
+  return initialize, next_fn
+
+
+def np_second_moment(kind: str, v, d, beta_2: float):
+  """FedOpt Algorithm 2's v_t from v_{t−1} and the update d (adagrad, adam or yogi)."""
+  if kind == 'adagrad':
+    return v + d**2
+  if kind == 'adam':
+    return beta_2 * v + (1 - beta_2) * d**2
+  return v - (1 - beta_2) * d**2 * np.sign(v - d**2)  # yogi

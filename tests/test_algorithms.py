@@ -7,11 +7,7 @@ unshuffled clients, and is compared against TFF's own builders or against an
 independent NumPy implementation.
 """
 
-import concurrent.futures
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +15,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at
+import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
 from workflow import cli
 from tff_adaptive.accounting import flops
@@ -29,7 +26,6 @@ from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mimelite
 from tff_adaptive.algorithms import mimexlite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K = 3
 CLIENT_LR = 0.1
 # Sizes 7, 12, 5 with B = 4: partial batches, and with K = 3 the 5-example
@@ -118,12 +114,7 @@ def _np_fedopt_paper(kind, x0, clients, rounds, lr, server_lr, beta_1, beta_2, t
     delta = at.weighted_mean(deltas, [n for _, n, _ in results])  # example-weighted
     for j, d in enumerate(delta):
       m[j] = beta_1 * m[j] + (1 - beta_1) * d
-      if kind == 'adagrad':
-        v[j] = v[j] + d**2
-      elif kind == 'adam':
-        v[j] = beta_2 * v[j] + (1 - beta_2) * d**2
-      else:  # yogi
-        v[j] = v[j] - (1 - beta_2) * d**2 * np.sign(v[j] - d**2)
+      v[j] = at.np_second_moment(kind, v[j], d, beta_2)
       x[j] = x[j] + server_lr * m[j] / (np.sqrt(v[j]) + tau)
     trajectory.append([a.copy() for a in x])
   return trajectory
@@ -349,23 +340,10 @@ def test_validate_names_the_flag(args, flag):
 
 
 def test_bin_train_bad_input_exits_2_naming_the_flag(tmp_path):
-  def run(i):
-    out = tmp_path / f'out{i}'
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'bin', 'train.py'), '--task=digits',
-         f'--root_output_dir={out}', '--show_progress=false', *BAD_FLAGS[i][0]],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
-    return result, out
-
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    results = list(pool.map(run, SUBPROCESS_CASES))
-  for i, (result, out) in zip(SUBPROCESS_CASES, results):
-    args, flag = BAD_FLAGS[i]
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
-    assert result.returncode == 2, (args, result.stderr[-2000:])
-    assert len(lines) == 1, (args, result.stderr)
-    assert 'error' in lines[0] and flag in lines[0], (args, lines[0])
-    assert not out.exists()  # failed before writing anything
+  cases = [BAD_FLAGS[i] for i in SUBPROCESS_CASES]
+  for (args, flag), (result, out) in zip(
+      cases, train_config.refused_runs(tmp_path, [args for args, _ in cases])):
+    train_config.assert_refused(result, out, flag, args)
 
 
 def test_builders_refuse_bad_input_naming_the_flag():

@@ -15,10 +15,6 @@ inside learning processes:
 """
 
 import collections
-import concurrent.futures
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at
+import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
 from workflow import cli
 from tff_adaptive.aggregators import compression
@@ -36,7 +33,6 @@ from workflow import algorithms as registry
 from tff_adaptive.compression import codec
 from tff_adaptive.compression import sparsify
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K = 3
 SIZES = (7, 12, 5)
 LR = 0.05
@@ -269,18 +265,6 @@ def test_bin_train_bad_input_exits_2_with_one_line(tmp_path):
              '--sparsity=1.0'], '--sparsity'),
            (['--algorithm=mimelite', '--upload_compression=topk_uniq'], '--upload_compression')]
 
-  def run(i):
-    out = tmp_path / f'out{i}'
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'bin', 'train.py'), '--task=digits',
-         f'--root_output_dir={out}', '--show_progress=false', *cases[i][0]],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
-    return result, out
-
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    results = list(pool.map(run, range(len(cases))))
-  for (args, flag), (result, out) in zip(cases, results):
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
-    assert result.returncode == 2, (args, result.stderr[-2000:])
-    assert len(lines) == 1 and 'error' in lines[0] and flag in lines[0], (args, result.stderr)
-    assert not out.exists()
+  for (args, flag), (result, out) in zip(
+      cases, train_config.refused_runs(tmp_path, [args for args, _ in cases])):
+    train_config.assert_refused(result, out, flag, args)

@@ -5,7 +5,8 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
-import tensorflow_federated as tff
+
+import algorithm_testing as at  # pylint: disable=g-bad-import-order
 
 from tff_adaptive.execution import runtime
 from tff_adaptive.optimizers import paper_fedopt
@@ -35,12 +36,7 @@ def _numpy_algorithm2(kind, x0, grads, lr, b1, b2, tau, v0, bias_correction=Fals
   for t, g_list in enumerate(grads, start=1):
     for i, g in enumerate(g_list):
       ms[i] = b1 * ms[i] + (1 - b1) * g
-      if kind == 'adagrad':
-        vs[i] = vs[i] + g**2
-      elif kind == 'adam':
-        vs[i] = b2 * vs[i] + (1 - b2) * g**2
-      else:
-        vs[i] = vs[i] - (1 - b2) * g**2 * np.sign(vs[i] - g**2)
+      vs[i] = at.np_second_moment(kind, vs[i], g, b2)
       m_hat, v_hat = ms[i], vs[i]
       if bias_correction:
         m_hat, v_hat = m_hat / (1 - b1**t), v_hat / (1 - b2**t)
@@ -221,17 +217,7 @@ def test_runs_inside_tff_tf_computation():
   runtime.use_local_cpp_context()
   specs = _specs(tf.float32)
   opt = paper_fedopt.build_paper_yogi(0.1, tau=0.01)
-  weights_type = tff.to_type(tf.nest.map_structure(
-      lambda s: tff.TensorType(s.dtype.as_numpy_dtype, s.shape), specs))
-
-  @tff.tensorflow.computation
-  def initialize():
-    return opt.initialize(specs)
-
-  @tff.tensorflow.computation(initialize.type_signature.result, weights_type,
-                      weights_type)
-  def next_fn(state, weights, gradients):
-    return opt.next(state, weights, gradients)
+  initialize, next_fn = at.optimizer_computations(opt, specs)
 
   rng = np.random.default_rng(5)
   x0 = _random_like(rng, specs)

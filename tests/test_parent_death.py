@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+import processes  # pylint: disable=g-bad-import-order
+
 from tff_adaptive.execution import parent_death
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith('linux'),
@@ -32,24 +34,13 @@ _PARENT = textwrap.dedent('''
 ''')
 
 
-def _alive(pid: int) -> bool:
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-  except OSError:
-    return False
-
-
 @linux_only
 def test_child_dies_with_its_parent_without_loading_libc_after_fork():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run([sys.executable, '-c', _PARENT.format(root=root)], capture_output=True,
                        text=True, timeout=60, check=True)
   pid = int(out.stdout.split()[0])
-  deadline = time.monotonic() + 10
-  while _alive(pid) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  if _alive(pid):
+  if not processes.gone([pid], timeout=10, poll=0.05):
     os.kill(pid, signal.SIGKILL)
     pytest.fail('the child outlived its parent')
 
@@ -66,7 +57,7 @@ def test_without_the_helper_the_child_outlives_its_parent():
   pid = int(out.stdout.split()[0])
   time.sleep(0.5)
   try:
-    assert _alive(pid)
+    assert processes.alive(pid)
   finally:
     os.kill(pid, signal.SIGKILL)
 

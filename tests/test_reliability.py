@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import train_config  # pylint: disable=g-bad-import-order
+
 from workflow import cli
 from workflow import program
 
@@ -31,23 +33,9 @@ NAME = 'run'
 
 
 def _cfg(root, **overrides):
-  """bin/train's flag dict (defaults) for a 4-round digits run, checkpoint every round."""
-  cfg = dict(task='digits', partition='dirichlet', num_clients=6, dirichlet_alpha=0.5,
-             digits_model='mlp', clients_per_round=3, client_batch_size=20,
-             client_epochs_per_round=1, local_steps=0, client_optimizer='sgd',
-             client_learning_rate=0.1, client_beta_1=0.9, client_beta_2=0.99,
-             client_epsilon=1e-8, client_weighting='default', algorithm='fedavg',
-             server_optimizer='', server_learning_rate=1.0, server_optimizer_semantics='tff',
-             server_beta_1=0.9, server_beta_2=0.99, server_epsilon=1e-3,
-             local_steps_schedule='constant', client_lr_schedule='constant',
-             server_lr_schedule='constant', step_time_seconds=0.0, measure_step_time=False,
-             download_mbps=20.0, upload_mbps=5.0, total_rounds=4, rounds_per_eval=2,
-             rounds_per_checkpoint=1, root_output_dir=str(root), experiment_name=NAME,
-             seed=3, execution_concurrency=-1, show_progress=False, workers='',
-             worker_retry=False, data_on_workers=False, data_dir='', dp=False,
-             divergence_factor=10.0, divergence_rounds=3, trust_command_line=False)
-  cfg.update(overrides)
-  return cfg
+  """bin/train's flag dict for a 4-round digits run, checkpoint every round."""
+  return train_config.small_run(root, NAME, **{'total_rounds': 4, 'rounds_per_eval': 2,
+                                               'rounds_per_checkpoint': 1, **overrides})
 
 
 def _train(cfg):

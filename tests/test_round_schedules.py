@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
+import train_config  # pylint: disable=g-bad-import-order
+
 from workflow import cli
 from workflow import schedule_flags
 from tff_adaptive.schedules import core as schedules
@@ -35,21 +37,7 @@ CLIENTS = 3
 
 def _cfg(tmp_path, name, **overrides):
   """bin/train's flag dict (defaults), small digits run."""
-  cfg = dict(task='digits', partition='dirichlet', num_clients=6, dirichlet_alpha=0.5,
-             digits_model='mlp', clients_per_round=CLIENTS, client_batch_size=20,
-             client_epochs_per_round=1, local_steps=0, client_optimizer='sgd',
-             client_learning_rate=0.1, client_beta_1=0.9, client_beta_2=0.99,
-             client_epsilon=1e-8, client_weighting='default', algorithm='fedavg',
-             server_optimizer='', server_learning_rate=1.0, server_optimizer_semantics='tff',
-             server_beta_1=0.9, server_beta_2=0.99, server_epsilon=1e-3,
-             local_steps_schedule='constant', client_lr_schedule='constant',
-             server_lr_schedule='constant', step_time_seconds=0.0, measure_step_time=False,
-             download_mbps=20.0, upload_mbps=5.0, total_rounds=5, rounds_per_eval=5,
-             rounds_per_checkpoint=5, root_output_dir=str(tmp_path), experiment_name=name,
-             seed=3, execution_concurrency=-1, show_progress=False, workers='',
-             worker_retry=False, data_on_workers=False)
-  cfg.update(overrides)
-  return cfg
+  return train_config.small_run(tmp_path, name, **{'clients_per_round': CLIENTS, **overrides})
 
 
 def _read_csv(path):

@@ -5,9 +5,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+
+import processes  # pylint: disable=g-bad-import-order
 
 from tff_adaptive.execution import runtime
 
@@ -34,14 +35,6 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _alive(pid):
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-  except FileNotFoundError:
-    return False
-
-
 def _start(mode):
   proc = subprocess.Popen([sys.executable, '-c', SCRIPT.format(root=ROOT), mode],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -49,20 +42,11 @@ def _start(mode):
   for line in proc.stdout:
     if line.startswith('WORKERS'):
       pids = [int(p) for p in line.split()[1:]]
-      assert pids and all(_alive(p) for p in pids)
+      assert pids and all(processes.alive(p) for p in pids)
       proc.stdin.write('go\n')
       proc.stdin.close()
       return proc, pids
   raise AssertionError(f'child exited early: {proc.wait()}')
-
-
-def _gone(pids, timeout=15):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if not any(_alive(p) for p in pids):
-      return True
-    time.sleep(0.2)
-  return False
 
 
 @pytest.mark.parametrize('how', ['exit', 'raise', signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
@@ -73,7 +57,7 @@ def test_worker_does_not_outlive_parent(how):
   # The pipe closing proves the worker no longer holds our stdout.
   proc.stdout.read()
   proc.wait(timeout=60)
-  assert _gone(pids), f'worker(s) {pids} still running after parent {how}'
+  assert processes.gone(pids), f'worker(s) {pids} still running after parent {how}'
 
 
 def test_every_worker_child_is_tracked():
@@ -115,7 +99,7 @@ def test_worker_of_tffs_default_context_does_not_outlive_parent():
   line = next(l for l in proc.stdout.splitlines() if l.startswith('WORKERS'))
   pids = [int(p) for p in line.split()[1:]]
   assert pids, 'TFF started no tracked worker'
-  assert _gone(pids), f'worker(s) {pids} of TFF\'s default context outlived the program'
+  assert processes.gone(pids), f'worker(s) {pids} of TFF\'s default context outlived the program'
 
 
 def test_a_second_context_after_shutdown_prints_no_tff_noise():

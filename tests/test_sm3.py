@@ -7,6 +7,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import algorithm_testing as at  # pylint: disable=g-bad-import-order
+
 from tff_adaptive.execution import runtime
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
@@ -311,17 +313,7 @@ def test_runs_inside_tff_tf_computation():
   runtime.use_local_cpp_context()
   specs = _specs(tf.float32)
   opt = sm3.build_sm3_adam(0.1, epsilon=1e-3, bias_correction=True, delay=2)
-  weights_type = tff.to_type(tf.nest.map_structure(
-      lambda s: tff.TensorType(s.dtype.as_numpy_dtype, s.shape), specs))
-
-  @tff.tensorflow.computation
-  def initialize():
-    return opt.initialize(specs)
-
-  @tff.tensorflow.computation(initialize.type_signature.result, weights_type,
-                              weights_type)
-  def next_fn(state, weights, gradients):
-    return opt.next(state, weights, gradients)
+  initialize, next_fn = at.optimizer_computations(opt, specs)
 
   rng = np.random.default_rng(7)
   grads = [_student_t(rng, specs) for _ in range(3)]

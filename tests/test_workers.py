@@ -21,6 +21,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
+import processes  # pylint: disable=g-bad-import-order
+import train_config  # pylint: disable=g-bad-import-order
+
 from tasks import digits
 from workflow import cli
 from workflow import program
@@ -37,23 +40,6 @@ ROUNDS = 3
 CLIENTS_PER_ROUND = 5  # odd: the two workers get unequal shares (3 + 2)
 
 
-def _alive(pid: int) -> bool:
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-  except FileNotFoundError:
-    return False
-
-
-def _gone(pids, timeout: float = 15.0) -> bool:
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if not any(_alive(p) for p in pids):
-      return True
-    time.sleep(0.1)
-  return False
-
-
 @pytest.fixture(scope='module')
 def pool():
   """Two workers for the module; restored to two live workers after each test."""
@@ -62,7 +48,7 @@ def pool():
   yield started
   context_stack_impl.context_stack.set_default_context(previous)
   worker_process.stop_workers(started)
-  assert _gone([w.pid for w in started])
+  assert processes.gone([w.pid for w in started])
 
 
 @pytest.fixture
@@ -194,18 +180,9 @@ def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
 
 
 def _train_cfg(tmp_path, name, **overrides):
-  cfg = dict(task='digits', partition='dirichlet', num_clients=8, dirichlet_alpha=0.5,
-             digits_model='mlp', clients_per_round=CLIENTS_PER_ROUND, client_batch_size=20,
-             client_epochs_per_round=1, local_steps=0, client_optimizer='sgd',
-             client_learning_rate=0.1, client_beta_1=0.9, client_beta_2=0.99,
-             client_epsilon=1e-8, client_weighting='default', algorithm='fedavg',
-             server_optimizer='', server_learning_rate=1.0, server_optimizer_semantics='tff',
-             server_beta_1=0.9, server_beta_2=0.99, server_epsilon=1e-3, total_rounds=6,
-             rounds_per_eval=3, rounds_per_checkpoint=2, root_output_dir=str(tmp_path),
-             experiment_name=name, seed=3, execution_concurrency=-1, show_progress=False,
-             workers='', worker_retry=False, data_on_workers=False)
-  cfg.update(overrides)
-  return cfg
+  return train_config.small_run(tmp_path, name, **{
+      'num_clients': 8, 'clients_per_round': CLIENTS_PER_ROUND, 'total_rounds': 6,
+      'rounds_per_eval': 3, 'rounds_per_checkpoint': 2, **overrides})
 
 
 def _rounds(path):
@@ -320,11 +297,11 @@ def test_worker_processes_leave_nothing_behind():
   before = set(runtime.find_worker_processes(parent_pid=os.getpid()))
   started = worker_process.start_local_workers(2)
   pids = [w.pid for w in started]
-  assert all(_alive(p) for p in pids)
+  assert all(processes.alive(p) for p in pids)
   assert set(pids) <= set(runtime.find_worker_processes(parent_pid=os.getpid()))
   assert all(worker_process.is_ready(w.address, 2.0) for w in started)
   worker_process.stop_workers(started)
-  assert _gone(pids)
+  assert processes.gone(pids)
   assert set(runtime.find_worker_processes(parent_pid=os.getpid())) == before
 
 
@@ -352,14 +329,14 @@ def test_workers_die_with_the_process_that_started_them(how):
     if line.startswith('PIDS'):
       pids = [int(p) for p in line.split()[1:]]
       break
-  assert pids and all(_alive(p) for p in pids)
+  assert pids and all(processes.alive(p) for p in pids)
   proc.stdin.write('go\n')
   proc.stdin.close()
   if not isinstance(how, str):
     proc.send_signal(how)
   proc.stdout.read()  # closes only once no worker holds our pipe
   proc.wait(timeout=30)
-  assert _gone(pids), f'workers {pids} outlived their parent ({how})'
+  assert processes.gone(pids), f'workers {pids} outlived their parent ({how})'
 
 
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
@@ -381,7 +358,7 @@ def test_bin_worker_logs_warning_and_stops_on_signal(sig):
   rest = proc.stdout.read()
   assert proc.wait(timeout=30) == 0
   assert f'{signal.Signals(sig).name} received' in rest and 'TFF worker stopped' in rest
-  assert _gone(binary)
+  assert processes.gone(binary)
 
 
 def test_bin_worker_help_states_the_security_warning():

@@ -30,6 +30,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import composer
+from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
@@ -99,18 +100,12 @@ def fedada2_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
   def local_step(state, y, grads, lr, step):
     if warmup:
       lr = lr * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / WARMUP_STEPS)
-    state = collections.OrderedDict(state)
-    state['learning_rate'] = tf.cast(lr, tf.float32)
-    return client_optimizer.next(state, y, grads)
-
-  def server_update(x, s, mean_delta, mean_extra, lr, local_steps):
-    del mean_extra, lr, local_steps
-    s, new_x = server_optimizer.next(s, x, mean_delta)
-    return new_x, s
+    return client_optimizer.next(fedopt.with_learning_rate(state, lr), y, grads)
 
   return composer.Recipe(
       name='fedada2', init_stats=init_stats, broadcast=broadcast, init_local=init_local,
-      local_step=local_step, server_update=server_update, optimizer_ops_per_param=ops_per_param,
+      local_step=local_step, server_update=fedopt.server_optimizer_update(server_optimizer),
+      optimizer_ops_per_param=ops_per_param,
       get_server_hparams=server_optimizer.get_hparams,
       set_server_hparams=server_optimizer.set_hparams)
 

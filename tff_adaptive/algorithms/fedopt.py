@@ -99,22 +99,33 @@ def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,
 
     def local_step(local, y, grads, lr, step):
       del step
-      local = collections.OrderedDict(local)
-      # η of this round (client_work hparams) replaces the optimiser's own.
-      local[tff.learning.optimizers.LEARNING_RATE_KEY] = tf.cast(lr, tf.float32)
-      return client_optimizer.next(local, y, grads)
+      return client_optimizer.next(with_learning_rate(local, lr), y, grads)
+
+  return composer.Recipe(
+      name=name, init_stats=init_stats, broadcast=lambda s: (),
+      init_local=init_local, local_step=local_step,
+      server_update=server_optimizer_update(server_optimizer),
+      optimizer_ops_per_param=ops_per_param,
+      get_server_hparams=server_optimizer.get_hparams,
+      set_server_hparams=server_optimizer.set_hparams)
+
+
+def with_learning_rate(state, lr):
+  """An optimiser state with η of this round (client_work hparams) in place of its own."""
+  state = collections.OrderedDict(state)
+  state[tff.learning.optimizers.LEARNING_RATE_KEY] = tf.cast(lr, tf.float32)
+  return state
+
+
+def server_optimizer_update(server_optimizer: tff.learning.optimizers.Optimizer):
+  """The composer's server step x ← server_optimizer(x, Δ̄) (FedOpt, FedAda2)."""
 
   def server_update(x, s, mean_delta, mean_extra, lr, local_steps):
     del mean_extra, lr, local_steps
     s, new_x = server_optimizer.next(s, x, mean_delta)
     return new_x, s
 
-  return composer.Recipe(
-      name=name, init_stats=init_stats, broadcast=lambda s: (),
-      init_local=init_local, local_step=local_step, server_update=server_update,
-      optimizer_ops_per_param=ops_per_param,
-      get_server_hparams=server_optimizer.get_hparams,
-      set_server_hparams=server_optimizer.set_hparams)
+  return server_update
 
 
 def build_fedopt(

@@ -93,16 +93,20 @@ class TopKSparsificationEncodingStage(encoding_stage.EncodingStageInterface):
     return tf.reshape(dense, shape)
 
 
-@encoding_stage.tf_style_encoding_stage
-class UniQEncodingStage(encoding_stage.EncodingStageInterface):
-  """UniQ (thesis Algorithm 3): 7 bits per sign, decode to the lower edge."""
+class _PerClientQuantizerStage(encoding_stage.EncodingStageInterface):
+  """A quantiser whose side information (ranges, base) is each client's own.
+
+  Subclasses name the stage and give the TF encode (x -> codes, side) and
+  decode (codes, side -> values) of `tf_ops`.
+  """
 
   CODES_KEY = 'codes'
   SIDE_KEY = 'side'
+  NAME = ''
 
   @property
   def name(self):
-    return 'uniq'
+    return self.NAME
 
   @property
   def compressible_tensors_keys(self):
@@ -110,7 +114,7 @@ class UniQEncodingStage(encoding_stage.EncodingStageInterface):
 
   @property
   def commutes_with_sum(self):
-    return False  # Each client has its own ranges.
+    return False  # Each client has its own side information.
 
   @property
   def decode_needs_input_shape(self):
@@ -119,58 +123,43 @@ class UniQEncodingStage(encoding_stage.EncodingStageInterface):
   def get_params(self):
     return collections.OrderedDict(), collections.OrderedDict()
 
+  @staticmethod
+  def _encode(x):
+    raise NotImplementedError
+
+  @staticmethod
+  def _decode(codes, side):
+    raise NotImplementedError
+
   def encode(self, x, encode_params):
     del encode_params  # Unused.
-    codes, side = tf_ops.tf_uniq_encode(x)
-    return collections.OrderedDict([(self.CODES_KEY, codes),
-                                    (self.SIDE_KEY, side)])
+    codes, side = self._encode(x)
+    return collections.OrderedDict([(self.CODES_KEY, codes), (self.SIDE_KEY, side)])
 
   def decode(self, encoded_tensors, decode_params, num_summands=None,
              shape=None):
     del decode_params, num_summands  # Unused.
-    decoded = tf_ops.tf_uniq_decode(encoded_tensors[self.CODES_KEY],
-                                    encoded_tensors[self.SIDE_KEY])
+    decoded = self._decode(encoded_tensors[self.CODES_KEY], encoded_tensors[self.SIDE_KEY])
     return tf.reshape(decoded, shape)
 
 
 @encoding_stage.tf_style_encoding_stage
-class ExpQEncodingStage(encoding_stage.EncodingStageInterface):
-  """ExpQ (thesis Algorithm 4): sign + 7-bit exponent of base delta^(-1/127)."""
+class UniQEncodingStage(_PerClientQuantizerStage):
+  """UniQ (thesis Algorithm 3): 7 bits per sign, decode to the lower edge; side: the ranges."""
 
-  CODES_KEY = 'codes'
-  BASE_KEY = 'base'
+  NAME = 'uniq'
+  _encode = staticmethod(tf_ops.tf_uniq_encode)
+  _decode = staticmethod(tf_ops.tf_uniq_decode)
 
-  @property
-  def name(self):
-    return 'expq'
 
-  @property
-  def compressible_tensors_keys(self):
-    return []
+@encoding_stage.tf_style_encoding_stage
+class ExpQEncodingStage(_PerClientQuantizerStage):
+  """ExpQ (thesis Algorithm 4): sign + 7-bit exponent of base delta^(-1/127); side: the base."""
 
-  @property
-  def commutes_with_sum(self):
-    return False  # Each client has its own base.
-
-  @property
-  def decode_needs_input_shape(self):
-    return True
-
-  def get_params(self):
-    return collections.OrderedDict(), collections.OrderedDict()
-
-  def encode(self, x, encode_params):
-    del encode_params  # Unused.
-    codes, base = tf_ops.tf_expq_encode(x)
-    return collections.OrderedDict([(self.CODES_KEY, codes),
-                                    (self.BASE_KEY, base)])
-
-  def decode(self, encoded_tensors, decode_params, num_summands=None,
-             shape=None):
-    del decode_params, num_summands  # Unused.
-    decoded = tf_ops.tf_expq_decode(encoded_tensors[self.CODES_KEY],
-                                    encoded_tensors[self.BASE_KEY])
-    return tf.reshape(decoded, shape)
+  NAME = 'expq'
+  SIDE_KEY = 'base'
+  _encode = staticmethod(tf_ops.tf_expq_encode)
+  _decode = staticmethod(tf_ops.tf_expq_decode)
 
 
 def ce_weight_encoder(

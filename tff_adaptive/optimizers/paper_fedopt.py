@@ -35,19 +35,14 @@ A literal `beta_1=0` drops m (and the `beta_1` hparam) from the state.
 """
 
 import collections
-import math
 from typing import Any, Optional
 
-import numpy as np
 import tensorflow as tf
 from tensorflow_federated.python.learning.optimizers import nest_utils
 from tensorflow_federated.python.learning.optimizers import optimizer
 
-_LR = optimizer.LEARNING_RATE_KEY
-_BETA_1 = 'beta_1'
-_BETA_2 = 'beta_2'
-_EPSILON = 'epsilon'
-_STEP = 'step'
+from tff_adaptive.optimizers import common
+
 _ACCUMULATOR = 'accumulator'
 _PRECONDITIONER = 'preconditioner'
 _KINDS = ('adagrad', 'adam', 'yogi')
@@ -55,24 +50,7 @@ _KINDS = ('adagrad', 'adam', 'yogi')
 State = collections.OrderedDict[str, Any]
 
 
-def _cast(value: Any, dtype: tf.DType) -> tf.Tensor:
-  # tf.cast of a Python float goes through float32 first; keep float64 exact.
-  return tf.cast(value if tf.is_tensor(value) else np.asarray(value), dtype)
-
-
-def _check_range(name: str, value: Any, low: float, high: float = math.inf,
-                 low_open: bool = False) -> None:
-  """Raises ValueError unless value is in [low, high) (or (low, high))."""
-  if tf.is_symbolic_tensor(value):
-    return  # Traced hyperparameters can only be checked by the caller.
-  ok = (value > low if low_open else value >= low) and value < high
-  if not ok:
-    bracket = '(' if low_open else '['
-    raise ValueError(
-        f'`{name}` must be in {bracket}{low}, {high}), found {value}.')
-
-
-class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
+class PaperAdaptive(common.HparamsInState, optimizer.Optimizer[State, Any, State]):
   """FedOpt Algorithm 2 Adagrad/Adam/Yogi; see the module docstring."""
 
   def __init__(self,
@@ -87,30 +65,30 @@ class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
       raise ValueError(f'`kind` must be one of {_KINDS}, found {kind!r}.')
     if bias_correction and kind != 'adam':
       raise ValueError('`bias_correction` is only defined for kind="adam".')
-    _check_range('learning_rate', learning_rate, 0.0)
-    _check_range('beta_1', beta_1, 0.0, 1.0)
-    _check_range('beta_2', beta_2, 0.0, 1.0)
+    common.check_range('learning_rate', learning_rate, 0.0)
+    common.check_range('beta_1', beta_1, 0.0, 1.0)
+    common.check_range('beta_2', beta_2, 0.0, 1.0)
     # ε = 0 with a zero accumulator would divide 0 by 0 on untouched weights.
-    _check_range('epsilon', epsilon, 0.0, low_open=True)
-    _check_range('initial_accumulator_value', initial_accumulator_value, 0.0)
+    common.check_range('epsilon', epsilon, 0.0, low_open=True)
+    common.check_range('initial_accumulator_value', initial_accumulator_value, 0.0)
     self._kind = kind
     # A literal β1 = 0 (plain AdaGrad, RMSProp) keeps no first moment, so the
     # state holds only the floats the algorithm needs (client memory, SPEC §4).
     self._momentum = tf.is_tensor(beta_1) or beta_1 != 0
-    self._hparams = collections.OrderedDict([(_LR, learning_rate)])
+    self._hparams = collections.OrderedDict([(common.LR, learning_rate)])
     if self._momentum:
-      self._hparams[_BETA_1] = beta_1
+      self._hparams[common.BETA_1] = beta_1
     if kind != 'adagrad':
-      self._hparams[_BETA_2] = beta_2
-    self._hparams[_EPSILON] = epsilon
+      self._hparams[common.BETA_2] = beta_2
+    self._hparams[common.EPSILON] = epsilon
     self._v0 = initial_accumulator_value
     self._bias_correction = bias_correction
 
   def initialize(self, specs: Any) -> State:
     state = collections.OrderedDict(self._hparams)
-    state[_STEP] = 0
+    state[common.STEP] = 0
     state[_PRECONDITIONER] = tf.nest.map_structure(
-        lambda s: tf.fill(s.shape, _cast(self._v0, s.dtype)), specs)
+        lambda s: tf.fill(s.shape, common.cast(self._v0, s.dtype)), specs)
     if self._momentum:
       state[_ACCUMULATOR] = tf.nest.map_structure(
           lambda s: tf.zeros(s.shape, s.dtype), specs)
@@ -123,27 +101,27 @@ class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
     moments = [_PRECONDITIONER] + ([_ACCUMULATOR] if self._momentum else [])
     for key in moments:
       optimizer.check_weights_state_match(weights, state[key], key)
-    step = state[_STEP] + 1
+    step = state[common.STEP] + 1
 
     def update(w, g, v, *m):
       if g is None:
         return (w, v) + m
-      hp = {k: _cast(state[k], g.dtype) for k in self._hparams}
-      b1 = hp.get(_BETA_1, tf.zeros([], g.dtype))
+      hp = {k: common.cast(state[k], g.dtype) for k in self._hparams}
+      b1 = hp.get(common.BETA_1, tf.zeros([], g.dtype))
       m = [b1 * mi + (1.0 - b1) * g for mi in m]
       g2 = tf.square(g)
       if self._kind == 'adagrad':
         v = v + g2
       elif self._kind == 'adam':
-        v = hp[_BETA_2] * v + (1.0 - hp[_BETA_2]) * g2
+        v = hp[common.BETA_2] * v + (1.0 - hp[common.BETA_2]) * g2
       else:
-        v = v - (1.0 - hp[_BETA_2]) * g2 * tf.sign(v - g2)
+        v = v - (1.0 - hp[common.BETA_2]) * g2 * tf.sign(v - g2)
       m_hat, v_hat = (m[0] if m else g), v
       if self._bias_correction:
         t = tf.cast(step, g.dtype)
         m_hat = m_hat / (1.0 - tf.pow(b1, t))
-        v_hat = v / (1.0 - tf.pow(hp[_BETA_2], t))
-      w = w - hp[_LR] * m_hat / (tf.sqrt(v_hat) + hp[_EPSILON])
+        v_hat = v / (1.0 - tf.pow(hp[common.BETA_2], t))
+      w = w - hp[common.LR] * m_hat / (tf.sqrt(v_hat) + hp[common.EPSILON])
       return (w, v) + tuple(m)
 
     weights, *new_moments = nest_utils.map_at_leaves(
@@ -151,20 +129,9 @@ class PaperAdaptive(optimizer.Optimizer[State, Any, State]):
         num_outputs=1 + len(moments))
     new_state = collections.OrderedDict(
         (k, state[k]) for k in self._hparams)
-    new_state[_STEP] = step
+    new_state[common.STEP] = step
     new_state.update(zip(moments, new_moments))
     return new_state, weights
-
-  def get_hparams(self, state: State) -> State:
-    return collections.OrderedDict((k, state[k]) for k in self._hparams)
-
-  def set_hparams(self, state: State, hparams: State) -> State:
-    unknown = set(hparams) - set(self._hparams)
-    if unknown:
-      raise KeyError(f'Unknown hyperparameters {sorted(unknown)}.')
-    new_state = collections.OrderedDict(state)
-    new_state.update(hparams)
-    return new_state
 
 
 def _server(kind: str, learning_rate: optimizer.Float, beta_1: optimizer.Float,
@@ -194,28 +161,24 @@ def build_paper_adagrad(
                  initial_accumulator_value)
 
 
-def build_paper_adam(
-    learning_rate: optimizer.Float,
-    beta_1: optimizer.Float = 0.9,
-    beta_2: optimizer.Float = 0.99,
-    tau: optimizer.Float = 1e-3,
-    initial_accumulator_value: Optional[optimizer.Float] = None,
-) -> optimizer.Optimizer:
-  """FedAdam server optimiser of FedOpt Algorithm 2 (v_{−1} = τ² if None)."""
-  return _server('adam', learning_rate, beta_1, beta_2, tau,
-                 initial_accumulator_value)
+def _server_builder(kind: str, algorithm: str):
+  """The FedAdam / FedYogi server optimiser builder: they differ only in `kind`."""
+
+  def build(learning_rate: optimizer.Float,
+            beta_1: optimizer.Float = 0.9,
+            beta_2: optimizer.Float = 0.99,
+            tau: optimizer.Float = 1e-3,
+            initial_accumulator_value: Optional[optimizer.Float] = None,
+           ) -> optimizer.Optimizer:
+    return _server(kind, learning_rate, beta_1, beta_2, tau, initial_accumulator_value)
+
+  build.__name__ = build.__qualname__ = f'build_paper_{kind}'
+  build.__doc__ = f'{algorithm} server optimiser of FedOpt Algorithm 2 (v_{{−1}} = τ² if None).'
+  return build
 
 
-def build_paper_yogi(
-    learning_rate: optimizer.Float,
-    beta_1: optimizer.Float = 0.9,
-    beta_2: optimizer.Float = 0.99,
-    tau: optimizer.Float = 1e-3,
-    initial_accumulator_value: Optional[optimizer.Float] = None,
-) -> optimizer.Optimizer:
-  """FedYogi server optimiser of FedOpt Algorithm 2 (v_{−1} = τ² if None)."""
-  return _server('yogi', learning_rate, beta_1, beta_2, tau,
-                 initial_accumulator_value)
+build_paper_adam = _server_builder('adam', 'FedAdam')
+build_paper_yogi = _server_builder('yogi', 'FedYogi')
 
 
 def build_paper_client_adam(

@@ -51,37 +51,16 @@ import math
 import numbers
 from typing import Any, Iterable
 
-import numpy as np
 import tensorflow as tf
 from tensorflow_federated.python.learning.optimizers import optimizer
 
-_LR = optimizer.LEARNING_RATE_KEY
-_BETA_1 = 'beta_1'
-_BETA_2 = 'beta_2'
-_EPSILON = 'epsilon'
-_STEP = 'step'
+from tff_adaptive.optimizers import common
+
 _ACCUMULATOR = 'accumulator'  # Adam's dense first moment, as in TFF's Adam.
 _STATISTICS = 'sm3_statistics'  # Per flattened weight: a tuple of μ tensors.
 _FORMS = ('I', 'II', 'adam')
 
 State = collections.OrderedDict[str, Any]
-
-
-def _cast(value: Any, dtype: tf.DType) -> tf.Tensor:
-  # tf.cast of a Python float goes through float32 first; keep float64 exact.
-  return tf.cast(value if tf.is_tensor(value) else np.asarray(value), dtype)
-
-
-def _check_range(name: str, value: Any, low: float, high: float = math.inf,
-                 low_open: bool = False) -> None:
-  """Raises ValueError unless value is in [low, high) (or (low, high))."""
-  if tf.is_symbolic_tensor(value):
-    return  # Traced hyperparameters can only be checked by the caller.
-  ok = (value > low if low_open else value >= low) and value < high
-  if not ok:
-    bracket = '(' if low_open else '['
-    raise ValueError(
-        f'`{name}` must be in {bracket}{low}, {high}), found {value}.')
 
 
 def cover_shapes(shape: Iterable[int]) -> list[tuple[int, ...]]:
@@ -144,7 +123,7 @@ def client_state_floats(optimizer_name: str, specs: Any) -> int:
   return table[optimizer_name]
 
 
-class SM3(optimizer.Optimizer[State, Any, State]):
+class SM3(common.HparamsInState, optimizer.Optimizer[State, Any, State]):
   """SM3-I, SM3-II or SM3-Adam with delayed statistics; see module docstring."""
 
   def __init__(self,
@@ -157,8 +136,8 @@ class SM3(optimizer.Optimizer[State, Any, State]):
                bias_correction: bool = False):
     if form not in _FORMS:
       raise ValueError(f'`form` must be one of {_FORMS}, found {form!r}.')
-    _check_range('learning_rate', learning_rate, 0.0)
-    _check_range('epsilon', epsilon, 0.0, low_open=True)
+    common.check_range('learning_rate', learning_rate, 0.0)
+    common.check_range('epsilon', epsilon, 0.0, low_open=True)
     if (isinstance(delay, bool) or not isinstance(delay, numbers.Integral)
         or delay < 1):
       raise ValueError(f'`delay` must be an integer >= 1, found {delay!r}.')
@@ -166,16 +145,16 @@ class SM3(optimizer.Optimizer[State, Any, State]):
     self._delay = int(delay)
     self._bias_correction = bias_correction
     self._hparams = collections.OrderedDict(
-        [(_LR, learning_rate), (_EPSILON, epsilon)])
+        [(common.LR, learning_rate), (common.EPSILON, epsilon)])
     if form == 'adam':
-      _check_range('beta_1', beta_1, 0.0, 1.0)
-      _check_range('beta_2', beta_2, 0.0, 1.0)
-      self._hparams[_BETA_1] = beta_1
-      self._hparams[_BETA_2] = beta_2
+      common.check_range('beta_1', beta_1, 0.0, 1.0)
+      common.check_range('beta_2', beta_2, 0.0, 1.0)
+      self._hparams[common.BETA_1] = beta_1
+      self._hparams[common.BETA_2] = beta_2
 
   def initialize(self, specs: Any) -> State:
     state = collections.OrderedDict(self._hparams)
-    state[_STEP] = 0
+    state[common.STEP] = 0
     if self._form == 'adam':
       state[_ACCUMULATOR] = tf.nest.map_structure(
           lambda s: tf.zeros(s.shape, s.dtype), specs)
@@ -198,7 +177,7 @@ class SM3(optimizer.Optimizer[State, Any, State]):
     if len(flat_stats) != len(flat_w) or len(flat_m) != len(flat_w):
       raise ValueError('Optimizer state does not match the weights; was '
                        '`initialize` called with specs of these weights?')
-    step = state[_STEP]  # Steps already taken: this is step t = step + 1.
+    step = state[common.STEP]  # Steps already taken: this is step t = step + 1.
     refresh = tf.equal(tf.math.floormod(step, self._delay), 0)
     refreshes = tf.math.floordiv(step, self._delay) + 1
 
@@ -209,7 +188,7 @@ class SM3(optimizer.Optimizer[State, Any, State]):
         new_m.append(m)
         new_stats.append(stats)
         continue
-      hp = {k: _cast(state[k], g.dtype) for k in self._hparams}
+      hp = {k: common.cast(state[k], g.dtype) for k in self._hparams}
       rank = g.shape.rank
       g2 = tf.square(g)
       if self._form == 'I':
@@ -221,7 +200,7 @@ class SM3(optimizer.Optimizer[State, Any, State]):
         stats = tuple(tf.where(refresh, c, mu)
                       for c, mu in zip(_cover_max(nu), stats))
       else:
-        b1, b2 = hp[_BETA_1], hp[_BETA_2]
+        b1, b2 = hp[common.BETA_1], hp[common.BETA_2]
         fresh = tuple(b2 * mu + (1.0 - b2) * c
                       for mu, c in zip(stats, _cover_max(g2)))
         stats = tuple(tf.where(refresh, f, mu) for f, mu in zip(fresh, stats))
@@ -231,28 +210,17 @@ class SM3(optimizer.Optimizer[State, Any, State]):
       if adam and self._bias_correction:
         numerator = m / (1.0 - tf.pow(b1, tf.cast(step + 1, g.dtype)))
         nu = nu / (1.0 - tf.pow(b2, tf.cast(refreshes, g.dtype)))
-      new_w.append(w - hp[_LR] * numerator / (tf.sqrt(nu) + hp[_EPSILON]))
+      new_w.append(w - hp[common.LR] * numerator / (tf.sqrt(nu) + hp[common.EPSILON]))
       new_m.append(m)
       new_stats.append(stats)
 
     new_state = collections.OrderedDict((k, state[k]) for k in self._hparams)
-    new_state[_STEP] = step + 1
+    new_state[common.STEP] = step + 1
     if adam:
       new_state[_ACCUMULATOR] = tf.nest.pack_sequence_as(
           state[_ACCUMULATOR], new_m)
     new_state[_STATISTICS] = tuple(new_stats)
     return new_state, tf.nest.pack_sequence_as(weights, new_w)
-
-  def get_hparams(self, state: State) -> State:
-    return collections.OrderedDict((k, state[k]) for k in self._hparams)
-
-  def set_hparams(self, state: State, hparams: State) -> State:
-    unknown = set(hparams) - set(self._hparams)
-    if unknown:
-      raise KeyError(f'Unknown hyperparameters {sorted(unknown)}.')
-    new_state = collections.OrderedDict(state)
-    new_state.update(hparams)
-    return new_state
 
 
 def build_sm3_adagrad(learning_rate: optimizer.Float,

@@ -13,8 +13,32 @@ from typing import Any
 from tff_adaptive.schedules import core
 
 
+class _StepDecay(core.Schedule):
+  """A decay in p = t / steps (floor(t / steps) with staircase): FedOpt's decays."""
+
+  def __init__(self, base: core.Number, decay_rate: float, decay_steps: int = 1,
+               staircase: bool = False, quantity: str = core.LEARNING_RATE):
+    super().__init__(base, quantity)
+    self.decay_rate = float(decay_rate)
+    self.decay_steps = int(decay_steps)
+    self.staircase = bool(staircase)
+
+  def _decayed(self, p: float) -> float:
+    raise NotImplementedError
+
+  def value(self, round_num: int) -> core.Number:
+    p = round_num / self.decay_steps
+    if self.staircase:
+      p = math.floor(p)
+    return self._as_quantity(self._decayed(p))
+
+  def _config(self) -> dict[str, Any]:
+    return {'decay_rate': self.decay_rate, 'decay_steps': self.decay_steps,
+            'staircase': self.staircase}
+
+
 @core.register
-class ExponentialDecay(core.Schedule):
+class ExponentialDecay(_StepDecay):
   """base * rate**(t / steps); staircase uses floor(t / steps).
 
   SPEC §1 `exp_decay` (FedOpt; the paper's ExpDecay is rate 0.1, steps 500,
@@ -25,22 +49,8 @@ class ExponentialDecay(core.Schedule):
 
   TAG = 'exp_decay'
 
-  def __init__(self, base: core.Number, decay_rate: float, decay_steps: int = 1,
-               staircase: bool = False, quantity: str = core.LEARNING_RATE):
-    super().__init__(base, quantity)
-    self.decay_rate = float(decay_rate)
-    self.decay_steps = int(decay_steps)
-    self.staircase = bool(staircase)
-
-  def value(self, round_num: int) -> core.Number:
-    p = round_num / self.decay_steps
-    if self.staircase:
-      p = math.floor(p)
-    return self._as_quantity(self.base * self.decay_rate**p)
-
-  def _config(self) -> dict[str, Any]:
-    return {'decay_rate': self.decay_rate, 'decay_steps': self.decay_steps,
-            'staircase': self.staircase}
+  def _decayed(self, p: float) -> float:
+    return self.base * self.decay_rate**p
 
   @classmethod
   def _from_config(cls, state):
@@ -49,7 +59,7 @@ class ExponentialDecay(core.Schedule):
 
 
 @core.register
-class InverseDecay(core.Schedule):
+class InverseDecay(_StepDecay):
   """base / (1 + rate * t / steps)**power (SPEC §1 inv_lin_decay / inv_sqrt_decay).
 
   power = 1 is FedOpt's `inv_lin_decay`, power = 0.5 its `inv_sqrt_decay`;
@@ -61,21 +71,14 @@ class InverseDecay(core.Schedule):
   def __init__(self, base: core.Number, decay_rate: float, decay_steps: int = 1,
                staircase: bool = False, power: float = 1.0,
                quantity: str = core.LEARNING_RATE):
-    super().__init__(base, quantity)
-    self.decay_rate = float(decay_rate)
-    self.decay_steps = int(decay_steps)
-    self.staircase = bool(staircase)
+    super().__init__(base, decay_rate, decay_steps, staircase, quantity)
     self.power = float(power)
 
-  def value(self, round_num: int) -> core.Number:
-    p = round_num / self.decay_steps
-    if self.staircase:
-      p = math.floor(p)
-    return self._as_quantity(self.base / (1.0 + self.decay_rate * p)**self.power)
+  def _decayed(self, p: float) -> float:
+    return self.base / (1.0 + self.decay_rate * p)**self.power
 
   def _config(self) -> dict[str, Any]:
-    return {'decay_rate': self.decay_rate, 'decay_steps': self.decay_steps,
-            'staircase': self.staircase, 'power': self.power}
+    return {**super()._config(), 'power': self.power}
 
   @classmethod
   def _from_config(cls, state):

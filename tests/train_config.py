@@ -1,0 +1,55 @@
+"""bin/train for the tests: the flag dict of small in-process `digits` runs, and refused runs.
+
+`small_run`'s values are bin/train's defaults except where a short test run
+needs others (a few clients and rounds, unlimited concurrency, no progress
+bar). `refused_runs` runs the real binary on bad flags, two at a time.
+"""
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BASE = dict(
+    task='digits', partition='dirichlet', num_clients=6, dirichlet_alpha=0.5,
+    digits_model='mlp', clients_per_round=3, client_batch_size=20,
+    client_epochs_per_round=1, local_steps=0, client_optimizer='sgd',
+    client_learning_rate=0.1, client_beta_1=0.9, client_beta_2=0.99,
+    client_epsilon=1e-8, client_weighting='default', algorithm='fedavg',
+    server_optimizer='', server_learning_rate=1.0, server_optimizer_semantics='tff',
+    server_beta_1=0.9, server_beta_2=0.99, server_epsilon=1e-3,
+    local_steps_schedule='constant', client_lr_schedule='constant',
+    server_lr_schedule='constant', step_time_seconds=0.0, measure_step_time=False,
+    download_mbps=20.0, upload_mbps=5.0, total_rounds=5, rounds_per_eval=5,
+    rounds_per_checkpoint=5, seed=3, execution_concurrency=-1, show_progress=False,
+    workers='', worker_retry=False, data_on_workers=False, data_dir='', dp=False,
+    divergence_factor=10.0, divergence_rounds=3, trust_command_line=False)
+
+
+def small_run(root, name: str, **overrides) -> dict:
+  """The flag dict of a run named `name` under `root`, with `overrides`."""
+  return {**BASE, 'root_output_dir': str(root), 'experiment_name': name, **overrides}
+
+
+def refused_runs(tmp_path, arg_lists):
+  """bin/train on `--task=digits` + each argument list, two at a time: [(result, out dir)]."""
+  def run(i):
+    out = tmp_path / f'out{i}'
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'bin', 'train.py'), '--task=digits',
+         f'--root_output_dir={out}', '--show_progress=false', *arg_lists[i]],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return result, out
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    return list(pool.map(run, range(len(arg_lists))))
+
+
+def assert_refused(result, out, flag: str, args=()) -> None:
+  """Exit 2 with one line naming `flag`, before anything was written."""
+  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  assert result.returncode == 2, (args, result.stderr[-2000:])
+  assert len(lines) == 1 and 'error' in lines[0] and flag in lines[0], (args, result.stderr)
+  assert not out.exists()  # failed before writing anything
