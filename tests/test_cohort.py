@@ -125,6 +125,11 @@ def test_cohort_epochs_vectorised_with_one_padded_shard():
   assert fast.shard_stats.shards == 3 and fast.shard_stats.waste > 0.2
 
 
+@pytest.mark.parametrize('mode', ['sequential', 'vectorized'])
+def test_xla_compiled_client_steps_equal(mode):
+  _compare('fedadam', 3, cohort.CohortExecution(mode=mode, jit_compile=True), rounds=2)
+
+
 def test_cohort_through_tff_executor_equals_in_process():
   _compare('fedadam', 3, cohort.CohortExecution(in_process=False, num_shards=2), rounds=2)
 

@@ -74,3 +74,31 @@ def test_resolved_in_the_parent(monkeypatch):
   assert calls == [('libc.so.6',)]
   parent_death.preexec_fn(signal.SIGTERM)
   assert len(calls) == 1  # loaded once per process
+
+
+def _ignored_signals(pid: int) -> int:
+  with open(f'/proc/{pid}/status') as f:
+    return int(next(line for line in f if line.startswith('SigIgn:')).split()[1], 16)
+
+
+@linux_only
+@pytest.mark.parametrize('default_sigint', [True, False])
+def test_sigint_restored_for_children_of_a_process_that_ignores_it(default_sigint):
+  """TFF stops its worker with SIGINT and waits without a limit: a worker that
+  inherited "ignore SIGINT" (a background job's child) would hang its parent."""
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    child = subprocess.Popen(['sleep', '60'], stdout=subprocess.DEVNULL,
+                             preexec_fn=parent_death.preexec_fn(default_sigint=default_sigint))
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  try:
+    time.sleep(0.2)  # the child has exec'd `sleep`
+    ignores_sigint = bool(_ignored_signals(child.pid) & (1 << (signal.SIGINT - 1)))
+    assert ignores_sigint != default_sigint
+    if default_sigint:
+      child.send_signal(signal.SIGINT)
+      assert child.wait(timeout=10) == -signal.SIGINT
+  finally:
+    child.kill()
+    child.wait()

@@ -493,7 +493,8 @@ def _execution(name: str, cfg: Mapping[str, Any]):
     return 'per_client', f'--algorithm={name}: {PER_CLIENT_ONLY[name]}'
   if cfg.get('workers') or cfg.get('data_on_workers'):
     return 'per_client', '--workers/--data_on_workers: TFF workers run each client as a call'
-  return cohort.CohortExecution(mode=cfg.get('cohort_mode', 'auto')), None
+  return cohort.CohortExecution(mode=cfg.get('cohort_mode', 'auto'),
+                                jit_compile=bool(cfg.get('cohort_jit_compile'))), None
 
 
 def execution_line(process, reason: Optional[str]) -> str:

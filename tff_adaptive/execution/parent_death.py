@@ -37,11 +37,27 @@ def _prctl() -> Optional[Callable[..., int]]:
     return None
 
 
-def preexec_fn(signum: int = signal.SIGKILL) -> Optional[Callable[[], None]]:
+@functools.cache
+def _libc_signal() -> Optional[Callable[..., int]]:
+  """libc's signal(), loaded in the parent like `_prctl`."""
+  try:
+    return ctypes.CDLL('libc.so.6', use_errno=True).signal
+  except (OSError, AttributeError):
+    return None
+
+
+def preexec_fn(signum: int = signal.SIGKILL,
+               default_sigint: bool = False) -> Optional[Callable[[], None]]:
   """A `Popen` `preexec_fn` that has the child receive `signum` when its parent dies.
 
   Args:
     signum: the signal (SIGKILL for workers; SIGTERM lets a trial stop cleanly).
+    default_sigint: also give the child SIGINT's default action. A process
+      started in the background by a non-interactive shell (nohup, CI runners,
+      `cmd &`) ignores SIGINT and its children inherit that; TFF stops its
+      local worker with SIGINT and then waits for it without a time limit
+      (`ServiceManager.__del__`, when a context replaces another), which then
+      never returns (observed: a test hung for 28 minutes).
 
   Returns:
     The function for `preexec_fn`, or None where the kernel has no
@@ -51,8 +67,12 @@ def preexec_fn(signum: int = signal.SIGKILL) -> Optional[Callable[[], None]]:
   if prctl is None:
     return None
   option, value = _PR_SET_PDEATHSIG, int(signum)  # plain ints: nothing to convert in the child
+  reset = _libc_signal() if default_sigint else None
+  sigint, default = int(signal.SIGINT), int(signal.SIG_DFL)
 
   def set_parent_death_signal() -> None:
     prctl(option, value)
+    if reset is not None:
+      reset(sigint, default)
 
   return set_parent_death_signal

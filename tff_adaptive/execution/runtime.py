@@ -105,7 +105,8 @@ class _TrackedPopen(subprocess.Popen):
     kwargs['stdout'] = log
     kwargs['stderr'] = subprocess.STDOUT
     kwargs['stdin'] = subprocess.DEVNULL
-    kwargs['preexec_fn'] = parent_death.preexec_fn(signal.SIGKILL)
+    # SIGINT at its default: TFF stops this worker with SIGINT and waits.
+    kwargs['preexec_fn'] = parent_death.preexec_fn(signal.SIGKILL, default_sigint=True)
     super().__init__(args, **kwargs)
     log.close()
     with _lock:
