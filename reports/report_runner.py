@@ -37,13 +37,14 @@ def _train(args: Sequence[str]):
   from workflow import cli  # pylint: disable=g-import-not-at-top
   _FLAGS.unparse_flags()
   _FLAGS(['bin/train.py', *args])
-  cfg = {k: _FLAGS[k].value for k in cli.TRAIN_FLAG_NAMES}
   started, cpu = time.monotonic(), time.process_time()
-  try:
-    cli.run_training(cfg)
+  try:  # what bin/train's main() does: presets and algorithm defaults, then the run
+    cfg, notes = cli.resolve_flags(_FLAGS)
+    cli.run_training(cfg, notes)
     status = 'ok'
-  except SystemExit as e:  # bin/train exits 1 on divergence, 2 on bad flags
-    status = 'diverged' if e.code == 1 else f'exit {e.code}'
+  except cli.RunError as e:  # exit status 1: diverged or failed; 2: bad flags or files
+    cli.report(e)
+    status = 'diverged' if e.exit_code == 1 else f'exit {e.exit_code}'
   return tuple(args), status, time.monotonic() - started, time.process_time() - cpu
 
 
