@@ -13,6 +13,21 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import pytest
 
 
+# Files holding the longest tests (a 3-minute pip install, many in-process
+# bin/train runs) go first: `-n 2` hands out tests in collection order, and a
+# long test collected last keeps one worker busy long after the other is idle.
+# Whole files move, so module-scoped fixtures are still set up once.
+_LONG_FILES_FIRST = ('test_install.py', 'test_train_workflow.py', 'test_train_cli.py',
+                     'test_cohort.py', 'test_library_docs.py', 'test_round_schedules.py',
+                     'test_tasks_docs.py', 'test_shakespeare_build.py', 'test_workers.py')
+
+
+def pytest_collection_modifyitems(session, config, items):
+  del session, config
+  rank = {name: i for i, name in enumerate(_LONG_FILES_FIRST)}
+  items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
+
+
 def pytest_configure(config):
   del config
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top

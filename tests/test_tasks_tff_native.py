@@ -137,6 +137,20 @@ def test_emnist_autoencoder_reconstructs_inverted_pixels_and_evaluates_mse(tff_d
   assert metrics['mean_absolute_error'] == pytest.approx(np.mean(np.abs(error)), rel=1e-4)
 
 
+def test_eval_stride_evaluates_every_kth_test_example(tff_dir):
+  task = registry.create_task('emnist_autoencoder', _cfg(tff_dir))
+  model = task.keras_model_fn()
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  inputs = np.concatenate([b[0] for b in task.keras_evaluation().data_fn()])
+  kept = inputs[::3]
+  assert 0 < len(kept) < len(inputs)
+  metrics = program.KerasEvaluator(task, stride=3)(weights)
+  error = model.predict(kept, verbose=0) - kept
+  assert metrics['mean_squared_error'] == pytest.approx(np.mean(error ** 2), rel=1e-4)
+  everything = program.KerasEvaluator(task)(weights)['mean_squared_error']
+  assert everything != pytest.approx(metrics['mean_squared_error'], rel=1e-6)
+
+
 def test_shakespeare_character_targets_are_inputs_shifted(tff_dir):
   task = registry.create_task('shakespeare_character',
                               _cfg(tff_dir, shakespeare_character_model='gru128'))

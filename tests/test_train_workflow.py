@@ -48,19 +48,42 @@ def _texts(artists):
   return [a.get_text() for a in artists]
 
 
-def test_every_algorithm_runs_with_only_its_name(tmp_path, capsys):
+ONLY_ITS_NAME = {name: [f'--algorithm={name}'] for name in algorithms.ALGORITHMS}
+ONLY_ITS_NAME['fedada2_dja'] = ['--algorithm=fedada2', '--preconditioner=dja']  # dense clients
+# The defaults are printed when the run starts.
+DEFAULT_LINES = {
+    'fedgbo': ["fedgbo: --client_optimizer=adam (this algorithm's default)",
+               "fedgbo: --local_steps=10 (this algorithm's default)"],
+    'mtfl': ["mtfl: --digits_model=cnn_bn (this algorithm's default)"],
+    'fedada2_dja': ["fedada2: --client_optimizer=adam (this algorithm's default)"],
+    'ce_fedavg': ["ce_fedavg: --upload_compression=topk_uniq (this algorithm's default)"],
+}
+
+
+def test_every_algorithm_has_defaults():
   assert set(algorithm_defaults.DEFAULTS) == set(algorithms.ALGORITHMS)
-  cases = [[f'--algorithm={name}'] for name in algorithms.ALGORITHMS]
-  cases.append(['--algorithm=fedada2', '--preconditioner=dja'])  # dense clients by default
-  run_dirs = {}
-  for args in cases:
-    cfg, notes, row = _run(tmp_path, *args, '--total_rounds=1')
-    assert np.isfinite(row['eval/loss']), args
-    assert _rounds(cli.experiment_dir(cfg)) == ['1'], args
-    run_dirs.setdefault(cfg['algorithm'], cli.experiment_dir(cfg))
-  # The demo's plot (bin/demo.sh: bin/plot.py over two runs), of these one-round runs.
-  fig = plotting.plot_runs_figure([run_dirs['fedavg'], run_dirs['fedadam']],
-                                  metrics=('eval/accuracy', 'eval/loss'))
+
+
+@pytest.mark.parametrize('case', sorted(ONLY_ITS_NAME))
+def test_every_algorithm_runs_with_only_its_name(case, tmp_path, capsys):
+  cfg, _, row = _run(tmp_path, *ONLY_ITS_NAME[case], '--total_rounds=1')
+  assert np.isfinite(row['eval/loss'])
+  assert _rounds(cli.experiment_dir(cfg)) == ['1']
+  err = capsys.readouterr().err
+  for line in DEFAULT_LINES.get(case, ()):
+    assert line in err
+  if case == 'fedgbo':  # the run's flags as a TensorBoard HParams session, beside its scalars
+    hparams = tensorboard_hparams.read_hparams(
+        os.path.join(cli.experiment_dir(cfg), 'tensorboard'))
+    assert hparams['algorithm'] == 'fedgbo' and hparams['client_optimizer'] == 'adam'
+    assert hparams['local_steps'] == 10 and 'root_output_dir' not in hparams
+
+
+def test_demo_plot_of_one_round_runs(tmp_path):
+  """The demo's plot (bin/demo.sh: bin/plot.py over two runs), of one-round runs."""
+  run_dirs = [cli.experiment_dir(_run(tmp_path, f'--algorithm={name}', '--total_rounds=1')[0])
+              for name in ('fedavg', 'fedadam')]
+  fig = plotting.plot_runs_figure(run_dirs, metrics=('eval/accuracy', 'eval/loss'))
   title = fig._suptitle.get_text()  # pylint: disable=protected-access
   assert title.startswith('digits: ') and 'num_clients=4' in title and 'clients_per_round=2' in title
   assert [ax.get_xlabel() for ax in fig.axes] == ['round', 'round']
@@ -69,17 +92,6 @@ def test_every_algorithm_runs_with_only_its_name(tmp_path, capsys):
   assert _texts(fig.legends[0].get_texts()) == ['fedavg', 'fedadam']
   assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ['1']
   plotting.plt.close(fig)
-  # The run's flags as a TensorBoard HParams session, beside its scalars.
-  hparams = tensorboard_hparams.read_hparams(os.path.join(run_dirs['fedgbo'], 'tensorboard'))
-  assert hparams['algorithm'] == 'fedgbo' and hparams['client_optimizer'] == 'adam'
-  assert hparams['local_steps'] == 10 and 'root_output_dir' not in hparams
-  err = capsys.readouterr().err
-  # The defaults are printed when the run starts.
-  assert "fedgbo: --client_optimizer=adam (this algorithm's default)" in err
-  assert "fedgbo: --local_steps=10 (this algorithm's default)" in err
-  assert "mtfl: --digits_model=cnn_bn (this algorithm's default)" in err
-  assert "fedada2: --client_optimizer=adam (this algorithm's default)" in err  # with dja
-  assert "ce_fedavg: --upload_compression=topk_uniq (this algorithm's default)" in err
 
 
 def test_explicit_flags_win_and_contradictions_fail_in_one_line():

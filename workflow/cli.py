@@ -34,6 +34,7 @@ RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'rounds_per_ch
 TRAIN_FLAG_NAMES = train_flags.TRAIN_FLAG_NAMES
 POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_round',
                  'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'sm3_delay',
+                 'eval_stride',
                  'pfedme_inner_steps', 'divergence_rounds', 'schedule_window',
                  'plateau_patience', 'client_lr_decay_steps', 'server_lr_decay_steps')
 NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples', 'seed',
@@ -724,7 +725,8 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
   loop = program.LoopConfig(
       total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],
       rounds_per_eval=cfg['rounds_per_eval'], rounds_per_checkpoint=cfg['rounds_per_checkpoint'],
-      output_dir=out, seed=cfg['seed'], local_steps=cfg.get('local_steps') or None,
+      eval_stride=cfg.get('eval_stride') or 1, output_dir=out, seed=cfg['seed'],
+      local_steps=cfg.get('local_steps') or None,
       show_progress=cfg.get('show_progress', True),
       schedules=schedules, client_state=client_state,
       divergence_factor=10.0 if divergence_factor is None else divergence_factor,

@@ -250,6 +250,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
     ('loop', 'Training loop and output', [
         _i('total_rounds', 100, 'Total rounds (may be raised when resuming).'),
         _i('rounds_per_eval', 5, 'Evaluate every this many rounds.'),
+        _i('eval_stride', 1, 'Evaluate on every k-th example of the test set (1: all of it); '
+           'for large test sets such as LEAF Shakespeare\'s.'),
         _i('rounds_per_checkpoint', 10, 'Checkpoint every this many rounds.'),
         _s('root_output_dir', 'runs', 'Root directory for experiment outputs.'),
         _s('experiment_name', '', 'Experiment directory name. Default: <task>_<algorithm>, '
