@@ -1,7 +1,7 @@
-"""Smoke test of bench/run.py (issue 10): tiny sizes, schema and finite ratios.
+"""Smoke test of bench/run.py (issues 10, 23): tiny sizes, schema and finite ratios.
 
-No timing assertion: the machine is shared; only the code path and the JSON
-schema are checked.
+No timing assertion: the machine is shared; only the code path, the JSON
+schema and the cohort rows' equality to the per-client rows are checked.
 """
 
 import json
@@ -10,6 +10,7 @@ import os
 import sys
 
 import pytest
+import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'bench'))
@@ -23,7 +24,7 @@ def results(tmp_path_factory):
   written = bench.main([
       f'--out_dir={out}', '--sections=overhead,scaling,memory', '--model=linear', '--clients=2',
       '--local_steps=2', '--batch=4', '--reps=2', '--algorithms=fedavg,tff_fedavg',
-      '--data=ids', '--profile_rounds=1', '--scaling_models=linear',
+      '--data=ids', '--profile_rounds=1', '--cohort_executions=', '--scaling_models=linear',
       '--scaling_algorithms=tff_fedavg', '--scaling_clients=2', '--memory_rounds=4',
       '--memory_model=linear', '--memory_algorithm=tff_fedavg'])
   return out, written
@@ -88,3 +89,86 @@ def test_rounds_train_the_same_data_as_raw():
   assert (batches[0][0].numpy() == x.numpy()[:3]).all()
   python = setting.python_datasets()
   assert len(python) == 2 and (list(python[1])[0][0].numpy() == x.numpy()[:3]).all()
+
+
+# -- cohort rows (issue 23) ---------------------------------------------------
+
+COHORT_ROWS = {'fedavg@cohort_vec', 'fedavg@cohort_seq', 'fedavg@cohort_vec_cpp',
+               'fedavg@cohort_seq_xla', 'fedadam@cohort_vec', 'fedadam@cohort_seq'}
+
+
+@pytest.fixture(scope='module')
+def cohort_results(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp('bench_cohort'))
+  bench.main([
+      f'--out_dir={out}', '--sections=overhead,scaling', '--model=mlp', '--clients=3',
+      '--local_steps=2', '--batch=4', '--reps=1', '--algorithms=fedavg,fedadam',
+      '--data=python', '--profile_rounds=0', '--scaling_models=linear',
+      '--scaling_algorithms=fedavg', '--scaling_clients=2',
+      '--cohort_executions=cohort_vec,cohort_seq,cohort_vec_cpp,cohort_seq_xla'])
+  return out
+
+
+def test_cohort_rows_update_equals_per_client(cohort_results):
+  data = _load(os.path.join(cohort_results, 'overhead.json'))
+  rows = {r['algorithm']: r for r in data['rows']}
+  assert set(rows) == {'fedavg', 'fedadam'} | COHORT_ROWS
+  for name in COHORT_ROWS:
+    r = rows[name]
+    assert r['data'] == 'arrays' and r['execution'] == name.split('@')[1]
+    # Same initial weights and batches as the per-client row: the same update.
+    assert r['update_max_abs'] > 1e-4, r  # the round moved the weights
+    assert r['update_max_abs_diff'] <= 1e-5 and r['update_equal'], r
+    for key in ('round_s', 'ratio', 'first_round_s', 'build_s', 'pad_s', 'data_s'):
+      assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+    assert len(data['times_s'][f'{name}/arrays']) == 1
+  assert rows['fedavg@cohort_vec']['execution_mode'] == 'vectorized'
+  assert rows['fedavg@cohort_seq']['execution_mode'] == 'sequential'
+  assert not rows['fedavg@cohort_vec_cpp']['in_process']
+  assert rows['fedavg@cohort_seq_xla']['jit_compile']
+  # ÷ FedAvg of a cohort row is against FedAvg run the same way.
+  assert rows['fedavg@cohort_seq']['ratio_to_fedavg'] == pytest.approx(1.0)
+  assert rows['fedadam@cohort_vec']['ratio_to_fedavg'] == pytest.approx(
+      rows['fedadam@cohort_vec']['round_s'] / rows['fedavg@cohort_vec']['round_s'])
+  targets = data['targets']
+  assert targets['all_updates_equal'] and targets['best_fedavg_cohort'] in COHORT_ROWS
+  assert set(targets['adaptive_over_fedavg_cohort']) == {'fedadam@cohort_vec',
+                                                         'fedadam@cohort_seq'}
+
+
+def test_cohort_rows_in_scaling_and_markdown(cohort_results):
+  scaling = _load(os.path.join(cohort_results, 'scaling.json'))
+  algorithms = {e['algorithm'] for e in scaling['entries']}
+  assert algorithms == {'fedavg'} | {n for n in COHORT_ROWS if n.startswith('fedavg@')}
+  assert all(e['update_max_abs_diff'] <= 1e-5 for e in scaling['entries'] if '@' in e['algorithm'])
+  table = open(os.path.join(cohort_results, 'README.md')).read()
+  for name in COHORT_ROWS:
+    assert f'| {name} | arrays |' in table
+  assert 'Targets (issue 23)' in table and 'every cohort update equals' in table
+  assert '| fedavg@cohort_seq_xla |' in table.split('## scaling')[1]
+
+
+def test_algorithms_without_a_cohort_form_are_named_not_run():
+  setting = bench.Setting('mlp', clients=2, steps=1, batch=2)
+  process, reason = bench.bench_cohort.build('mimelite', setting.task(),
+                                             bench._config('mimelite', setting), 'cohort_vec')
+  assert process is None and 'template' in reason
+  specs = list(bench.bench_cohort.row_specs(['fedadam', 'tff_fedavg', 'fedavg'],
+                                            ['cohort_vec', 'cohort_vec_cpp'], bench.ALGORITHMS))
+  assert [s[0] for s in specs] == ['fedadam@cohort_vec', 'fedavg@cohort_vec',
+                                   'fedavg@cohort_vec_cpp']
+
+
+@pytest.mark.parametrize('model', ['so_lr', 'gru'])
+def test_issue_23_models_and_raw_loops(model):
+  setting = bench.Setting(model, clients=2, steps=1, batch=2)
+  x, y = setting.client_tensors(0)
+  spec = bench.MODELS[model]
+  assert x.shape == (2,) + spec.x_shape and y.shape == (2,) + spec.y_shape
+  if model == 'so_lr':  # a normalised bag of words, multi-hot tags
+    assert float(tf.reduce_max(tf.abs(tf.reduce_sum(x, 1) - 1.0))) < 1e-5
+    assert set(y.numpy().ravel()) <= {0.0, 1.0}
+  else:  # tokens, never padding
+    assert int(tf.reduce_min(x)) >= 1 and int(tf.reduce_max(x)) < spec.classes
+  assert math.isfinite(float(bench.build_raw(setting)()))
+  assert set(bench.SETTINGS) == {'mlp_50x10', 'mlp_5x100', 'mlp_200x10', 'so_lr', 'cnn', 'gru'}
