@@ -156,7 +156,7 @@ def build_raw(setting: Setting):
         with tf.GradientTape() as tape:
           loss = loss_fn(y[c, k], model(x[c, k], training=True))
         for v, g in zip(variables, tape.gradient(loss, variables)):
-          v.assign_sub(LEARNING_RATE * g)
+          v.assign_sub(LEARNING_RATE * tf.convert_to_tensor(g))  # Embedding grads are IndexedSlices
     return loss
 
   return lambda: raw_round().numpy()
@@ -185,7 +185,7 @@ def build_raw_pipeline(setting: Setting):
         with tf.GradientTape() as tape:
           loss = loss_fn(yb, model(xb, training=True))
         for v, g in zip(variables, tape.gradient(loss, variables)):
-          v.assign_sub(LEARNING_RATE * g)
+          v.assign_sub(LEARNING_RATE * tf.convert_to_tensor(g))  # Embedding grads are IndexedSlices
     return loss
 
   return lambda: raw_round().numpy()
@@ -244,37 +244,50 @@ class Runner:
 
 
 def build_cohort_runners(setting: Setting, names, executions, runners):
-  """Cohort runners (row key → runner) and the rows skipped (row → reason).
+  """Cohort runners (row key → runner), the rows skipped (row → why the
+  algorithm runs per client) and the rows that failed (row → the error).
 
   Each starts from the state of the per-client runner of its algorithm in
   `runners` (one is built, untimed, if none was asked for) and records its
   first round's difference to that runner's first round.
   """
   specs = list(bench_cohort.row_specs(names, executions, ALGORITHMS))
-  cohort_runners, skipped, references = collections.OrderedDict(), {}, {}
+  cohort_runners, skipped, failed, references = collections.OrderedDict(), {}, {}, {}
   arrays = data_s = None
   for row, name, key in specs:
-    algorithm, extra = ALGORITHMS[name]
-    t0 = time.perf_counter()
-    process, reason = bench_cohort.build(algorithm, setting.task(), _config(name, setting), key)
-    build_s = time.perf_counter() - t0
-    if process is None:
-      skipped[row] = reason
-      print(f'{row}: not run ({reason})', file=sys.stderr, flush=True)
-      continue
+    algorithm, _ = ALGORITHMS[name]
     if name not in references:
       references[name] = next((r for k, r in runners.items() if k.split('/')[0] == name), None)
+    if arrays is None:
+      arrays, data_s = bench_cohort.client_arrays(setting)
+    try:
+      t0 = time.perf_counter()
+      process, reason = bench_cohort.build(algorithm, setting.task(), _config(name, setting), key)
+      build_s = time.perf_counter() - t0
+      if process is None:
+        skipped[row] = reason
+        print(f'{row}: not run ({reason})', file=sys.stderr, flush=True)
+        continue
       if references[name] is None:
         references[name] = Runner(name, setting, 'python')
         references[name].first()
-    if arrays is None:
-      arrays, data_s = bench_cohort.client_arrays(setting)
-    runner = bench_cohort.CohortRunner(process, build_s, arrays, data_s,
-                                       references[name].initial_state)
-    runner.first()
+      runner = bench_cohort.CohortRunner(process, build_s, arrays, data_s,
+                                         references[name].initial_state)
+      runner.first()
+    # A combination the cohort program cannot build (tf.vectorized_map of a
+    # GRU) is a result of the run, not the end of it.
+    except Exception as e:  # pylint: disable=broad-except
+      failed[row] = f'{type(e).__name__}: {_first_line(e)}'
+      print(f'{row}: failed ({failed[row]})', file=sys.stderr, flush=True)
+      continue
     runner.reference = references[name]
     cohort_runners[f'{row}/{bench_cohort.DATA}'] = runner
-  return cohort_runners, skipped
+  return cohort_runners, skipped, failed
+
+
+def _first_line(error: Exception) -> str:
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  return (lines[-1] if lines else '')[:300]
 
 
 def interleaved(fns: dict, reps: int) -> dict:
@@ -313,8 +326,8 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
       runner.first()
       runners[f'{name}/{mode}'] = runner
       fns[f'{name}/{mode}'] = runner
-  cohort_runners, cohort_skipped = build_cohort_runners(setting, names, cohort_executions,
-                                                        runners)
+  cohort_runners, cohort_skipped, cohort_failed = build_cohort_runners(
+      setting, names, cohort_executions, runners)
   runners.update(cohort_runners)
   fns.update(cohort_runners)
   times = interleaved(fns, reps)
@@ -352,8 +365,27 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
       setting=vars_of(setting), reps=reps, load_before=load_before, load_after=_load(),
       raw_times_s=times['raw'], raw_pipeline_times_s=times['raw_pipeline'],
       raw_pipeline_over_raw=_finite_ratio(raw_pipeline, raw), rows=rows, times_s=times,
-      cohort_skipped=cohort_skipped, targets=bench_cohort.targets(rows, TFF_REFERENCE),
+      cohort_skipped=cohort_skipped, cohort_failed=cohort_failed, targets=bench_cohort.targets(rows, TFF_REFERENCE),
       profiles=profiles)
+
+
+SCALING_COLUMNS = ['model', 'clients', 'algorithm', 'data', 'raw_s', 'raw_pipeline_s', 'round_s',
+                   'ratio', 'ratio_to_raw_pipeline', 'first_round_s', 'update_max_abs_diff',
+                   'rss_mib', 'worker_rss_mib', 'peak_rss_mib', 'load']
+
+
+def scaling_entry(model: str, clients: int, row, load: float) -> collections.OrderedDict:
+  """One row of an overhead section as an entry of the scaling table."""
+  entry = collections.OrderedDict(
+      model=model, clients=clients, algorithm=row['algorithm'], data=row['data'],
+      raw_s=row['raw_s'], raw_pipeline_s=row['raw_pipeline_s'], round_s=row['round_s'],
+      ratio=row['ratio'], ratio_to_raw_pipeline=row['ratio_to_raw_pipeline'],
+      first_round_s=row['first_round_s'],
+      rss_mib=_rss_kib() / 1024, worker_rss_mib=_worker_rss_kib() / 1024,
+      peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, load=load)
+  if 'update_max_abs_diff' in row:  # a cohort row: its equality to the per-client round
+    entry['update_max_abs_diff'] = row['update_max_abs_diff']
+  return entry
 
 
 def vars_of(setting):
@@ -574,6 +606,10 @@ def _markdown_cohort_notes(data) -> list:
   if skipped:
     lines += ['', 'Cohort rows not run (the algorithm runs per client): ' + '; '.join(
         f'{row} ({reason})' for row, reason in skipped.items())]
+  failed = data.get('cohort_failed') or {}
+  if failed:
+    lines += ['', '**Cohort rows that failed** (build or first round): ' + '; '.join(
+        f'{row} ({error})' for row, error in failed.items())]
   return lines
 
 
@@ -639,22 +675,10 @@ def main(argv=None):
         setting = Setting(model, clients, args.local_steps, args.batch)
         res = overhead_section(setting, args.scaling_algorithms.split(','), modes,
                                max(2, args.reps // 2), cohort_executions=cohort_executions)
-        for r in res['rows']:
-          entries.append(collections.OrderedDict(
-              model=model, clients=clients, algorithm=r['algorithm'], data=r['data'],
-              raw_s=r['raw_s'], raw_pipeline_s=r['raw_pipeline_s'], round_s=r['round_s'],
-              ratio=r['ratio'], ratio_to_raw_pipeline=r['ratio_to_raw_pipeline'],
-              first_round_s=r['first_round_s'],
-              rss_mib=_rss_kib() / 1024, worker_rss_mib=_worker_rss_kib() / 1024,
-              peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-              load=res['load_after'][0]))
-          if 'update_max_abs_diff' in r:
-            entries[-1]['update_max_abs_diff'] = r['update_max_abs_diff']
+        entries += [scaling_entry(model, clients, r, res['load_after'][0]) for r in res['rows']]
         print(entries[-len(res['rows']):], flush=True)
     written.append(write(args.out_dir, f'scaling{tag}', collections.OrderedDict(
-        columns=['model', 'clients', 'algorithm', 'data', 'raw_s', 'raw_pipeline_s', 'round_s',
-                 'ratio', 'ratio_to_raw_pipeline', 'first_round_s', 'update_max_abs_diff',
-                 'rss_mib', 'worker_rss_mib', 'peak_rss_mib', 'load'],
+        columns=SCALING_COLUMNS,
         entries=entries, load_before=load_before, load_after=_load(),
         execution_concurrency=concurrency)))
   if 'memory' in sections:
