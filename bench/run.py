@@ -14,21 +14,28 @@ markdown table of all of them):
              mfl-adam, fedada2 (SM3-Adam clients), mimelite and TFF's own
              `build_weighted_fed_avg`, with client data passed from Python
              (`python`) and built on the executor from client seeds (`ids`,
-             `tff.simulation.compose_dataset_computation_with_learning_process`).
-             Raw compute = one `tf.function` running the same C clients × K
-             SGD minibatch steps on the same model and the same (in-memory)
+             `tff.simulation.compose_dataset_computation_with_learning_process`),
+             and as one compiled program over the cohort (issue 23, rows
+             `<algorithm>@cohort_vec|cohort_seq|cohort_vec_cpp|cohort_seq_xla`,
+             bench_cohort.py: vectorised or in sequence, in process, through
+             TFF's C++ executor, XLA), each checked equal to the per-client
+             round. Raw compute = one `tf.function` running the same C clients
+             × K SGD minibatch steps on the same model and the same (in-memory)
              batches, resetting the weights per client.
-  scaling:   the same ratio for FedAvg (ours, TFF's) at 10/50/200 clients per
-             round and for three model sizes (synthetic linear, digits MLP,
-             EMNIST-shaped CNN).
+  scaling:   the same ratio for FedAvg (ours per client and as a cohort, TFF's)
+             at 10/50/200 clients per round and for three model sizes
+             (synthetic linear, digits MLP, EMNIST-shaped CNN).
   memory:    resident memory after every round over many rounds; slope of the
              second half (KiB/round) and peak.
   first_round: seconds to build the process, to initialise it, and for the
              first round (tracing + compilation) against a later round.
   profile:   cProfile of `process.next` (top functions by cumulative time).
 
-The data is synthetic: client c's examples are `tf.random.stateless_*` draws
-seeded by c, so the executor can rebuild them from the seed alone.
+Models (bench_models.py): linear, mlp (digits), cnn (EMNIST-shaped), so_lr
+(Stack-Overflow-LR shaped, 10,000 → 500 multi-hot), gru (Shakespeare GRU
+2 × 128 over 80 characters). The data is synthetic: client c's examples are
+`tf.random.stateless_*` draws seeded by c, so the executor can rebuild them
+from the seed alone.
 """
 
 import argparse
@@ -46,6 +53,8 @@ import time
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Its siblings, also when imported as `bench.run`.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 # pylint: disable=g-import-not-at-top
@@ -53,8 +62,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tasks import digits
-from tasks import synthetic
+import bench_cohort
+import bench_models
 from tff_adaptive.execution import runtime
 from workflow import algorithms as registry
 
@@ -74,27 +83,20 @@ TFF_REFERENCE = 'tff_fedavg'
 
 
 # ---------------------------------------------------------------------------
-# Models and data.
+# Models and data (bench_models.py).
 
-def _emnist_cnn() -> tf.keras.Model:
-  """EMNIST-shaped CNN: conv32-conv64-pool-FC128-FC62 (TFF's emnist_character)."""
-  layers = tf.keras.layers
-  init = lambda i: tf.keras.initializers.GlorotUniform(seed=i)
-  return tf.keras.Sequential([
-      layers.InputLayer(input_shape=(28, 28, 1)),
-      layers.Conv2D(32, 3, activation='relu', kernel_initializer=init(1)),
-      layers.Conv2D(64, 3, activation='relu', kernel_initializer=init(2)),
-      layers.MaxPool2D(2), layers.Flatten(),
-      layers.Dense(128, activation='relu', kernel_initializer=init(3)),
-      layers.Dense(62, kernel_initializer=init(4))])
+# name → ModelSpec (keras builder, example and label shapes and dtypes, classes)
+MODELS = bench_models.MODELS
 
-
-# name → (keras builder, example shape, classes)
-MODELS = {
-    'linear': (synthetic.build_keras_model, (synthetic.DIM,), synthetic.NUM_CLASSES),
-    'mlp': (lambda: digits.build_keras_model('mlp'), (8, 8, 1), digits.NUM_CLASSES),
-    'cnn': (_emnist_cnn, (28, 28, 1), 62),
-}
+# Issue 23's settings: --setting=NAME → (model, clients, local steps, batch).
+SETTINGS = collections.OrderedDict([
+    ('mlp_50x10', ('mlp', 50, 10, 20)),
+    ('mlp_5x100', ('mlp', 5, 100, 20)),
+    ('mlp_200x10', ('mlp', 200, 10, 20)),
+    ('so_lr', ('so_lr', 10, 10, 20)),
+    ('cnn', ('cnn', 10, 10, 20)),
+    ('gru', ('gru', 10, 10, 4)),
+])
 
 
 class Setting:
@@ -102,15 +104,18 @@ class Setting:
 
   def __init__(self, model: str, clients: int, steps: int, batch: int):
     self.model, self.clients, self.steps, self.batch = model, clients, steps, batch
-    self.keras_fn, self.shape, self.classes = MODELS[model]
-    self.input_spec = (tf.TensorSpec((None,) + self.shape, tf.float32),
-                       tf.TensorSpec((None,), tf.int32))
+    self.spec = MODELS[model]
+    self.keras_fn, self.shape, self.classes = self.spec.keras_fn, self.spec.x_shape, self.spec.classes
+    self.input_spec = (tf.TensorSpec((None,) + self.shape, self.spec.x_dtype),
+                       tf.TensorSpec((None,) + self.spec.y_shape, self.spec.y_dtype))
+
+  def loss_fn(self) -> tf.keras.losses.Loss:
+    return bench_models.loss_fn(self.spec)
 
   def model_fn(self) -> tff.learning.models.VariableModel:
     return tff.learning.models.from_keras_model(
-        self.keras_fn(), input_spec=self.input_spec,
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+        self.keras_fn(), input_spec=self.input_spec, loss=self.loss_fn(),
+        metrics=bench_models.metrics(self.spec))
 
   def task(self):
     # The registry's builders read model_fn, keras_model_fn and name only.
@@ -119,11 +124,7 @@ class Setting:
 
   def client_tensors(self, seed):
     """Client `seed`'s K·B examples (also traced inside the executor's dataset fn)."""
-    n = self.steps * self.batch
-    seed = tf.stack([tf.cast(seed, tf.int32), tf.constant(17, tf.int32)])
-    x = tf.random.stateless_uniform((n,) + self.shape, seed=seed)
-    y = tf.random.stateless_uniform((n,), seed=seed + 1, maxval=self.classes, dtype=tf.int32)
-    return x, y
+    return bench_models.examples(self.spec, seed, self.steps * self.batch)
 
   def client_dataset(self, seed) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices(self.client_tensors(seed)).batch(self.batch)
@@ -138,13 +139,13 @@ class Setting:
 def build_raw(setting: Setting):
   """The compute limit: a plain tf.function doing the round's minibatch steps."""
   model = setting.keras_fn()
-  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  loss_fn = setting.loss_fn()
   variables = model.trainable_variables
   initial = [tf.constant(v.numpy()) for v in variables]
   xs, ys = zip(*(setting.client_tensors(c) for c in range(setting.clients)))
   b = setting.batch
   x = tf.reshape(tf.stack(xs), (setting.clients, setting.steps, b) + setting.shape)
-  y = tf.reshape(tf.stack(ys), (setting.clients, setting.steps, b))
+  y = tf.reshape(tf.stack(ys), (setting.clients, setting.steps, b) + setting.spec.y_shape)
 
   @tf.function
   def raw_round():
@@ -155,7 +156,7 @@ def build_raw(setting: Setting):
         with tf.GradientTape() as tape:
           loss = loss_fn(y[c, k], model(x[c, k], training=True))
         for v, g in zip(variables, tape.gradient(loss, variables)):
-          v.assign_sub(LEARNING_RATE * g)
+          v.assign_sub(LEARNING_RATE * tf.convert_to_tensor(g))  # Embedding grads are IndexedSlices
     return loss
 
   return lambda: raw_round().numpy()
@@ -168,7 +169,7 @@ def build_raw_pipeline(setting: Setting):
   raw_pipeline is the executor's cost alone and raw_pipeline ÷ raw the data
   pipeline's."""
   model = setting.keras_fn()
-  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  loss_fn = setting.loss_fn()
   variables = model.trainable_variables
   initial = [tf.constant(v.numpy()) for v in variables]
   xs, ys = zip(*(setting.client_tensors(c) for c in range(setting.clients)))
@@ -184,7 +185,7 @@ def build_raw_pipeline(setting: Setting):
         with tf.GradientTape() as tape:
           loss = loss_fn(yb, model(xb, training=True))
         for v, g in zip(variables, tape.gradient(loss, variables)):
-          v.assign_sub(LEARNING_RATE * g)
+          v.assign_sub(LEARNING_RATE * tf.convert_to_tensor(g))  # Embedding grads are IndexedSlices
     return loss
 
   return lambda: raw_round().numpy()
@@ -196,9 +197,13 @@ def build_process(name: str, setting: Setting):
         setting.model_fn,
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(LEARNING_RATE),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
-  algorithm, extra = ALGORITHMS[name]
-  cfg = dict(client_learning_rate=LEARNING_RATE, local_steps=setting.steps, **extra)
-  return registry.build(algorithm, setting.task(), cfg)
+  algorithm, _ = ALGORITHMS[name]
+  return registry.build(algorithm, setting.task(), _config(name, setting))
+
+
+def _config(name: str, setting: Setting) -> dict:
+  _, extra = ALGORITHMS[name]
+  return dict(client_learning_rate=LEARNING_RATE, local_steps=setting.steps, **extra)
 
 
 class Runner:
@@ -221,8 +226,10 @@ class Runner:
     t0 = time.perf_counter()
     self.state = process.initialize()
     self.init_s = time.perf_counter() - t0
+    self.initial_state = self.state
     self.process = process
     self.first_round_s = None
+    self.first_state = None
 
   def __call__(self):
     out = self.process.next(self.state, self.client_data())
@@ -233,6 +240,54 @@ class Runner:
     t0 = time.perf_counter()
     self()
     self.first_round_s = time.perf_counter() - t0
+    self.first_state = self.state
+
+
+def build_cohort_runners(setting: Setting, names, executions, runners):
+  """Cohort runners (row key → runner), the rows skipped (row → why the
+  algorithm runs per client) and the rows that failed (row → the error).
+
+  Each starts from the state of the per-client runner of its algorithm in
+  `runners` (one is built, untimed, if none was asked for) and records its
+  first round's difference to that runner's first round.
+  """
+  specs = list(bench_cohort.row_specs(names, executions, ALGORITHMS))
+  cohort_runners, skipped, failed, references = collections.OrderedDict(), {}, {}, {}
+  arrays = data_s = None
+  for row, name, key in specs:
+    algorithm, _ = ALGORITHMS[name]
+    if name not in references:
+      references[name] = next((r for k, r in runners.items() if k.split('/')[0] == name), None)
+    if arrays is None:
+      arrays, data_s = bench_cohort.client_arrays(setting)
+    try:
+      t0 = time.perf_counter()
+      process, reason = bench_cohort.build(algorithm, setting.task(), _config(name, setting), key)
+      build_s = time.perf_counter() - t0
+      if process is None:
+        skipped[row] = reason
+        print(f'{row}: not run ({reason})', file=sys.stderr, flush=True)
+        continue
+      if references[name] is None:
+        references[name] = Runner(name, setting, 'python')
+        references[name].first()
+      runner = bench_cohort.CohortRunner(process, build_s, arrays, data_s,
+                                         references[name].initial_state)
+      runner.first()
+    # A combination the cohort program cannot build (tf.vectorized_map of a
+    # GRU) is a result of the run, not the end of it.
+    except Exception as e:  # pylint: disable=broad-except
+      failed[row] = f'{type(e).__name__}: {_first_line(e)}'
+      print(f'{row}: failed ({failed[row]})', file=sys.stderr, flush=True)
+      continue
+    runner.reference = references[name]
+    cohort_runners[f'{row}/{bench_cohort.DATA}'] = runner
+  return cohort_runners, skipped, failed
+
+
+def _first_line(error: Exception) -> str:
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  return (lines[-1] if lines else '')[:300]
 
 
 def interleaved(fns: dict, reps: int) -> dict:
@@ -256,8 +311,10 @@ def _finite_ratio(a, b):
   return float(a / b) if b > 0 else float('nan')
 
 
-def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0):
-  """Ratios to raw compute for `names` under each data mode, all interleaved."""
+def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0,
+                     cohort_executions=()):
+  """Ratios to raw compute for `names` under each data mode and each cohort
+  execution (bench_cohort.py), all interleaved."""
   load_before = _load()
   fns = {'raw': build_raw(setting), 'raw_pipeline': build_raw_pipeline(setting)}
   fns['raw']()  # trace
@@ -269,6 +326,10 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
       runner.first()
       runners[f'{name}/{mode}'] = runner
       fns[f'{name}/{mode}'] = runner
+  cohort_runners, cohort_skipped, cohort_failed = build_cohort_runners(
+      setting, names, cohort_executions, runners)
+  runners.update(cohort_runners)
+  fns.update(cohort_runners)
   times = interleaved(fns, reps)
   raw = statistics.median(times['raw'])
   raw_pipeline = statistics.median(times['raw_pipeline'])
@@ -278,13 +339,22 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
     med = statistics.median(times[key])
     per_rep = [t / r for t, r in zip(times[key], times['raw'])]
     rows.append(collections.OrderedDict(
-        algorithm=name, data=mode, round_s=med, raw_s=raw, ratio=_finite_ratio(med, raw),
+        algorithm=name, data=mode,
+        execution=name.split('@')[1] if '@' in name else 'per_client',
+        round_s=med, raw_s=raw, ratio=_finite_ratio(med, raw),
         raw_pipeline_s=raw_pipeline, ratio_to_raw_pipeline=_finite_ratio(med, raw_pipeline),
         ratio_per_rep_median=statistics.median(per_rep),
         build_s=runner.build_s, init_s=runner.init_s, first_round_s=runner.first_round_s,
         first_round_over_round=_finite_ratio(runner.first_round_s, med)))
+    if key in cohort_runners:
+      rows[-1].update(bench_cohort.row_fields(runner, runner.reference))
+      if not rows[-1]['update_equal']:
+        print(f"{name}: round update differs from the per-client one by "
+              f"{rows[-1]['update_max_abs_diff']:.3g}", file=sys.stderr, flush=True)
   for row in rows:
-    base = [r for r in rows if r['algorithm'] == 'fedavg' and r['data'] == row['data']]
+    # Same data and execution: cohort rows against FedAvg run the same way.
+    base = [r for r in rows if r['algorithm'].split('@')[0] == 'fedavg' and
+            r['data'] == row['data'] and r['execution'] == row['execution']]
     row['ratio_to_fedavg'] = _finite_ratio(row['round_s'], base[0]['round_s']) if base else None
   profiles = {}
   if profile_rounds:
@@ -295,7 +365,27 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
       setting=vars_of(setting), reps=reps, load_before=load_before, load_after=_load(),
       raw_times_s=times['raw'], raw_pipeline_times_s=times['raw_pipeline'],
       raw_pipeline_over_raw=_finite_ratio(raw_pipeline, raw), rows=rows, times_s=times,
+      cohort_skipped=cohort_skipped, cohort_failed=cohort_failed, targets=bench_cohort.targets(rows, TFF_REFERENCE),
       profiles=profiles)
+
+
+SCALING_COLUMNS = ['model', 'clients', 'algorithm', 'data', 'raw_s', 'raw_pipeline_s', 'round_s',
+                   'ratio', 'ratio_to_raw_pipeline', 'first_round_s', 'update_max_abs_diff',
+                   'rss_mib', 'worker_rss_mib', 'peak_rss_mib', 'load']
+
+
+def scaling_entry(model: str, clients: int, row, load: float) -> collections.OrderedDict:
+  """One row of an overhead section as an entry of the scaling table."""
+  entry = collections.OrderedDict(
+      model=model, clients=clients, algorithm=row['algorithm'], data=row['data'],
+      raw_s=row['raw_s'], raw_pipeline_s=row['raw_pipeline_s'], round_s=row['round_s'],
+      ratio=row['ratio'], ratio_to_raw_pipeline=row['ratio_to_raw_pipeline'],
+      first_round_s=row['first_round_s'],
+      rss_mib=_rss_kib() / 1024, worker_rss_mib=_worker_rss_kib() / 1024,
+      peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, load=load)
+  if 'update_max_abs_diff' in row:  # a cohort row: its equality to the per-client round
+    entry['update_max_abs_diff'] = row['update_max_abs_diff']
+  return entry
 
 
 def vars_of(setting):
@@ -411,15 +501,21 @@ def markdown(out_dir) -> str:
                      f"{statistics.median(data['raw_pipeline_times_s']):.3f} s "
                      f"({data['raw_pipeline_over_raw']:.2f}× raw)")
         lines.append('')
-      lines.append('| algorithm | data | round s | ÷ raw | ÷ raw_pipeline | ÷ FedAvg (same data) | '
-                   'build s | init s | first round s | first ÷ later |')
-      lines.append('|---|---|---|---|---|---|---|---|---|---|')
+      lines.append('| algorithm | data | round s | ÷ raw | ÷ raw_pipeline | '
+                   '÷ FedAvg (same data, execution) | build s | init s | first round s | '
+                   'first ÷ later | of which padding s | update − per-client update |')
+      lines.append('|---|---|---|---|---|---|---|---|---|---|---|---|')
       for r in data['rows']:
         fa = f"{r['ratio_to_fedavg']:.2f}" if r.get('ratio_to_fedavg') else '–'
         rp = f"{r['ratio_to_raw_pipeline']:.2f}" if r.get('ratio_to_raw_pipeline') else '–'
+        pad = f"{r['pad_s']:.3f}" if 'pad_s' in r else '–'
+        diff = (f"{r['update_max_abs_diff']:.1e}" + ('' if r['update_equal'] else ' **differs**')
+                if 'update_max_abs_diff' in r else '–')
         lines.append(f"| {r['algorithm']} | {r['data']} | {r['round_s']:.3f} | "
                      f"{r['ratio']:.2f} | {rp} | {fa} | {r['build_s']:.1f} | {r['init_s']:.1f} | "
-                     f"{r['first_round_s']:.1f} | {r['first_round_over_round']:.1f} |")
+                     f"{r['first_round_s']:.1f} | {r['first_round_over_round']:.1f} | {pad} | "
+                     f"{diff} |")
+      lines += _markdown_cohort_notes(data)
     elif data['section'].startswith('native_profile'):
       s = data['setting']
       lines.append(f"`perf` samples of this process and its worker_binary, {s['model']}, "
@@ -454,8 +550,7 @@ def markdown(out_dir) -> str:
       lines.append('|' + '---|' * len(data['columns']))
       for e in data['entries']:
         lines.append('| ' + ' | '.join(
-            (f'{e[c]:.2f}' if isinstance(e[c], float) else str(e[c])) if c in e else '–'
-            for c in data['columns']) + ' |')
+            _cell(e[c]) if c in e else '–' for c in data['columns']) + ' |')
     elif 'create' in data:  # bench/data_path.py
       lines.append(f"Stand-ins in {data['data_dir']}; K = {data['local_steps']} steps × batch "
                    f"{data['batch']}; load {data['load_before']} → {data['load_after']}")
@@ -487,12 +582,46 @@ def markdown(out_dir) -> str:
   return text
 
 
+def _cell(value) -> str:
+  if isinstance(value, float):
+    return f'{value:.1e}' if 0 < abs(value) < 0.005 else f'{value:.2f}'
+  return str(value)
+
+
+def _markdown_cohort_notes(data) -> list:
+  """Issue 23's targets and the cohort rows not run, under an overhead table."""
+  lines = []
+  t = data.get('targets') or {}
+  if t.get('best_fedavg_cohort'):
+    lines += ['', f"Targets (issue 23): fastest FedAvg cohort row {t['best_fedavg_cohort']} "
+                  f"{t['best_fedavg_cohort_over_raw']:.2f}× raw"]
+    if t.get('tff_fedavg_over_best_cohort'):
+      lines[-1] += f"; TFF's FedAvg takes {t['tff_fedavg_over_best_cohort']:.1f}× its round"
+    if t.get('adaptive_over_fedavg_cohort'):
+      lines[-1] += '; ÷ FedAvg (cohort, same execution): ' + ', '.join(
+          f'{k} {v:.2f}' for k, v in t['adaptive_over_fedavg_cohort'].items() if v)
+    lines[-1] += ('; every cohort update equals the per-client one' if t['all_updates_equal']
+                  else '; **a cohort update differs from the per-client one**')
+  skipped = data.get('cohort_skipped') or {}
+  if skipped:
+    lines += ['', 'Cohort rows not run (the algorithm runs per client): ' + '; '.join(
+        f'{row} ({reason})' for row, reason in skipped.items())]
+  failed = data.get('cohort_failed') or {}
+  if failed:
+    lines += ['', '**Cohort rows that failed** (build or first round): ' + '; '.join(
+        f'{row} ({error})' for row, error in failed.items())]
+  return lines
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--out_dir', default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                    'results'))
   p.add_argument('--sections', default='overhead,scaling,memory',
                  help='comma list of overhead, scaling, memory')
+  p.add_argument('--setting', default='', choices=[''] + list(SETTINGS),
+                 help='one of issue 23\'s settings: sets --model, --clients, --local_steps, '
+                      '--batch and (unless given) --tag')
   p.add_argument('--model', default='cnn', choices=sorted(MODELS))
   p.add_argument('--clients', type=int, default=10)
   p.add_argument('--local_steps', type=int, default=10)
@@ -500,6 +629,10 @@ def main(argv=None):
   p.add_argument('--reps', type=int, default=5)
   p.add_argument('--algorithms', default=','.join(list(ALGORITHMS) + [TFF_REFERENCE]))
   p.add_argument('--data', default='python,ids', help='client data modes: python, ids')
+  p.add_argument('--cohort_executions', default=','.join(bench_cohort.EXECUTIONS),
+                 help='cohort rows (bench/bench_cohort.py) for every algorithm the cohort '
+                      'execution supports, in overhead and scaling; %s only for fedavg; '
+                      'empty: none' % ', '.join(bench_cohort.FEDAVG_ONLY))
   p.add_argument('--profile_rounds', type=int, default=2, help='0: no profile')
   p.add_argument('--scaling_clients', default='10,50,200')
   p.add_argument('--scaling_models', default='linear,mlp,cnn')
@@ -514,16 +647,21 @@ def main(argv=None):
                       "default, two per CPU core; -1: unlimited, TFF's default)")
   p.add_argument('--tag', default='', help='suffix of the JSON file names')
   args = p.parse_args(argv)
+  if args.setting:
+    args.model, args.clients, args.local_steps, args.batch = SETTINGS[args.setting]
+    args.tag = args.tag or args.setting
   runtime.use_local_cpp_context(max_concurrent_computation_calls=args.execution_concurrency)
   concurrency = runtime.resolve_concurrency(args.execution_concurrency)  # -1: unlimited
   sections = [s for s in args.sections.split(',') if s]
   modes = [m for m in args.data.split(',') if m]
   names = [a for a in args.algorithms.split(',') if a]
+  cohort_executions = [c for c in args.cohort_executions.split(',') if c]
   tag = f'_{args.tag}' if args.tag else ''
   written = []
   if 'overhead' in sections:
     setting = Setting(args.model, args.clients, args.local_steps, args.batch)
-    result = overhead_section(setting, names, modes, args.reps, args.profile_rounds)
+    result = overhead_section(setting, names, modes, args.reps, args.profile_rounds,
+                              cohort_executions)
     result['execution_concurrency'] = concurrency
     written.append(write(args.out_dir, f'overhead{tag}', result))
     print(json.dumps(result['rows'], indent=1), flush=True)
@@ -536,20 +674,11 @@ def main(argv=None):
           continue
         setting = Setting(model, clients, args.local_steps, args.batch)
         res = overhead_section(setting, args.scaling_algorithms.split(','), modes,
-                               max(2, args.reps // 2))
-        for r in res['rows']:
-          entries.append(collections.OrderedDict(
-              model=model, clients=clients, algorithm=r['algorithm'], data=r['data'],
-              raw_s=r['raw_s'], raw_pipeline_s=r['raw_pipeline_s'], round_s=r['round_s'],
-              ratio=r['ratio'], ratio_to_raw_pipeline=r['ratio_to_raw_pipeline'],
-              rss_mib=_rss_kib() / 1024, worker_rss_mib=_worker_rss_kib() / 1024,
-              peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-              load=res['load_after'][0]))
+                               max(2, args.reps // 2), cohort_executions=cohort_executions)
+        entries += [scaling_entry(model, clients, r, res['load_after'][0]) for r in res['rows']]
         print(entries[-len(res['rows']):], flush=True)
     written.append(write(args.out_dir, f'scaling{tag}', collections.OrderedDict(
-        columns=['model', 'clients', 'algorithm', 'data', 'raw_s', 'raw_pipeline_s', 'round_s',
-                 'ratio', 'ratio_to_raw_pipeline', 'rss_mib', 'worker_rss_mib', 'peak_rss_mib',
-                 'load'],
+        columns=SCALING_COLUMNS,
         entries=entries, load_before=load_before, load_after=_load(),
         execution_concurrency=concurrency)))
   if 'memory' in sections:

@@ -1,7 +1,7 @@
-"""Smoke test of bench/run.py (issue 10): tiny sizes, schema and finite ratios.
+"""Smoke test of bench/run.py (issues 10, 23): tiny sizes, schema and finite ratios.
 
-No timing assertion: the machine is shared; only the code path and the JSON
-schema are checked.
+No timing assertion: the machine is shared; only the code path, the JSON
+schema and the cohort rows' equality to the per-client rows are checked.
 """
 
 import json
@@ -10,11 +10,18 @@ import os
 import sys
 
 import pytest
+import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'bench'))
 
 import run as bench  # pylint: disable=g-import-not-at-top
+
+
+# Every cohort execution of FedAvg (the default --cohort_executions); tff_fedavg
+# has no cohort form.
+COHORT_ROWS = ('fedavg@cohort_vec', 'fedavg@cohort_seq', 'fedavg@cohort_vec_cpp',
+               'fedavg@cohort_seq_xla')
 
 
 @pytest.fixture(scope='module')
@@ -42,6 +49,10 @@ def test_writes_every_section_and_the_table(results):
   assert names == ['memory_ids.json', 'overhead.json', 'scaling.json']
   table = open(os.path.join(out, 'README.md')).read()
   assert '## overhead' in table and 'tff_fedavg' in table and 'nproc=' in table
+  for name in COHORT_ROWS:
+    assert f'| {name} | arrays |' in table
+  assert 'Targets (issue 23): fastest FedAvg cohort row fedavg@' in table
+  assert 'every cohort update equals the per-client one' in table
 
 
 def test_overhead_schema_and_ratios(results):
@@ -51,7 +62,8 @@ def test_overhead_schema_and_ratios(results):
   assert set(data['machine']) >= {'nproc', 'cpu_model', 'memory_gib', 'load_average'}
   assert len(data['load_before']) == 3 and len(data['load_after']) == 3
   rows = {(r['algorithm'], r['data']): r for r in data['rows']}
-  assert set(rows) == {('fedavg', 'ids'), ('tff_fedavg', 'ids')}
+  assert set(rows) == {('fedavg', 'ids'), ('tff_fedavg', 'ids')} | {
+      (name, 'arrays') for name in COHORT_ROWS}
   for r in rows.values():
     for key in ('round_s', 'raw_s', 'ratio', 'ratio_per_rep_median', 'first_round_s',
                 'raw_pipeline_s', 'ratio_to_raw_pipeline',
@@ -88,3 +100,75 @@ def test_rounds_train_the_same_data_as_raw():
   assert (batches[0][0].numpy() == x.numpy()[:3]).all()
   python = setting.python_datasets()
   assert len(python) == 2 and (list(python[1])[0][0].numpy() == x.numpy()[:3]).all()
+
+
+
+
+# -- cohort rows (issue 23) ---------------------------------------------------
+
+
+def test_cohort_rows_update_equals_per_client(results):
+  out, _ = results
+  data = _load(os.path.join(out, 'overhead.json'))
+  rows = {r['algorithm']: r for r in data['rows']}
+  for name in COHORT_ROWS:
+    r = rows[name]
+    assert r['data'] == 'arrays' and r['execution'] == name.split('@')[1]
+    # Same initial weights and batches as the per-client row: the same update.
+    assert r['update_max_abs'] > 1e-4, r  # the round moved the weights
+    assert r['update_max_abs_diff'] <= 1e-5 and r['update_equal'], r
+    for key in ('pad_s', 'data_s'):
+      assert math.isfinite(r[key]) and r[key] >= 0, (key, r)
+  assert rows['fedavg@cohort_vec']['execution_mode'] == 'vectorized'
+  assert rows['fedavg@cohort_seq']['execution_mode'] == 'sequential'
+  assert not rows['fedavg@cohort_vec_cpp']['in_process']
+  assert rows['fedavg@cohort_seq_xla']['jit_compile']
+  targets = data['targets']
+  assert targets['all_updates_equal'] and targets['best_fedavg_cohort'] in COHORT_ROWS
+  assert targets['tff_fedavg_over_best_cohort'] > 0
+  assert data['cohort_skipped'] == {} and data['cohort_failed'] == {}
+
+
+def test_targets_compare_adaptive_rows_with_fedavg_run_the_same_way():
+  row = lambda name, round_s, ratio_to_fedavg: dict(
+      algorithm=name, round_s=round_s, ratio=round_s / 0.5, ratio_to_fedavg=ratio_to_fedavg,
+      update_equal=True)
+  rows = [row('fedavg', 2.0, 1.0), row('tff_fedavg', 8.0, 4.0),
+          row('fedavg@cohort_vec', 0.2, 1.0), row('fedavg@cohort_seq', 0.4, 1.0),
+          row('fedadam@cohort_vec', 0.22, 1.1)]
+  targets = bench.bench_cohort.targets(rows, bench.TFF_REFERENCE)
+  assert targets['best_fedavg_cohort'] == 'fedavg@cohort_vec'
+  assert targets['best_fedavg_cohort_over_raw'] == pytest.approx(0.4)
+  assert targets['tff_fedavg_over_best_cohort'] == pytest.approx(40.0)
+  assert targets['adaptive_over_fedavg_cohort'] == {'fedadam@cohort_vec': 1.1}
+  entry = bench.scaling_entry('mlp', 10, dict(rows[2], data='arrays', raw_s=0.5,
+                                              raw_pipeline_s=0.6, ratio_to_raw_pipeline=0.3,
+                                              first_round_s=3.0, update_max_abs_diff=2e-9), 0.5)
+  assert entry['update_max_abs_diff'] == 2e-9 and set(entry) == set(bench.SCALING_COLUMNS)
+  assert bench._cell(2e-9) == '2.0e-09' and bench._cell(0.25) == '0.25'  # pylint: disable=protected-access
+
+
+def test_algorithms_without_a_cohort_form_are_named_not_run():
+  setting = bench.Setting('mlp', clients=2, steps=1, batch=2)
+  process, reason = bench.bench_cohort.build(
+      'mimelite', setting.task(), bench._config('mimelite', setting), 'cohort_vec')  # pylint: disable=protected-access
+  assert process is None and 'template' in reason
+  specs = bench.bench_cohort.row_specs(['fedadam', 'tff_fedavg', 'mimelite', 'fedavg'],
+                                       ['cohort_vec', 'cohort_vec_cpp'], bench.ALGORITHMS)
+  assert [s[0] for s in specs] == ['fedadam@cohort_vec', 'mimelite@cohort_vec',
+                                   'fedavg@cohort_vec', 'fedavg@cohort_vec_cpp']
+
+
+@pytest.mark.parametrize('model', ['so_lr', 'gru'])
+def test_issue_23_models_and_their_raw_loops(model):
+  setting = bench.Setting(model, clients=2, steps=1, batch=2)
+  x, y = setting.client_tensors(0)
+  spec = bench.MODELS[model]
+  assert x.shape == (2,) + spec.x_shape and y.shape == (2,) + spec.y_shape
+  if model == 'so_lr':  # a normalised bag of words, multi-hot tags
+    assert float(tf.reduce_max(tf.abs(tf.reduce_sum(x, 1) - 1.0))) < 1e-5
+    assert set(y.numpy().ravel()) <= {0.0, 1.0}
+  else:  # tokens, never padding
+    assert int(tf.reduce_min(x)) >= 1 and int(tf.reduce_max(x)) < spec.classes
+  assert math.isfinite(float(bench.build_raw(setting)()))
+  assert bench.SETTINGS[model][0] == model

@@ -1,0 +1,160 @@
+"""Cohort rows of bench/run.py (issue 23): the round as one compiled program.
+
+Row `<algorithm>@<execution>`, data `arrays`:
+
+  cohort_vec       CohortExecution(mode='vectorized'), in process (tf.function)
+  cohort_seq       CohortExecution(mode='sequential'), in process
+  cohort_vec_cpp   CohortExecution(mode='vectorized', in_process=False): the same
+                   shard program called through TFF's C++ executor (fedavg only)
+  cohort_seq_xla   CohortExecution(mode='sequential', jit_compile=True): client
+                   steps compiled by XLA; the compilation falls in the first round
+                   (fedavg only)
+
+Data: each client's K batches are read once from the bench's in-memory
+datasets into NumPy arrays (`cohort_data.client_batches`, what the workflow's
+`ClientCache` keeps between rounds; seconds in `data_s`, not in the round).
+A timed round is `process.make_shards(arrays)` (padding into the
+[clients, steps, batch, ...] tensors; seconds also in `pad_s`) plus
+`process.next`. The workflow pads the next round on a background thread; here
+it is in the foreground, so the row is an upper bound.
+
+Equality: every cohort process starts from the per-client process's initial
+state, and its first round's update must equal that process's first round
+(same state, same batches) within `TOLERANCE`; the rows carry the difference.
+"""
+
+import collections
+import time
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from tff_adaptive.algorithms import composer
+from tff_adaptive.rounds import cohort
+from tff_adaptive.rounds import cohort_data
+from workflow import algorithms as registry
+
+EXECUTIONS = collections.OrderedDict([
+    ('cohort_vec', dict(mode='vectorized')),
+    ('cohort_seq', dict(mode='sequential')),
+    ('cohort_vec_cpp', dict(mode='vectorized', in_process=False)),
+    ('cohort_seq_xla', dict(mode='sequential', jit_compile=True)),
+])
+FEDAVG_ONLY = ('cohort_vec_cpp', 'cohort_seq_xla')
+DATA = 'arrays'
+TOLERANCE = 1e-5
+
+
+def row_specs(names, executions, algorithms):
+  """(row name, bench algorithm, execution) for the cohort rows of `names`."""
+  for name in names:
+    if name not in algorithms:  # TFF's own FedAvg: no cohort form
+      continue
+    for key in executions:
+      if key not in EXECUTIONS:
+        raise ValueError(f'unknown cohort execution {key!r}; one of {", ".join(EXECUTIONS)}')
+      if key in FEDAVG_ONLY and name != 'fedavg':
+        continue
+      yield f'{name}@{key}', name, key
+
+
+def build(algorithm: str, task, cfg, key: str):
+  """(CohortProcess, None), or (None, why the algorithm runs per client)."""
+  if algorithm in registry.PER_CLIENT_ONLY:
+    return None, registry.PER_CLIENT_ONLY[algorithm]
+  execution = cohort.CohortExecution(**EXECUTIONS[key])
+  # What registry.build does for --execution=cohort, with the execution given
+  # whole (the registry's flags do not reach in_process).
+  with warnings.catch_warnings(record=True) as caught, composer.round_option_defaults(
+      execution=execution):
+    warnings.simplefilter('always')
+    process = registry.ALGORITHMS[algorithm].build(task, cfg)
+  if isinstance(process, cohort.CohortProcess):
+    return process, None
+  notes = [str(w.message) for w in caught if 'cohort execution does not apply' in str(w.message)]
+  return None, notes[0] if notes else 'the builder returned a per-client process'
+
+
+def client_arrays(setting):
+  """(each client's K batches as NumPy arrays, seconds): read once per setting."""
+  t0 = time.perf_counter()
+  batches = [cohort_data.client_batches(ds, setting.steps) for ds in setting.python_datasets()]
+  return batches, time.perf_counter() - t0
+
+
+class CohortRunner:
+  """A cohort process fed the padded arrays; same interface as run.Runner."""
+
+  def __init__(self, process, build_s: float, arrays, data_s: float, initial_state=None):
+    self.process = process
+    self.build_s = build_s
+    self.arrays = arrays
+    self.data_s = data_s
+    t0 = time.perf_counter()
+    state = process.initialize()
+    self.init_s = time.perf_counter() - t0
+    # The per-client row's initial state: same weights, same layout.
+    self.initial_state = state if initial_state is None else initial_state
+    self.state = self.initial_state
+    self.first_round_s = None
+    self.first_state = None
+    self.pad_times_s = []
+
+  def __call__(self):
+    t0 = time.perf_counter()
+    shards = self.process.make_shards(self.arrays)
+    self.pad_times_s.append(time.perf_counter() - t0)
+    out = self.process.next(self.state, shards)
+    self.state = out.state
+    return out.metrics
+
+  def first(self):
+    t0 = time.perf_counter()
+    self()
+    self.first_round_s = time.perf_counter() - t0
+    self.first_state = self.state
+    self.pad_times_s.clear()  # the timed rounds' only
+
+
+def update_difference(reference, runner):
+  """Max |Δ_cohort − Δ_per_client| of the first round and max |Δ_per_client|."""
+  trainable = lambda state: [np.asarray(t, np.float64) for t in
+                             tf.nest.flatten(state.global_model_weights.trainable)]
+  start = trainable(reference.initial_state)
+  expected = [w - s for w, s in zip(trainable(reference.first_state), start)]
+  actual = [w - s for w, s in zip(trainable(runner.first_state), start)]
+  diff = max(float(np.max(np.abs(a - e))) for a, e in zip(actual, expected))
+  scale = max(float(np.max(np.abs(e))) for e in expected)
+  return diff, scale
+
+
+def row_fields(runner, reference) -> collections.OrderedDict:
+  """The cohort-only fields of a row."""
+  diff, scale = update_difference(reference, runner)
+  return collections.OrderedDict(
+      execution_mode='vectorized' if runner.process.vectorized else 'sequential',
+      in_process=runner.process.execution.in_process,
+      jit_compile=runner.process.execution.jit_compile,
+      data_s=runner.data_s,
+      pad_s=float(np.median(runner.pad_times_s)) if runner.pad_times_s else float('nan'),
+      padding_waste=runner.process.shard_stats.waste,
+      update_max_abs_diff=diff, update_max_abs=scale,
+      update_equal=bool(diff <= TOLERANCE * max(1.0, scale)))
+
+
+def targets(rows, tff_reference: str) -> collections.OrderedDict:
+  """Issue 23's acceptance ratios from one section's rows (None: not measured)."""
+  fedavg = [r for r in rows if r['algorithm'].startswith('fedavg@')]
+  best = min(fedavg, key=lambda r: r['round_s'], default=None)
+  tff = [r for r in rows if r['algorithm'] == tff_reference]
+  adaptive = collections.OrderedDict(
+      (r['algorithm'], r['ratio_to_fedavg']) for r in rows
+      if '@' in r['algorithm'] and not r['algorithm'].startswith('fedavg@'))
+  return collections.OrderedDict(
+      best_fedavg_cohort=best['algorithm'] if best else None,
+      best_fedavg_cohort_over_raw=best['ratio'] if best else None,
+      adaptive_over_fedavg_cohort=adaptive,
+      tff_fedavg_over_best_cohort=(min(r['round_s'] for r in tff) / best['round_s']
+                                   if best and tff else None),
+      all_updates_equal=all(r['update_equal'] for r in rows if 'update_equal' in r))
