@@ -142,10 +142,10 @@ def build(local_steps, config):
 def test_checkers_see_flag_text_and_flag_dict_reads():
   """The checks above can fail: a planted module is caught on every line that should be."""
   found = flag_texts(BAD_SNIPPET, 'tff_adaptive/planted.py')
-  assert [line.split(':')[1] for line in found] == ['2', '6', '7', '10', '11'], found
+  assert sorted(int(line.split(':')[1]) for line in found) == [2, 6, 7, 10, 11], found
   assert any("--local_steps in '--local_steps must be >= 1; got '" in line for line in found)
   reads = flag_dict_reads(BAD_SNIPPET, 'tff_adaptive/planted.py')
-  assert [line.split(':')[1] for line in reads] == ['12', '12'], reads
+  assert [int(line.split(':')[1]) for line in reads] == [12, 12], reads
   assert not flag_texts(GOOD_SNIPPET, 'tff_adaptive/planted.py')
   assert not flag_dict_reads(GOOD_SNIPPET, 'tff_adaptive/planted.py')
   # The allow-list is per file: the worker's command line elsewhere is flag text.

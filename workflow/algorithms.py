@@ -465,7 +465,8 @@ def build(name: str, task: task_base.FederatedTask,
   with warnings.catch_warnings(record=True) as caught, composer.round_option_defaults(
       measure_client_drift=measure_drift, execution=execution):
     warnings.simplefilter('always')
-    with library_flags.named_by_flags(cfg, ConfigError):  # the library names its arguments
+    # The library names its arguments; the task's name picks the model flag to suggest.
+    with library_flags.named_by_flags({'task': getattr(task, 'name', None), **cfg}, ConfigError):
       process = entry.build(task, cfg)
   for warning in caught:
     text = str(warning.message)
