@@ -249,9 +249,9 @@ def test_validate_names_the_flag(args, flag):
     cli.validate(cfg)
 
 
-def test_builders_name_the_flag():
+def test_builders_name_the_argument_and_the_registry_the_flag():
   for s in (1.0, -0.1, 1.5):
-    with pytest.raises(ValueError, match='--sparsity'):
+    with pytest.raises(ValueError, match=r'SharedIndexCompressionFactory: sparsity must be in'):
       compression.SharedIndexCompressionFactory(s)
   with pytest.raises(registry.ConfigError, match='--upload_compression'):
     registry.build('ce_fedavg', None, dict(algorithm='ce_fedavg', client_optimizer='adam',

@@ -220,7 +220,7 @@ def test_fedgbo_refuses_unequal_local_steps(clients):
   empty = collections.OrderedDict(x=clients[0]['x'][:0], y=clients[0]['y'][:0])
   with pytest.raises(Exception, match='same number of local steps'):
     process.next(process.initialize(), at.datasets([clients[0], empty]))
-  with pytest.raises(ValueError, match='--local_steps'):
+  with pytest.raises(ValueError, match='local_steps must be an integer ≥ 1'):
     fedgbo.build_fedgbo(at.model_fn, _opt('sgdm'), local_steps=0)
 
 

@@ -470,11 +470,11 @@ def test_noisy_clients_get_fixed_noise_and_leave_the_mean(task, mtfl_all, tmp_pa
 
 
 def test_bad_input_gets_clear_errors(tmp_path):
-  with pytest.raises(ValueError, match=r'--private=gamma_beta needs a model with '
+  with pytest.raises(ValueError, match=r"private='gamma_beta' needs a model with "
                                        r'BatchNormalization'):
     mtfl.build_mtfl(common.keras_model_fn(mlp_keras_model, _SPEC), mlp_keras_model,
                     tff.learning.optimizers.build_sgdm(LR), private='gamma_beta')
-  with pytest.raises(ValueError, match='--private must be one of'):
+  with pytest.raises(ValueError, match='patch_layout: private must be one of'):
     mtfl.patch_layout(bn_keras_model(), 'everything')
   # Through the registry, as bin/train builds it (exit 2 with this one line).
   from tasks import digits  # pylint: disable=g-import-not-at-top

@@ -227,7 +227,7 @@ def test_optimizers_an_algorithm_cannot_take_are_named():
     fedgbo.build_fedgbo(at.model_fn, opts.build_adam(0.1), local_steps=K,
                         model_distributor=tff.learning.templates.build_broadcast_process(
                             tff.learning.models.weights_type_from_model(at.model_fn)))
-  with pytest.raises(ValueError, match=r'--preconditioner=dja needs a dense'):
+  with pytest.raises(ValueError, match=r"preconditioner='dja' needs a dense"):
     fedada2.build_fedada2(at.model_fn, sm3.build_sm3_adam(0.1), opts.build_adam(1.0),
                           preconditioner='dja')
 

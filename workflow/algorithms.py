@@ -16,6 +16,7 @@ import tensorflow_federated as tff
 
 from tasks import base as task_base
 from workflow import algorithm_defaults as algorithm_defaults_table
+from workflow import library_flags
 from tff_adaptive.accounting import flops
 from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
@@ -190,7 +191,7 @@ def _biased_client_optimizer(cfg):
   name, lr = cfg['client_optimizer'], cfg['client_learning_rate']
   beta_1, beta_2 = cfg.get('client_beta_1', 0.9), cfg.get('client_beta_2', 0.99)
   epsilon = cfg.get('client_epsilon', 1e-8)
-  # Validates the values with messages naming the flags.
+  # Validates the values (`build` names the flags in its messages).
   biased_optimizers.BiasedOptimizer(name, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
   if name == 'sgdm':
     return tff.learning.optimizers.build_sgdm(lr, momentum=beta_1)
@@ -464,7 +465,9 @@ def build(name: str, task: task_base.FederatedTask,
   with warnings.catch_warnings(record=True) as caught, composer.round_option_defaults(
       measure_client_drift=measure_drift, execution=execution):
     warnings.simplefilter('always')
-    process = entry.build(task, cfg)
+    # The library names its arguments; the task's name picks the model flag to suggest.
+    with library_flags.named_by_flags({'task': getattr(task, 'name', None), **cfg}, ConfigError):
+      process = entry.build(task, cfg)
   for warning in caught:
     text = str(warning.message)
     if 'the cohort execution does not apply' in text:

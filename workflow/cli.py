@@ -20,6 +20,7 @@ from absl import flags
 from absl import logging
 
 from workflow import errors
+from workflow import library_flags
 from workflow import train_flags
 
 # Flags whose change does not alter the computation: allowed on resume.
@@ -225,7 +226,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
   try:
     addresses = worker_process.parse_addresses(cfg.get('workers') or '')
   except ValueError as e:
-    raise UsageError(str(e)) from None
+    raise UsageError(library_flags.flag_message(str(e), cfg)) from None
   if (cfg.get('workers') or '').strip() and not addresses:
     raise UsageError(f'--workers lists no address (host:port,...); got {cfg["workers"]!r} '
                      '(leave the flag out to run locally)')
@@ -713,8 +714,8 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
     task, client_state = personalization.setup(cfg, task, process, out, RESUMABLE_CHANGES)
   except UsageError:
     raise
-  except ValueError as e:
-    raise UsageError(str(e)) from e  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
+  except ValueError as e:  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
+    raise UsageError(library_flags.flag_message(str(e), cfg)) from e
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
     raise UsageError(f'cannot write {e.filename or out}: {e.strerror}') from e
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too

@@ -274,7 +274,12 @@ def _store(cfg, task, process, output_dir, ignored_flags) -> client_state.Client
   fingerprint['experiment'] = experiment_fingerprint(cfg, ignored_flags)
   initial = (process.private_initial if is_personalized(process)
              else process.client_state_initial)
-  return client_state.ClientStateStore(directory, initial, fingerprint)
+  try:
+    return client_state.ClientStateStore(directory, initial, fingerprint)
+  except client_state.ClientStateError as e:
+    # The directory is the flag's or one below the experiment's: either flag chooses another.
+    raise client_state.ClientStateError(
+        e.problem, 'use a new --experiment_name, --root_output_dir or --client_state_dir') from None
 
 
 def setup(cfg: Mapping[str, Any], task: task_base.FederatedTask, process, output_dir: str,

@@ -17,9 +17,9 @@ RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [128,
 def dp_aggregator(noise_multiplier: float, clip_norm: float,
                   clients_per_round: int) -> tff.aggregators.UnweightedAggregationFactory:
   if noise_multiplier is None or noise_multiplier < 0:
-    raise ValueError(f'--dp_noise_multiplier must be ≥ 0 for DP; got {noise_multiplier}')
+    raise ValueError(f'dp_aggregator: noise_multiplier must be ≥ 0; got {noise_multiplier}')
   if clip_norm is None or not clip_norm > 0:
-    raise ValueError(f'--dp_clip_norm must be > 0 for DP; got {clip_norm}')
+    raise ValueError(f'dp_aggregator: clip_norm must be > 0; got {clip_norm}')
   return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
       noise_multiplier=noise_multiplier, clients_per_round=clients_per_round, clip=clip_norm)
 

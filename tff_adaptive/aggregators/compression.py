@@ -39,7 +39,7 @@ class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
 
   def __init__(self, sparsity: float, quantize: bool = True):
     if not 0.0 <= sparsity < 1.0:
-      raise ValueError(f'--sparsity must be in [0, 1); got {sparsity}')
+      raise ValueError(f'SharedIndexCompressionFactory: sparsity must be in [0, 1); got {sparsity}')
     self._sparsity = float(sparsity)
     self._quantize = bool(quantize)
 

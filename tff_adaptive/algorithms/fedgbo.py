@@ -36,7 +36,7 @@ UPLOADS = ('model', 'average_gradient')
 def fedgbo_recipe(optimizer: biased_optimizers.BiasedOptimizer,
                   upload: str = 'model') -> composer.Recipe:
   if upload not in UPLOADS:
-    raise ValueError(f'--fedgbo_upload must be one of {", ".join(UPLOADS)}; got {upload!r}')
+    raise ValueError(f'fedgbo: upload must be one of {", ".join(UPLOADS)}; got {upload!r}')
   average_gradient = upload == 'average_gradient'
 
   def init_local(s, y0):
@@ -110,7 +110,8 @@ def build_fedgbo(
   `server_optimizer_fn`.
   """
   if not local_steps or local_steps < 1:
-    raise ValueError('--local_steps: FedGBO needs exactly K ≥ 1 local steps per client')
+    raise ValueError('fedgbo: local_steps must be an integer ≥ 1 (FedGBO runs exactly K local '
+                     f'steps per client); got {local_steps!r}')
   optimizer, learning_rate = adapters.to_biased(client_optimizer_fn, algorithm='fedgbo')
   return composer.build_process(
       model_fn, fedgbo_recipe(optimizer, upload), client_learning_rate=learning_rate,

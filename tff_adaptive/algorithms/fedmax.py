@@ -79,7 +79,7 @@ def with_penultimate_output(keras_model: tf.keras.Model) -> tf.keras.Model:
 def fedmax_model_fn(keras_model_fn: Callable[[], tf.keras.Model], beta: float,
                     input_spec) -> Callable[[], tff.learning.models.VariableModel]:
   if beta < 0:
-    raise ValueError(f'--fedmax_beta must be ≥ 0; got {beta}')
+    raise ValueError(f'fedmax: beta must be ≥ 0; got {beta}')
 
   def model_fn():
     keras_model = keras_model_fn()

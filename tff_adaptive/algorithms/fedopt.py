@@ -54,14 +54,15 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
   if name == 'sgdm':
     return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
   if semantics not in SEMANTICS:
-    raise ValueError(f"--server_optimizer_semantics must be 'tff' or 'paper'; got {semantics!r}")
+    raise ValueError("fedopt.build_server_optimizer: semantics must be 'tff' or 'paper'; "
+                     f'got {semantics!r}')
   if semantics == 'paper':
     from tff_adaptive.optimizers import paper_fedopt  # pylint: disable=g-import-not-at-top
     builders = {'adagrad': paper_fedopt.build_paper_adagrad,
                 'adam': paper_fedopt.build_paper_adam, 'yogi': paper_fedopt.build_paper_yogi}
     if name not in builders:
-      raise ValueError(f'--server_optimizer must be one of {", ".join(SERVER_OPTIMIZERS)}; '
-                       f'got {name!r}')
+      raise ValueError('fedopt.build_server_optimizer: name must be one of '
+                       f'{", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
     kwargs = {} if initial_accumulator is None else {'initial_accumulator_value': initial_accumulator}
     return builders[name](learning_rate, beta_1=beta_1, beta_2=beta_2, tau=tau, **kwargs)
   if name == 'adagrad':
@@ -73,7 +74,8 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
     kwargs = {} if initial_accumulator is None else {'initial_preconditioner_value': initial_accumulator}
     return tff.learning.optimizers.build_yogi(learning_rate, beta_1=beta_1, beta_2=beta_2,
                                               epsilon=tau, **kwargs)
-  raise ValueError(f'--server_optimizer must be one of {", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
+  raise ValueError('fedopt.build_server_optimizer: name must be one of '
+                   f'{", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
 
 
 def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,

@@ -41,7 +41,7 @@ def build_fedprox(
   the model.
   """
   if proximal_strength < 0:
-    raise ValueError(f'--fedprox_mu must be ≥ 0; got {proximal_strength}')
+    raise ValueError(f'fedprox: proximal_strength must be ≥ 0; got {proximal_strength}')
   info = adapters.describe(client_optimizer_fn, algorithm='fedprox')
   server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)
   adapters.describe(server_optimizer_fn, algorithm='fedprox', role='server_optimizer_fn')

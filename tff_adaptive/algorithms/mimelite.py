@@ -13,8 +13,9 @@ federated learning" (Mime), NeurIPS 2021; a baseline of seed 000 (SPEC §3).
 
 This wraps `tff.learning.algorithms.build_weighted_mime_lite` /
 `build_unweighted_mime_lite` unchanged. TFF computes the "full" gradient over
-the dataset the client is given: with `--local_steps=K` that is the round's K
-minibatches; with epochs it is all local data (n_i examples).
+the dataset the client is given: when the training loop cuts it to K local
+steps that is the round's K minibatches; with epochs it is all local data
+(n_i examples).
 """
 
 from typing import Optional

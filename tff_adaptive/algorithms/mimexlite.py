@@ -94,7 +94,8 @@ def build_mimexlite(
     Others: as `fedgbo.build_fedgbo`.
   """
   if not local_steps or local_steps < 1:
-    raise ValueError('--local_steps: MimeXlite needs exactly K ≥ 1 local steps')
+    raise ValueError('mimexlite: local_steps must be an integer ≥ 1 (MimeXlite runs exactly K '
+                     f'local steps per client); got {local_steps!r}')
   info = adapters.describe(client_optimizer_fn, algorithm='mimexlite')
   learning_rate = adapters.learning_rate(client_optimizer_fn, algorithm='mimexlite')
   server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)

@@ -56,16 +56,17 @@ def patch_layout(keras_model: tf.keras.Model, private: str) -> personalized.Patc
       BatchNormalization layers.
   """
   if private not in PRIVATE_CHOICES:
-    raise ValueError(f'--private must be one of {", ".join(PRIVATE_CHOICES)}; got {private!r}')
+    raise ValueError(f'patch_layout: private must be one of {", ".join(PRIVATE_CHOICES)}; '
+                     f'got {private!r}')
   bn_layers = [m for m in keras_model.submodules
                if isinstance(m, tf.keras.layers.BatchNormalization)]
   if private == 'none':
     return personalized.PatchLayout()
   if not bn_layers:
     raise ValueError(
-        f'--private={private} needs a model with BatchNormalization layers (MTFL\'s patches), '
-        f'and this model ({keras_model.name}) has none; use a model with batch norm (e.g. '
-        '--digits_model=cnn_bn) or --private=none (plain FL)')
+        f"patch_layout: private={private!r} needs a model with BatchNormalization layers "
+        f"(MTFL's patches), and this model ({keras_model.name}) has none; use a model with "
+        "batch norm or private='none' (plain FL)")
   trainable = list(keras_model.trainable_variables)
   non_trainable = list(keras_model.non_trainable_variables)
   private_t, private_n, description = [], [], []
@@ -131,7 +132,7 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
       from the model.
   """
   if strategy not in STRATEGIES:
-    raise ValueError(f'--mtfl_strategy must be one of {", ".join(STRATEGIES)}; got {strategy!r}')
+    raise ValueError(f'mtfl: strategy must be one of {", ".join(STRATEGIES)}; got {strategy!r}')
   model_fn = validation.returning_a_model(model_fn, 'mtfl')
   layout = patch_layout(keras_model_fn(), private)
   with tf.Graph().as_default():
@@ -150,15 +151,15 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
     optimizer, client_learning_rate = adapters.to_biased(
         client_optimizer_fn, algorithm='mtfl', bias_correction=bias_correction)
     if optimizer.name != 'adam':
-      raise ValueError(f'--mtfl_strategy=fedavg_adam runs Adam clients; got {optimizer.name} '
-                       '(pass tff.learning.optimizers.build_adam)')
+      raise ValueError(f"mtfl: strategy='fedavg_adam' runs Adam clients; got {optimizer.name} "
+                       '(pass tff.learning.optimizers.build_adam as client_optimizer_fn)')
     local = adam_recipe(optimizer)
   else:
     try:
       client_learning_rate = adapters.sgd_learning_rate(client_optimizer_fn, algorithm='mtfl')
     except ValueError as e:
-      raise ValueError(f'--mtfl_strategy={strategy} trains clients with SGD; an adaptive client '
-                       f'optimiser is only used by --mtfl_strategy=fedavg_adam ({e})') from None
+      raise ValueError(f'mtfl: strategy={strategy!r} trains clients with SGD; an adaptive '
+                       f"client optimiser is only used by strategy='fedavg_adam' ({e})") from None
     local = personalized.sgd_recipe()
   return personalized.build_personalized_process(
       model_fn, name=f'mtfl_{strategy}', layout=layout, local=local,

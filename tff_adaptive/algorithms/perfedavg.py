@@ -27,7 +27,7 @@ from tff_adaptive.personalization import process as personalized
 
 def perfedavg_recipe(beta: float) -> personalized.LocalRecipe:
   if not beta > 0:
-    raise ValueError(f'--perfedavg_beta must be positive; got {beta}')
+    raise ValueError(f'perfedavg: beta must be > 0; got {beta}')
 
   def train_step(ctx, opt, batches, alpha, step):
     del step

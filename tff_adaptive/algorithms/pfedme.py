@@ -36,12 +36,12 @@ from tff_adaptive.personalization import process as personalized
 def pfedme_recipe(lam: float, personal_learning_rate: float,
                   inner_steps: int = 1) -> personalized.LocalRecipe:
   if not lam > 0:
-    raise ValueError(f'--pfedme_lambda must be positive; got {lam}')
+    raise ValueError(f'pfedme: lam must be > 0; got {lam}')
   if not personal_learning_rate > 0:
-    raise ValueError(f'--pfedme_personal_learning_rate must be positive; got '
+    raise ValueError('pfedme: personal_learning_rate must be > 0; got '
                      f'{personal_learning_rate}')
   if inner_steps < 1:
-    raise ValueError(f'--pfedme_inner_steps must be at least 1; got {inner_steps}')
+    raise ValueError(f'pfedme: inner_steps must be an integer ≥ 1; got {inner_steps}')
 
   def inner(ctx, batch, w):
     """K prox steps on `batch` from the current θ (in ctx) towards w."""
@@ -86,7 +86,7 @@ def build_pfedme(model_fn: Callable[[], tff.learning.models.VariableModel],
   """pFedMe: η = the learning rate of `client_optimizer_fn` (`build_sgdm(η)`, the
   local w update is plain SGD), λ `lam`, η_p, K inner steps; server default SGD(β)."""
   if not beta > 0:
-    raise ValueError(f'--pfedme_beta must be positive; got {beta}')
+    raise ValueError(f'pfedme: beta must be > 0; got {beta}')
   return personalized.build_personalized_process(
       model_fn, name='pfedme', layout=personalized.PatchLayout(),
       local=pfedme_recipe(lam, personal_learning_rate, inner_steps),

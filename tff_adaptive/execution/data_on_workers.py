@@ -1,4 +1,4 @@
-"""Workers build the client datasets from client ids (`--data_on_workers`).
+"""Workers build the client datasets from client ids.
 
 `compose_data_on_workers` composes a learning process with a computation that
 builds each client's dataset from its id
@@ -42,7 +42,8 @@ def compose_data_on_workers(process, task, local_steps: Optional[int] = None):
   train_data = task.train_data
   dataset_fn = getattr(train_data, 'serializable_dataset_fn', None)
   if dataset_fn is None:
-    raise ValueError(f'--data_on_workers: task {task.name} has no serializable dataset function')
+    raise ValueError(f'compose_data_on_workers: task {task.name} has no serializable dataset '
+                     'function (train_data.serializable_dataset_fn)')
   data_steps = None if has_round_hparams(process) else (local_steps or None)
   # Seeded shuffles built eagerly in the trainer mix in the global seed
   # (`tf.random.set_seed`); graphs built for TFF have their own, unset seed.

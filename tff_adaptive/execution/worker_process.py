@@ -91,9 +91,9 @@ def parse_addresses(spec: str) -> list[str]:
   for address in addresses:
     match = _ADDRESS.match(address)
     if not match or not 0 < int(match.group(2)) < 65536:
-      raise ValueError(f'--workers: {address!r} is not host:port (IPv6 as [addr]:port)')
+      raise ValueError(f'parse_addresses: {address!r} is not host:port (IPv6 as [addr]:port)')
   if len(set(addresses)) != len(addresses):
-    raise ValueError(f'--workers lists an address twice: {spec}')
+    raise ValueError(f'parse_addresses: an address is listed twice: {spec}')
   return addresses
 
 
@@ -113,8 +113,9 @@ def check_reachable(addresses: Iterable[str], timeout: float = 10.0) -> None:
   if down:
     raise WorkerUnreachableError(
         down[0], f'TFF worker{"s" if len(down) > 1 else ""} {", ".join(down)} not reachable '
-        f'within {timeout:g} s: start it with `bin/worker.py --port=PORT` on that host and check '
-        f'that the trainer can connect to the port')
+        f'within {timeout:g} s: start a worker listening on that port there '
+        "(WorkerProcess(port=...), or the checkout's bin/worker.py) and check that the trainer "
+        'can connect to the port')
 
 
 

@@ -46,12 +46,13 @@ class BiasedOptimizer:
 
   def __post_init__(self):
     if self.name not in NAMES:
-      raise ValueError(f'--client_optimizer must be one of {", ".join(NAMES)}; got {self.name!r}')
-    for flag, beta in (('--client_beta_1', self.beta_1), ('--client_beta_2', self.beta_2)):
+      raise ValueError(f'BiasedOptimizer: name must be one of {", ".join(NAMES)}; '
+                       f'got {self.name!r}')
+    for argument, beta in (('beta_1', self.beta_1), ('beta_2', self.beta_2)):
       if not 0.0 <= beta < 1.0:
-        raise ValueError(f'{flag} must be in [0, 1); got {beta}')
+        raise ValueError(f'BiasedOptimizer: {argument} must be in [0, 1); got {beta}')
     if not self.epsilon > 0:
-      raise ValueError(f'--client_epsilon must be > 0; got {self.epsilon}')
+      raise ValueError(f'BiasedOptimizer: epsilon must be > 0; got {self.epsilon}')
 
   @property
   def ops_fixed(self) -> int:

@@ -2,6 +2,9 @@
 
   process       `PersonalizedProcess`: a learning process whose clients also take
                 and return private per-client state (MTFL's private patches);
+  recipe        what an algorithm writes: `PatchLayout` (its private weights),
+                `LocalRecipe` (its local step), also importable from `process`;
+  client_work   one client's work in such a round (patch, user accuracy, steps);
   client_state  `ClientStateStore`: that state on disk, snapshotted with checkpoints.
 
 The algorithms themselves are `tff_adaptive.algorithms.{mtfl,perfedavg,pfedme}`;

@@ -23,7 +23,7 @@ round r, even if later snapshots were written before a crash. The last
 `FileProgramStateManager` keeps program state.
 
 The values enter the TFF computation as per-client data and come back as
-per-client output (see `algorithms/personalized.py`); this class is only the
+per-client output (see `personalization/process.py`); this class is only the
 host-side storage between rounds.
 """
 
@@ -40,10 +40,19 @@ import numpy as np
 State = collections.OrderedDict  # name → np.ndarray
 _FORMAT = 1
 _MANIFEST = re.compile(r'^manifest_(\d+)\.json$')
+_NEW_DIRECTORY = 'give the store a new directory'
 
 
 class ClientStateError(ValueError):
-  """A client-state directory that does not belong to this model or experiment."""
+  """A client-state directory that does not belong to this model or experiment.
+
+  `problem` is the message without its `remedy`: a caller that knows how the
+  directory was chosen (bin/train: from its flags) can name its own remedy.
+  """
+
+  def __init__(self, problem: str, remedy: str = ''):
+    super().__init__(f'{problem}; {remedy}' if remedy else problem)
+    self.problem = problem
 
 
 def _layout(initial: Mapping[str, np.ndarray]) -> list[list[Any]]:
@@ -108,15 +117,14 @@ class ClientStateStore:
     if saved.get('layout') != self._layout:
       raise ClientStateError(
           f'client-state directory {self._dir} holds state of a different model (private '
-          f'values {_describe(saved.get("layout"))}; this model has {_describe(self._layout)}); '
-          f'use a new --experiment_name, --root_output_dir or --client_state_dir')
+          f'values {_describe(saved.get("layout"))}; this model has {_describe(self._layout)})',
+          _NEW_DIRECTORY)
     old = saved.get('fingerprint', {})
     for key in sorted(set(old) | set(self._fingerprint)):
       if old.get(key) != self._fingerprint.get(key):
         raise ClientStateError(
             f'client-state directory {self._dir} belongs to a different experiment ({key} is '
-            f'{old.get(key)!r} there, {self._fingerprint.get(key)!r} here); use a new '
-            f'--experiment_name, --root_output_dir or --client_state_dir')
+            f'{old.get(key)!r} there, {self._fingerprint.get(key)!r} here)', _NEW_DIRECTORY)
 
   @property
   def directory(self) -> str:

@@ -31,11 +31,14 @@ The server state has the composer's layout (a
 OrderedDict(learning_rate=η, local_steps=K), aggregator, finalizer = the
 server statistics), so round schedules and the loop's K-step handling work
 unchanged; metrics likewise (`client_work/first_minibatch_loss`).
+
+What an algorithm writes (`PatchLayout`, `LocalRecipe`) is `recipe.py`, a
+client's work in the round `client_work.py`; this module builds the process
+around them (types, server update, costs, the federated computations).
 """
 
 import collections
-import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -45,118 +48,17 @@ import tensorflow_federated as tff
 from tff_adaptive.accounting import costs
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import validation
-from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.personalization import client_work
+from tff_adaptive.personalization import recipe as recipe_lib
 from tff_adaptive.rounds import layout as round_layout
 from tff_adaptive.rounds import stateful
 
-Structure = Any
-
-
-@dataclasses.dataclass(frozen=True)
-class PatchLayout:
-  """Which weights of `ModelWeights` are private, by position.
-
-  Attributes:
-    private_trainable: indices into `ModelWeights.trainable` (γ, β).
-    private_non_trainable: indices into `ModelWeights.non_trainable` (μ, σ²).
-    description: names for messages and the client-state fingerprint.
-  """
-  private_trainable: tuple[int, ...] = ()
-  private_non_trainable: tuple[int, ...] = ()
-  description: tuple[str, ...] = ()
-
-  @property
-  def empty(self) -> bool:
-    return not self.private_trainable and not self.private_non_trainable
-
-
-class _Counters:
-  """Per-client counters as variables: recipes update them from inside loops."""
-
-  def __init__(self):
-    self.grad_examples = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self.grad_calls = tf.Variable(0, dtype=tf.int64, trainable=False)
-    self.first_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
-
-  def reset(self, keep_examples: bool = False):
-    if not keep_examples:
-      self.grad_examples.assign(0)
-    self.grad_calls.assign(0)
-    self.first_loss.assign(0.0)
-
-
-class StepContext:
-  """What a local recipe may do inside the client's `tf.function`."""
-
-  def __init__(self, model, trainable: list[tf.Variable], counters: _Counters):
-    self.model = model
-    self.trainable = trainable
-    self._counters = counters
-
-  def values(self) -> list[tf.Tensor]:
-    return [tf.identity(v) for v in self.trainable]
-
-  def assign(self, values: Sequence[tf.Tensor]) -> None:
-    for v, t in zip(self.trainable, values):
-      v.assign(t)
-
-  def grad(self, batch) -> tuple[list[tf.Tensor], tf.Tensor]:
-    """∇f(y; batch) at the current weights (training mode) and the loss."""
-    with tf.GradientTape() as tape:
-      output = self.model.forward_pass(batch, training=True)
-    grads = tape.gradient(output.loss, self.trainable)
-    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-             for g, v in zip(grads, self.trainable)]
-    loss = tf.cast(output.loss, tf.float32)
-    # Every gradient costs fb FLOPs per example (SPEC §8), also repeated ones;
-    # the first one's loss is the round's first-minibatch loss.
-    self._counters.grad_examples.assign_add(tf.cast(output.num_examples, tf.int64))
-    self._counters.first_loss.assign(
-        tf.where(tf.equal(self._counters.grad_calls, 0), loss, self._counters.first_loss))
-    self._counters.grad_calls.assign_add(1)
-    return grads, loss
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalRecipe:
-  """A client algorithm in a personalised round.
-
-  Attributes:
-    name: for messages.
-    init_optimizer: trainable TensorSpecs → client-optimiser state: lists
-      aligned with the trainable weights (e.g. Adam's m, v) and scalars (its
-      step counter). Entries of the lists at private positions are private.
-    train_step: (ctx, optimizer state, step batches, η, k) → optimizer state;
-      moves `ctx.trainable` by one local step. `step batches` is one batch,
-      or a tuple of `batches_per_step` consecutive batches.
-    personalize: optional (ctx, first training batch, η) → None: adapts the
-      downloaded model before UA is measured (Per-FedAvg, pFedMe). MTFL's
-      personalisation is the patch itself.
-    batches_per_step: minibatches a local step consumes.
-    optimizer_ops_per_param: C of the FLOP model (SPEC §8).
-    share_optimizer_state: the shared part of the client-optimiser state is
-      broadcast, moved locally and averaged by the server (MFL / FedAvg-Adam);
-      otherwise it restarts from `init_optimizer` every round.
-  """
-  name: str
-  train_step: Callable[..., Structure]
-  init_optimizer: Callable[[list], Structure] = lambda specs: collections.OrderedDict()
-  personalize: Optional[Callable[..., None]] = None
-  batches_per_step: int = 1
-  optimizer_ops_per_param: float = composer.DEFAULT_OPTIMIZER_OPS
-  share_optimizer_state: bool = False
-
-
-def sgd_recipe() -> LocalRecipe:
-  """Plain minibatch SGD (FedAvg, FedAdam clients)."""
-
-  def train_step(ctx, opt, batch, lr, step):
-    del step
-    grads, _ = ctx.grad(batch)
-    ctx.assign([w - lr * g for w, g in zip(ctx.values(), grads)])
-    return opt
-
-  return LocalRecipe(name='sgd', train_step=train_step)
+# What an algorithm writes (`recipe`), importable from here as the algorithms do.
+PatchLayout = recipe_lib.PatchLayout
+LocalRecipe = recipe_lib.LocalRecipe
+StepContext = recipe_lib.StepContext
+sgd_recipe = recipe_lib.sgd_recipe
+private_names = client_work.private_names
 
 
 class PersonalizedOutput(NamedTuple):
@@ -202,18 +104,6 @@ class PersonalizedProcess(stateful.ClientStateProcess):
   @property
   def has_private_state(self) -> bool:
     return bool(self.private_initial)
-
-
-def private_names(layout: PatchLayout, optimizer_lists: Sequence[str]) -> list[tuple[str, str, int]]:
-  """(name, kind, index) of each private value, in a fixed order.
-
-  kind: 'trainable' | 'non_trainable' | an optimiser list key ('m', 'v').
-  """
-  names = [(f'trainable_{i}', 'trainable', i) for i in layout.private_trainable]
-  names += [(f'non_trainable_{i}', 'non_trainable', i) for i in layout.private_non_trainable]
-  for key in optimizer_lists:
-    names += [(f'optimizer_{key}_{i}', key, i) for i in layout.private_trainable]
-  return names
 
 
 def build_personalized_process(
@@ -262,65 +152,17 @@ def build_personalized_process(
   trainable_specs = list(tf.nest.flatten(tff.types.type_to_tf_tensor_specs(weights_type.trainable)))
   non_trainable_specs = list(tf.nest.flatten(
       tff.types.type_to_tf_tensor_specs(weights_type.non_trainable)))
-  n_train, n_non = len(trainable_specs), len(non_trainable_specs)
-  for i in layout.private_trainable:
-    if not 0 <= i < n_train:
-      raise ValueError(f'private trainable index {i} out of range ({n_train} trainable weights)')
-  for i in layout.private_non_trainable:
-    if not 0 <= i < n_non:
-      raise ValueError(f'private non-trainable index {i} out of range ({n_non} weights)')
-  priv_t = list(layout.private_trainable)
-  priv_n = list(layout.private_non_trainable)
-  shared_t = [i for i in range(n_train) if i not in priv_t]
-  shared_n = [i for i in range(n_non) if i not in priv_n]
-
-  # Client-optimiser state: lists over all trainable weights (split into
-  # shared / private by position) and scalars (shared). Built eagerly: it is
-  # a constant (zeros, ones) the clients and the store start from.
-  opt_initial = tf.nest.map_structure(
-      np.asarray, local.init_optimizer([tf.TensorSpec(s.shape, s.dtype) for s in trainable_specs]))
-  opt_lists = [k for k, v in opt_initial.items() if isinstance(v, (list, tuple))]
-  opt_scalars = [k for k in opt_initial if k not in opt_lists]
-  for key in opt_lists:
-    if len(opt_initial[key]) != n_train:
-      raise ValueError(f'{local.name}: optimiser list {key!r} must align with the trainable '
-                       'weights')
-  names = private_names(layout, opt_lists)
-  has_private = bool(names)
-
-  # Private weights start where the server's model starts: from a model built
-  # by `model_fn` (whose seeded initialisers make it the same model).
-  initial_weights = tf.nest.map_structure(
-      lambda v: np.asarray(v.numpy()), tff.learning.models.ModelWeights.from_model(model_fn()))
-  initial_t = list(tf.nest.flatten(initial_weights.trainable))
-  initial_n = list(tf.nest.flatten(initial_weights.non_trainable))
-  private_initial = collections.OrderedDict()
-  for key, kind, i in names:
-    if kind == 'trainable':
-      value = initial_t[i]
-    elif kind == 'non_trainable':
-      value = initial_n[i]
-    else:
-      value = opt_initial[kind][i]
-    private_initial[key] = np.array(value)
+  split = client_work.split_private(layout, local, model_fn, trainable_specs,
+                                   non_trainable_specs)
+  private_initial = split.private_initial
   private_type = tff.StructWithPythonType(
       [(k, tff.TensorType(v.dtype, v.shape)) for k, v in private_initial.items()],
       collections.OrderedDict)
 
-  def shared_opt(opt):
-    out = collections.OrderedDict()
-    for key in opt_lists:
-      out[key] = tuple(opt[key][i] for i in shared_t)
-    for key in opt_scalars:
-      out[key] = opt[key]
-    return out
-
-  shared_opt_initial = shared_opt(opt_initial)
-
   hparams_type = tff.StructWithPythonType(
       [('learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
   members = [('train', data_type), ('test', data_type)]
-  if has_private:
+  if split.has_private:
     members.append(('private', private_type))
   client_data_type = tff.StructWithPythonType(members, collections.OrderedDict)
 
@@ -328,14 +170,15 @@ def build_personalized_process(
     """ModelWeights → the shared part that is broadcast."""
     t = list(tf.nest.flatten(weights.trainable))
     n = list(tf.nest.flatten(weights.non_trainable))
-    return collections.OrderedDict(trainable=tuple(t[i] for i in shared_t),
-                                   non_trainable=tuple(n[i] for i in shared_n))
+    return collections.OrderedDict(trainable=tuple(t[i] for i in split.shared_t),
+                                   non_trainable=tuple(n[i] for i in split.shared_n))
 
   @tff.tensorflow.computation
   def init_stats():
     server_state = server_optimizer.initialize(
-        tuple(tf.TensorSpec(trainable_specs[i].shape, trainable_specs[i].dtype) for i in shared_t))
-    client_state = (tf.nest.map_structure(tf.constant, shared_opt_initial)
+        tuple(tf.TensorSpec(trainable_specs[i].shape, trainable_specs[i].dtype)
+              for i in split.shared_t))
+    client_state = (tf.nest.map_structure(tf.constant, split.shared_opt(split.opt_initial))
                     if local.share_optimizer_state else collections.OrderedDict())
     return collections.OrderedDict(server=server_state, client_optimizer=client_state)
 
@@ -348,135 +191,23 @@ def build_personalized_process(
 
   broadcast_type = broadcast_fn.type_signature.result
 
-  # ---- client ----
-  def assemble(model, broadcast, data):
-    """Global (shared) values + the client's private values → the model."""
-    variables = tff.learning.models.ModelWeights.from_model(model)
-    trainable = list(variables.trainable)
-    non_trainable = list(variables.non_trainable)
-    for i, value in zip(shared_t, broadcast['weights']['trainable']):
-      trainable[i].assign(value)
-    for i, value in zip(shared_n, broadcast['weights']['non_trainable']):
-      non_trainable[i].assign(value)
-    # Optimiser state: shared entries from the server (FedAvg-Adam) or fresh
-    # (SGD-like recipes), private entries from the client.
-    opt = collections.OrderedDict()
-    for key in opt_lists:
-      values = [tf.constant(v) for v in opt_initial[key]]
-      if local.share_optimizer_state:
-        for i, value in zip(shared_t, broadcast['optimizer'][key]):
-          values[i] = tf.identity(value)
-      opt[key] = values
-    for key in opt_scalars:
-      opt[key] = (tf.identity(broadcast['optimizer'][key]) if local.share_optimizer_state
-                  else tf.constant(opt_initial[key]))
-    if has_private:
-      private = data['private']
-      for key, kind, i in names:
-        if kind == 'trainable':
-          trainable[i].assign(private[key])
-        elif kind == 'non_trainable':
-          non_trainable[i].assign(private[key])
-        else:
-          opt[kind][i] = tf.identity(private[key])
-    return trainable, non_trainable, client_lib.tuples(opt)
-
-  def user_accuracy(model, trainable, non_trainable, data, lr, counters):
-    """UA before local training: personalise (if the recipe does), test, undo."""
-    saved = [tf.identity(v) for v in trainable + non_trainable]
-    if local.personalize is not None:
-      ctx = StepContext(model, trainable, counters)
-      for batch in data['train'].take(1):
-        local.personalize(ctx, batch, lr)
-    correct = tf.constant(0.0)
-    loss_sum = tf.constant(0.0)
-    examples = tf.constant(0, tf.int64)
-    for batch in iter(data['test']):  # iterator loop: see composer.client_update
-      output = model.forward_pass(batch, training=False)
-      labels = tf.reshape(batch['y'] if isinstance(batch, Mapping) else batch[1], [-1])
-      logits = tf.reshape(output.predictions, [tf.shape(labels)[0], -1])
-      hits = tf.equal(tf.argmax(logits, axis=-1), tf.cast(labels, tf.int64))
-      correct += tf.reduce_sum(tf.cast(hits, tf.float32))
-      n = tf.cast(output.num_examples, tf.int64)
-      loss_sum += tf.cast(output.loss, tf.float32) * tf.cast(n, tf.float32)
-      examples += n
-    # Personalisation steps also moved batch-norm statistics: undo all.
-    for v, t in zip(trainable + non_trainable, saved):
-      v.assign(t)
-    # Evaluation must not count as training in the round's metrics.
-    model.reset_metrics()
-    counters.reset(keep_examples=True)
-    return collections.OrderedDict(correct=correct, examples=examples, loss_sum=loss_sum)
-
-  def client_update(model, counters, broadcast, hparams, data):
-    counters.reset()
-    trainable, non_trainable, opt = assemble(model, broadcast, data)
-    lr = hparams['learning_rate']
-    ua = user_accuracy(model, trainable, non_trainable, data, lr, counters)
-    x_t = [tf.identity(v) for v in trainable]
-    n_t = [tf.identity(v) for v in non_trainable]
-    ctx = StepContext(model, trainable, counters)
-    steps64 = tf.cast(hparams['local_steps'], tf.int64)
-    cycle = steps64 > 0
-    # K > 0: exactly K steps, cycling the data; K = 0: the dataset as given.
-    repeated = data['train'].repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1))
-    if local.batches_per_step > 1:
-      # Consecutive batches per step: (b0, b1), (b2, b3), ...
-      repeated = tf.data.Dataset.zip(tuple(
-          repeated.shard(local.batches_per_step, j) for j in range(local.batches_per_step)))
-    step = tf.constant(0, tf.int32)
-    num_examples = tf.constant(0, tf.int64)
-    for batch in iter(repeated.take(tf.where(cycle, steps64, -1))):
-      opt = client_lib.tuples(local.train_step(ctx, opt, batch, lr, step))
-      for b in (batch if local.batches_per_step > 1 else (batch,)):
-        num_examples += tf.shape(tf.nest.flatten(b)[0], out_type=tf.int64)[0]
-      step += 1
-    delta_t = [x_t[i] - trainable[i] for i in shared_t]
-    delta_n = [n_t[i] - non_trainable[i] for i in shared_n]
-    finite = [tf.reduce_all(tf.math.is_finite(tf.cast(v, tf.float32)))
-              for v in delta_t + delta_n + trainable + non_trainable]
-    non_finite = tf.logical_not(tf.reduce_all(finite))
-    zero = lambda t: tf.where(non_finite, tf.zeros_like(t), t)
-    upload = collections.OrderedDict(trainable=tuple(map(zero, delta_t)),
-                                     non_trainable=tuple(map(zero, delta_n)))
-    if local.share_optimizer_state:
-      upload['optimizer'] = tf.nest.map_structure(zero, shared_opt(opt))
-    weight = client_lib.client_weight(num_examples, non_finite, client_weighting)
-    out = collections.OrderedDict(ua=ua)
-    if has_private:
-      new_private = collections.OrderedDict()
-      for key, kind, i in names:
-        if kind == 'trainable':
-          value = trainable[i]
-        elif kind == 'non_trainable':
-          value = non_trainable[i]
-        else:
-          value = opt[kind][i]
-        # A client whose training diverged keeps its previous private values
-        # (its upload is dropped too).
-        new_private[key] = tf.where(non_finite, data['private'][key], tf.identity(value))
-      out['private'] = new_private
-    client_stats = collections.OrderedDict(
-        first_minibatch_loss=counters.first_loss.read_value(), local_steps=step,
-        num_examples=num_examples, grad_examples=counters.grad_examples.read_value())
-    return upload, weight, model.report_local_unfinalized_metrics(), client_stats, out
-
+  # ---- client (client_work) ----
   @tff.tensorflow.computation(broadcast_type, hparams_type, client_data_type)
   def client_update_fn(broadcast, hparams, data):
     # Variables (model, counters) must be created outside the tf.function.
-    model, counters = model_fn(), _Counters()
-    return tf.function(lambda *args: client_update(model, counters, *args))(
-        broadcast, hparams, data)
+    model, counters = model_fn(), recipe_lib.Counters()
+    return tf.function(lambda *args: client_work.client_update(
+        split, local, client_weighting, model, counters, *args))(broadcast, hparams, data)
 
   @tff.tensorflow.computation(broadcast_type, hparams_type, client_data_type)
   def client_eval_fn(broadcast, hparams, data):
-    model, counters = model_fn(), _Counters()
+    model, counters = model_fn(), recipe_lib.Counters()
 
     @tf.function
     def evaluate(broadcast, hparams, data):
-      trainable, non_trainable, _ = assemble(model, broadcast, data)
-      return collections.OrderedDict(ua=user_accuracy(
-          model, trainable, non_trainable, data, hparams['learning_rate'], counters))
+      trainable, non_trainable, _ = client_work.assemble(split, local, model, broadcast, data)
+      return collections.OrderedDict(ua=client_work.user_accuracy(
+          local, model, trainable, non_trainable, data, hparams['learning_rate'], counters))
 
     return evaluate(broadcast, hparams, data)
 
@@ -488,12 +219,12 @@ def build_personalized_process(
   def server_update_fn(weights, stats, mean_upload):
     t = [tf.identity(w) for w in tf.nest.flatten(weights.trainable)]
     n = [tf.identity(w) for w in tf.nest.flatten(weights.non_trainable)]
-    shared = tuple(t[i] for i in shared_t)
+    shared = tuple(t[i] for i in split.shared_t)
     server_state, new_shared = server_optimizer.next(stats['server'], shared,
                                                      tuple(mean_upload['trainable']))
-    for i, value in zip(shared_t, new_shared):
+    for i, value in zip(split.shared_t, new_shared):
       t[i] = value
-    for i, d in zip(shared_n, mean_upload['non_trainable']):
+    for i, d in zip(split.shared_n, mean_upload['non_trainable']):
       n[i] = n[i] - d  # the weighted average of the clients' final values
     client_state = mean_upload['optimizer'] if local.share_optimizer_state else stats['client_optimizer']
     new_weights = tff.learning.models.ModelWeights(
@@ -506,7 +237,8 @@ def build_personalized_process(
   down_bits = round_layout.num_bits(broadcast_type) + round_layout.num_bits(hparams_type)
   upload_bits = round_layout.num_bits(upload_type)
   num_params = sum(int(np.prod(s.shape)) for s in trainable_specs)
-  opt_floats = sum(int(np.prod(np.shape(v))) for key in opt_lists for v in opt_initial[key])
+  opt_floats = sum(int(np.prod(np.shape(v))) for key in split.opt_lists
+                   for v in split.opt_initial[key])
   private_floats = sum(int(np.size(v)) for v in private_initial.values())
   optimizer_flops_per_step = local.optimizer_ops_per_param * num_params
 

@@ -305,7 +305,7 @@ class RoundSchedules:
         'schedules': {k: (None if s is None else s.state()) for k, s in self._all().items()},
         'steps_total': self.steps_total, 'constant_k_steps_total': self.constant_k_steps_total,
         'sim_seconds_total': self.sim_seconds_total,
-        # A measured β (--measure_step_time) is kept, so the resumed run's
+        # A measured β (step_seconds set after a timing) is kept, so the resumed run's
         # simulated time continues at the same rate.
         'step_seconds': self.step_seconds})
 

@@ -110,7 +110,7 @@ class ErrorDrivenDecay(core.Schedule):
     super().__init__(base, quantity)
     self.window = int(window)
     if self.window < 1:
-      raise ValueError(f'--schedule_window must be >= 1; got {window}')
+      raise ValueError(f'ErrorDrivenDecay: window must be an integer >= 1; got {window}')
     self._next_round = 0
     self._sums = [0.0] * self.window
     self._counts = [0] * self.window
