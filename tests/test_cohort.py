@@ -8,6 +8,9 @@ metrics equal within 1e-5. Both executions start from and return the same
 """
 
 import collections
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -207,32 +210,41 @@ def test_metrics_of_label_shaped_outputs_equal(kind):
   _assert_outputs_equal(expected, actual, kind)
 
 
-def test_masked_sequence_model_equals_tff_forward_pass():
-  """Embedding(mask_zero=True) + GRU, as the Shakespeare models: TFF's forward
-  pass loses the Keras mask (its loss counts the masked steps); so must the cohort."""
-  T, V = 6, 9
+T, V = 6, 9  # the sequence model's steps and vocabulary
+
+
+def sequence_model_fn():
   spec = collections.OrderedDict(x=tf.TensorSpec([None, T], tf.int32),
                                  y=tf.TensorSpec([None, T], tf.int32))
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(T,)),
+      tf.keras.layers.Embedding(V, 3, mask_zero=True,
+                                embeddings_initializer=tf.keras.initializers.RandomNormal(seed=1)),
+      tf.keras.layers.GRU(5, return_sequences=True,
+                          kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2),
+                          recurrent_initializer=tf.keras.initializers.Orthogonal(seed=3)),
+      tf.keras.layers.Dense(V, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=4))])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
 
-  def sequence_model_fn():
-    keras_model = tf.keras.Sequential([
-        tf.keras.layers.InputLayer(input_shape=(T,)),
-        tf.keras.layers.Embedding(V, 3, mask_zero=True,
-                                  embeddings_initializer=tf.keras.initializers.RandomNormal(seed=1)),
-        tf.keras.layers.GRU(5, return_sequences=True,
-                            kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2),
-                            recurrent_initializer=tf.keras.initializers.Orthogonal(seed=3)),
-        tf.keras.layers.Dense(V, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=4))])
-    return tff.learning.models.from_keras_model(
-        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        input_spec=spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
 
+def sequence_datasets(sizes=(7, 13, 3)):
   rng = np.random.default_rng(0)  # zeros (masked tokens) inside and at the end of sequences
-  datasets = [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+  return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
       x=rng.integers(0, V, (n, T)).astype(np.int32),
-      y=rng.integers(0, V, (n, T)).astype(np.int32))).batch(B) for n in (7, 13, 3)]
+      y=rng.integers(0, V, (n, T)).astype(np.int32))).batch(B) for n in sizes]
+
+
+@pytest.mark.parametrize('jit_compile', [False, True])
+def test_masked_sequence_model_equals_tff_forward_pass(jit_compile):
+  """Embedding(mask_zero=True) + GRU, as the Shakespeare models: TFF's forward
+  pass loses the Keras mask (its loss counts the masked steps); so must the cohort.
+  Under XLA the GRU runs its generic loop (functional._generic_rnn): same values."""
+  datasets = sequence_datasets()
   build = lambda **kw: fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=0, **kw)
-  per_client, fast = build(), build(execution='cohort')
+  per_client = build()
+  fast = build(execution=cohort.CohortExecution(jit_compile=jit_compile))
   assert isinstance(fast, cohort.CohortProcess) and not fast.vectorized  # an RNN: in sequence
   state = per_client.initialize()
   for r in range(2):
@@ -240,6 +252,43 @@ def test_masked_sequence_model_equals_tff_forward_pass():
     actual = fast.next(state, _shards(fast, datasets, 0))
     _assert_outputs_equal(expected, actual, f'masked GRU round {r + 1}')
     state = expected.state
+
+
+def xla_sequence_rounds(rounds=2, local_steps=2):
+  """Rounds of the GRU model with XLA-compiled steps (run by the test below in a child)."""
+  process = fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=local_steps,
+                                execution=cohort.CohortExecution(jit_compile=True))
+  state = process.initialize()
+  for _ in range(rounds):
+    state = process.next(state, _shards(process, sequence_datasets((8, 8)), local_steps)).state
+
+
+_CHILD = """
+import sys
+sys.path[:0] = sys.argv[1:]
+import test_cohort
+from tff_adaptive.execution import runtime
+runtime.use_local_cpp_context()
+try:
+  test_cohort.xla_sequence_rounds()
+finally:
+  runtime.shutdown_workers()
+"""
+
+
+def test_xla_compiles_a_recurrent_client_step_once():
+  """Every batch has one shape, so the jit-compiled step compiles once. Keras'
+  GRU fast path made XLA take its weights and inputs as compile-time constants
+  and recompile at every step (2 rounds x 2 clients x 2 steps = 8 here), which
+  no result shows; TF's log counts the compilations (a child: the log level is
+  read when TF loads)."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0', TF_CPP_VMODULE='device_compiler=1')
+  child = subprocess.run([sys.executable, '-c', _CHILD, os.path.dirname(tests), tests], env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+  assert child.returncode == 0, child.stderr[-3000:]
+  compilations = child.stderr.count('Compilation of XLA executable')
+  assert compilations == 1, f'{compilations} XLA compilations of one step shape'
 
 
 def test_padding_and_shards():

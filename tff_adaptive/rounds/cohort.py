@@ -193,7 +193,8 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
           options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
   """The cohort `LearningProcess` (see module docstring)."""
   execution = execution_of(options)
-  view = functional.FunctionalView(model_fn)
+  # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
+  view = functional.FunctionalView(model_fn, generic_rnn=execution.jit_compile)
   vectorized = (execution.mode == 'vectorized' or
                 (execution.mode == 'auto' and not view.has_conv_or_rnn))
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)

@@ -73,7 +73,10 @@ def _metric_plan(model):
 class FunctionalView:
   """Loss, gradients and metric sums of the model as functions of its weights."""
 
-  def __init__(self, model_fn):
+  def __init__(self, model_fn, generic_rnn: bool = False):
+    """`generic_rnn`: run Keras GRU/LSTM layers through their generic recurrent
+    loop (`_generic_rnn`); for steps compiled with XLA."""
+    self._generic_rnn = generic_rnn
     with tf.Graph().as_default():
       model = model_fn()
       self._keras_model, self._loss_fn = _keras_parts(model)
@@ -107,7 +110,10 @@ class FunctionalView:
       return weights.pop(0)
 
     with tf.variable_creator_scope(swap):
-      return tf.keras.models.clone_model(self._keras_model)
+      model = tf.keras.models.clone_model(self._keras_model)
+    if self._generic_rnn:
+      _generic_rnn(model)
+    return model
 
   def loss_and_grads(self, trainable, batch, mask):
     """(gradients, training loss, data loss, predictions) on the real rows of a batch."""
@@ -172,6 +178,19 @@ class FunctionalView:
           variable.assign(value)
         result[name] = metric.result().numpy()
     return result
+
+
+def _generic_rnn(model):
+  """Keras GRU and LSTM layers (also inside wrappers such as Bidirectional) run
+  their cell in `backend.rnn`'s loop, as `RNN(GRUCell)` does, instead of calling
+  the `tf.function` that lets Grappler swap in cuDNN. Same arithmetic; but under
+  XLA the gradient of that function call makes XLA's constant analysis require
+  every input of the call (the layer's weights and the data feeding it) as a
+  compile-time constant, so a jit-compiled step recompiled at every call (new
+  weights, new batch): seconds per step (bench/xla_recompile_repro.py)."""
+  for layer in model.submodules:
+    if getattr(layer, '_could_use_gpu_kernel', False):
+      layer._could_use_gpu_kernel = False  # pylint: disable=protected-access
 
 
 def _inputs(batch):
