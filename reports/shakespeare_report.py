@@ -27,8 +27,8 @@ papers ran 1,200–5,000 rounds):
            K_0 = 10, decays rescaled to the shorter runs.
 (shakespeare_curves.py defines the last two and checks the seeds' claims.)
 The sizes are provisional: the costs per round were measured under a load of
-~5 on 2 cores only (fedopt: 26 s per round without XLA); size them again on an
-idle machine before the full run.
+~2-5 on 2 cores only (fedopt with XLA: 2-5 s per round after a 15-s first round;
+SCAFFOLD runs per client); size them again on an idle machine.
 """
 
 import argparse
@@ -52,10 +52,9 @@ FEDOPT_COMMON = [
     '--client_batch_size=4', '--client_epochs_per_round=1', '--clients_per_round=10',
     f'--total_rounds={FEDOPT_ROUNDS}', f'--rounds_per_eval={FEDOPT_EVAL_EVERY}',
     '--rounds_per_checkpoint=10', '--show_progress=false', '--execution=cohort',
-    '--server_optimizer_semantics=paper']
-# No --cohort_jit_compile: measured here (2026-11-26, load ~5 on 2 cores) XLA
-# recompiled the GRU's client step every ~5 s (37 compilations of 4.6-5.7 s in
-# round 1's first 3 minutes), 509-539 s per round against 26 s without it.
+    '--cohort_jit_compile=true', '--server_optimizer_semantics=paper']
+# XLA on each client step: GRU rounds of 2-5 s against 26 s without it here
+# (once Keras' GRU runs its generic loop: functional._generic_rnn).
 # name → (label, fixed flags, tuned flag, its 3 values). Client lr 1 for the
 # server-tuned methods (seed 003's best client lr on Shakespeare for all of
 # them is 1 = 10^0; the server grids are centred on its reported best values).
