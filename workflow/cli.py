@@ -130,9 +130,10 @@ def validate(cfg: Mapping[str, Any]) -> None:
   elif cfg['task'] not in task_registry.TASKS:
     raise UsageError(f'--task must be one of {", ".join(sorted(task_registry.TASKS))}, or '
                      f'package.module:function; got {cfg["task"]!r}')
-  if cfg['algorithm'] not in algorithm_registry.ALGORITHMS:
-    raise UsageError(f'--algorithm must be one of '
-                     f'{", ".join(sorted(algorithm_registry.ALGORITHMS))}; got {cfg["algorithm"]!r}')
+  try:
+    algorithm_registry.check_known(cfg['algorithm'])
+  except algorithm_registry.ConfigError as e:
+    raise UsageError(str(e)) from None
   # Every number first: a NaN or inf passes comparisons that forget it (and
   # hangs the DP accountant), so no float flag may hold one.
   for name, value in cfg.items():
@@ -190,36 +191,19 @@ def validate(cfg: Mapping[str, Any]) -> None:
   if cfg.get('dp_delta') is not None and not 0 <= cfg['dp_delta'] < 1:
     raise UsageError(f'--dp_delta must be in [0, 1) (0: 1 / number of clients); '
                      f'got {cfg["dp_delta"]}')
-  if (cfg.get('upload_compression') or 'none') != 'none':
-    if cfg['algorithm'] in algorithm_registry.NOT_COMPRESSIBLE:
-      raise UsageError(f'--upload_compression is not available for --algorithm={cfg["algorithm"]}'
-                       ' (its upload is aggregated inside TFF\'s own builder)')
-    if cfg.get('dp'):
-      raise UsageError('--upload_compression cannot be combined with --dp')
-  aggregator = cfg.get('aggregator') or 'mean'
-  if aggregator not in algorithm_registry.AGGREGATORS:
-    raise UsageError(f'--aggregator must be one of {", ".join(algorithm_registry.AGGREGATORS)}; '
-                     f'got {aggregator!r}')
-  if aggregator != 'mean':
-    if cfg.get('dp'):
-      raise UsageError(f'--aggregator={aggregator} cannot be combined with --dp (DP is its own '
-                       'aggregator)')
-    if (cfg.get('upload_compression') or 'none') != 'none':
-      raise UsageError(f'--aggregator={aggregator} cannot be combined with --upload_compression '
-                       '(the compression is its own aggregator)')
-    if cfg.get('workers') and aggregator == 'secure':
-      raise UsageError('--aggregator=secure runs on TFF\'s local test context, not on --workers')
+  # What the algorithm supports: its registry entry's checks (also run by
+  # `algorithms.build`, for callers that skip this validation).
+  try:
+    algorithm_registry.check(cfg['algorithm'], cfg)
+  except algorithm_registry.ConfigError as e:
+    raise UsageError(str(e)) from None
+  if cfg.get('workers') and (cfg.get('aggregator') or 'mean') == 'secure':
+    raise UsageError('--aggregator=secure runs on TFF\'s local test context, not on --workers')
   from workflow import schedule_flags  # pylint: disable=g-import-not-at-top
   try:
     schedule_flags.from_config(cfg)
   except ValueError as e:
     raise UsageError(str(e)) from None
-  entry = algorithm_registry.ALGORITHMS[cfg['algorithm']]
-  if cfg['client_optimizer'] not in entry.client_optimizers:
-    raise UsageError(f'--client_optimizer={cfg["client_optimizer"]} is not supported by '
-                     f'--algorithm={cfg["algorithm"]}; it takes {", ".join(entry.client_optimizers)}')
-  if entry.needs_local_steps and not cfg.get('local_steps'):
-    raise UsageError(f'--algorithm={cfg["algorithm"]} needs exactly K local steps: set --local_steps')
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   try:
     addresses = worker_process.parse_addresses(cfg.get('workers') or '')
