@@ -10,7 +10,7 @@ which has already refused every flag the entry says the algorithm lacks
 signature; a new algorithm that has it needs no function here.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from absl import logging

@@ -245,6 +245,12 @@ def check(name: str, cfg: Mapping[str, Any]) -> None:
   check_aggregation(name, cfg)
 
 
+def upload_compression(cfg: Mapping[str, Any]):
+  """The --upload_compression factory of `cfg['algorithm']` (None: none), once it may have one."""
+  check_aggregation(cfg['algorithm'], cfg)
+  return builders.upload_compression(cfg)
+
+
 # ---- defaults ----
 
 algorithm_defaults = algorithm_defaults_table.algorithm_defaults
