@@ -163,7 +163,8 @@ def standard(build_fn: Callable[..., Any]) -> Builder:
   --server_* flags, the aggregation flags and the round options.
   """
   def build(task, cfg, **options):
-    return build_fn(task.model_fn, client_optimizer(cfg), server_optimizer(cfg['algorithm'], cfg),
+    return build_fn(task.model_fn, client_optimizer(cfg),
+                    server_optimizer(cfg.get('algorithm', ''), cfg),
                     local_steps=cfg.get('local_steps', 0), **round_keywords(task, cfg, **options))
   build.__doc__ = f'`{build_fn.__module__}.{build_fn.__name__}` of the flags.'
   return build

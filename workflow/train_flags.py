@@ -26,18 +26,21 @@ from workflow import schedule_flags
 class Having:
   """The readers of a flag: the algorithms whose registry entry has `feature`.
 
-  A key of `workflow.algorithms.FEATURES`, resolved when the help is built
-  (the registry imports TFF; this table does not).
+  `feature` is a key of `workflow.algorithms.FEATURES`, resolved into names by
+  --help (`readers`); absl's --helpfull, defined without importing the
+  registry (which imports TFF: bin/sweep defines these flags to parse values),
+  says `who` instead.
   """
   feature: str
+  who: str
 
 
-_CLIENT_OPT = Having('client_optimizer')
-_SERVER_OPT = Having('server_optimizer')
-_AGGREGATED = Having('aggregator')
-_COMPRESSIBLE = Having('compressible')
-_DRIFT = Having('measures_client_drift')
-PERSONALIZED = Having('personalized')
+_CLIENT_OPT = Having('client_optimizer', 'the algorithms with a choice of client optimiser')
+_SERVER_OPT = Having('server_optimizer', 'the algorithms with a server optimiser')
+_AGGREGATED = Having('aggregator', 'the algorithms that take --aggregator and --dp')
+_COMPRESSIBLE = Having('compressible', 'the algorithms whose uploads can be compressed')
+_DRIFT = Having('measures_client_drift', 'the algorithms of the round composer')
+PERSONALIZED = Having('personalized', 'the personalised algorithms')
 
 TASK_MODEL_FLAGS = ('digits_model', 'cifar100_image_model', 'emnist_character_model',
                     'shakespeare_character_model', 'femnist_model', 'shakespeare_leaf_model',
@@ -159,7 +162,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _f('server_learning_rate', 1.0, 'Server learning rate η_s.', _SERVER_OPT),
         _e('server_optimizer_semantics', 'tff', ('tff', 'paper'),
            'tff: TFF\'s optimisers as shipped; paper: FedOpt Algorithm 2 exactly.',
-           Having('server_optimizer_semantics')),
+           Having('server_optimizer_semantics', 'the algorithms with a FedOpt server '
+                  'optimiser')),
         _f('server_beta_1', 0.9, 'Server β1 (momentum).', _SERVER_OPT),
         _f('server_beta_2', 0.99, 'Server β2.', _SERVER_OPT),
         _f('server_epsilon', 1e-3, 'Server adaptivity τ.', _SERVER_OPT),
@@ -241,7 +245,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _f('noise_stddev', 0.2, 'Standard deviation of the noisy clients\' input noise.',
            PERSONALIZED),
         _s('client_state_dir', '', 'Where each client\'s private state is kept (default '
-           '<experiment dir>/client_state).', Having('keeps_client_state')),
+           '<experiment dir>/client_state).',
+           Having('keeps_client_state', 'the algorithms whose clients keep state')),
     ]),
     ('diagnostics', 'Diagnostics', [
         _b('measure_client_drift', False, 'Report client_drift/{delta,model}_cosine_distance '
@@ -354,7 +359,9 @@ def _readers(f: Flag) -> str:
 
 def _absl_help(f: Flag) -> str:
   text = f.help
-  if f.algorithms:
+  if isinstance(f.algorithms, Having):
+    text += f' Read by: {f.algorithms.who} (bin/train.py --help names them).'
+  elif f.algorithms:
     text += f' Read by: {_readers(f)}.'
   return text
 
