@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 
+from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
 from workflow import algorithm_table  # pylint: disable=g-import-not-at-top
 
 README = os.path.join(ROOT, 'README.md')
@@ -24,6 +25,7 @@ def main(argv=None) -> int:
   action.add_argument('--write', action='store_true', help='update README.md')
   action.add_argument('--check', action='store_true', help='exit 1 if README.md is out of date')
   args = parser.parse_args(argv)
+  runtime.track_tff_workers()  # TFF's default context then exits quietly
   if not (args.write or args.check):
     sys.stdout.write(algorithm_table.markdown())
     return 0
