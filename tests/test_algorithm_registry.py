@@ -132,37 +132,50 @@ def _run(tmp_path, *args):
                         text=True, timeout=300)
 
 
-def test_a_toy_algorithm_is_its_module_and_one_entry(tmp_path):
-  _copy_with_toy(tmp_path)
+def _flag_block(help_text, flag):
+  """The lines of --help about `--flag` (from its line to the next flag's)."""
+  start = help_text.index(f'\n  --{flag}')
+  return help_text[start:help_text.index('\n  --', start + 1)]
+
+
+@pytest.fixture(scope='module')
+def toy_copy(tmp_path_factory):
+  """A copy of the checkout's code with the toy added (module, import, one entry)."""
+  path = tmp_path_factory.mktemp('toy')
+  _copy_with_toy(path)
+  return path
+
+
+def test_a_toy_algorithm_is_its_module_and_one_entry(toy_copy):
   # --help lists it, with the client optimisers it takes and as a reader of its features.
-  help_text = _run(tmp_path, 'bin/train.py', '--help')
+  help_text = _run(toy_copy, 'bin/train.py', '--help')
   assert help_text.returncode == 0, help_text.stderr[-2000:]
   text = help_text.stdout
-  start = text.index('  --algorithm')
-  algorithm_block = text[start:text.index('\n  --server_optimizer', start)]
-  assert 'toy' in algorithm_block
-  block = text[text.index('  --client_optimizer'):text.index('  --client_learning_rate')]
-  assert 'toy: sgd | sgdm' in ' '.join(block.split())
-  block = text[text.index('  --upload_compression'):text.index('  --sparsity')]
-  assert 'toy' in block.split('read by:')[1]
+  assert 'toy' in _flag_block(text, 'algorithm')
+  assert 'toy: sgd | sgdm' in ' '.join(_flag_block(text, 'client_optimizer').split())
+  assert 'toy' in _flag_block(text, 'upload_compression').split('read by:')[1]
   # Validation: a client optimiser it does not take, named with the ones it does.
-  refused = _run(tmp_path, 'bin/train.py', '--algorithm=toy', '--client_optimizer=adam',
-                 f'--root_output_dir={tmp_path}/out')
+  refused = _run(toy_copy, 'bin/train.py', '--algorithm=toy', '--client_optimizer=adam',
+                 f'--root_output_dir={toy_copy}/refused')
   assert refused.returncode == 2, refused.stderr[-2000:]
   last = refused.stderr.strip().splitlines()[-1]
   assert '--client_optimizer=adam' in last and '--algorithm=toy' in last, last
   assert 'sgd, sgdm' in last, last
-  # One round on digits, through the composer, as a cohort.
-  trained = _run(tmp_path, 'bin/train.py', '--algorithm=toy', '--client_optimizer=sgdm',
-                 '--task=digits', '--num_clients=4', '--clients_per_round=2',
-                 '--client_batch_size=32', '--total_rounds=1', '--rounds_per_eval=1',
-                 '--show_progress=false', f'--root_output_dir={tmp_path}/out')
-  assert trained.returncode == 0, trained.stderr[-3000:]
-  assert 'execution: cohort' in trained.stderr, trained.stderr[-3000:]
-  runs = list((tmp_path / 'out').iterdir())
-  assert len(runs) == 1 and runs[0].name.startswith('digits_toy')
-  assert (runs[0] / 'metrics.csv').read_text().splitlines()[1].startswith('1,')
+  assert not os.path.exists(toy_copy / 'refused')
   # The README table generator has its row.
-  table = _run(tmp_path, 'bin/algorithm_table.py')
+  table = _run(toy_copy, 'bin/algorithm_table.py')
   assert table.returncode == 0, table.stderr[-2000:]
   assert '| `toy` | a toy FedAvg | sgd, sgdm |' in table.stdout, table.stdout
+
+
+def test_the_toy_algorithm_trains_a_round(toy_copy):
+  """One round on digits through the composer, as a cohort (~30-60 s: TFF, one compiled round)."""
+  trained = _run(toy_copy, 'bin/train.py', '--algorithm=toy', '--client_optimizer=sgdm',
+                 '--task=digits', '--num_clients=4', '--clients_per_round=2',
+                 '--client_batch_size=32', '--total_rounds=1', '--rounds_per_eval=1',
+                 f'--root_output_dir={toy_copy}/out')
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  assert 'execution: cohort' in trained.stderr, trained.stderr[-3000:]
+  runs = list((toy_copy / 'out').iterdir())
+  assert len(runs) == 1 and runs[0].name.startswith('digits_toy')
+  assert (runs[0] / 'metrics.csv').read_text().splitlines()[1].startswith('1,')

@@ -277,7 +277,7 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
   except ValueError as e:
     raise UsageError(str(e)) from e  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
-    raise UsageError(f'cannot write {e.filename or out}: {e.strerror}') from e
+    raise UsageError(f'cannot write {e.filename or experiment_dir(cfg)}: {e.strerror}') from e
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
     runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0),
