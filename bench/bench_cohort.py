@@ -30,7 +30,6 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tff_adaptive.algorithms import composer
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 from workflow import algorithms as registry
@@ -61,15 +60,15 @@ def row_specs(names, executions, algorithms):
 
 def build(algorithm: str, task, cfg, key: str):
   """(CohortProcess, None), or (None, why the algorithm runs per client)."""
-  if algorithm in registry.PER_CLIENT_ONLY:
-    return None, registry.PER_CLIENT_ONLY[algorithm]
+  entry = registry.ALGORITHMS[algorithm]
+  if not entry.cohort:
+    return None, entry.cohort.why
   execution = cohort.CohortExecution(**EXECUTIONS[key])
   # What registry.build does for --execution=cohort, with the execution given
   # whole (the registry's flags do not reach in_process).
-  with warnings.catch_warnings(record=True) as caught, composer.round_option_defaults(
-      execution=execution):
+  with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
-    process = registry.ALGORITHMS[algorithm].build(task, cfg)
+    process = entry.build(task, cfg, execution=execution, measure_client_drift=False)
   if isinstance(process, cohort.CohortProcess):
     return process, None
   notes = [str(w.message) for w in caught if 'cohort execution does not apply' in str(w.message)]

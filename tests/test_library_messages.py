@@ -45,12 +45,6 @@ ALLOWED_FLAG_TEXT = {
         "the command line of TFF's worker_binary, which WorkerProcess starts (not a message)",
     ('tff_adaptive/execution/worker_process.py', 'max_concurrent_computation_calls'):
         "the command line of TFF's worker_binary, which WorkerProcess starts (not a message)",
-    # The docstring of composer.round_option_defaults, which the round-options
-    # work of issue 25 removes (another branch; not edited here): drop these with it.
-    ('tff_adaptive/algorithms/composer.py', 'measure_client_drift'):
-        'round_option_defaults, removed with the hidden channel (issue 25)',
-    ('tff_adaptive/algorithms/composer.py', 'execution'):
-        'round_option_defaults, removed with the hidden channel (issue 25)',
 }
 
 

@@ -43,13 +43,15 @@ import tensorflow_federated as tff
 
 from tasks import base as task_base
 from tff_adaptive.personalization import client_state
+from workflow import algorithms
 from workflow import program
 from tff_adaptive.personalization import process as personalized
 from tff_adaptive.rounds import stateful
 
-PERSONALIZED_ALGORITHMS = ('mtfl', 'perfedavg', 'pfedme')
+# From the registry's entries (`AlgorithmEntry.personalized`, `.keeps_client_state`).
+PERSONALIZED_ALGORITHMS = algorithms.having('personalized')
 # Algorithms whose clients keep state between rounds (a store, --client_state_dir).
-CLIENT_STATE_ALGORITHMS = PERSONALIZED_ALGORITHMS + ('scaffold',)
+CLIENT_STATE_ALGORITHMS = algorithms.having('keeps_client_state')
 
 
 def noisy_client_ids(client_ids: Sequence[str], fraction: float, seed: int) -> list[str]:

@@ -15,22 +15,32 @@ paper presets, the training loop, workers.
 import dataclasses
 import textwrap
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from absl import flags
 
 from workflow import schedule_flags
 
-# Readers of a flag, by algorithm family (the names of workflow/algorithms.py).
-FEDOPT = ('fedavg', 'fedavgm', 'fedadagrad', 'fedadam', 'fedyogi')
-PERSONALIZED = ('mtfl', 'perfedavg', 'pfedme')
-_SERVER_OPT = FEDOPT + ('mimelite', 'mimexlite', 'fedprox', 'fedmax', 'perfedavg', 'mtfl',
-                        'fedada2', 'scaffold')
-_CLIENT_OPT = ('fedgbo', 'mfl', 'mimelite', 'mimexlite', 'ce_fedavg', 'fedada2', 'mtfl')
-_AGGREGATED = FEDOPT + ('fedgbo', 'mfl', 'mimelite', 'mimexlite', 'fedprox', 'fedmax',
-                        'fedada2', 'scaffold')
-_COMPRESSIBLE = FEDOPT + ('fedgbo', 'mfl', 'fedmax', 'ce_fedavg', 'fedada2')
-_DRIFT = FEDOPT + ('fedgbo', 'mfl', 'mimexlite', 'fedmax', 'ce_fedavg', 'fedada2', 'scaffold')
+
+@dataclasses.dataclass(frozen=True)
+class Having:
+  """The readers of a flag: the algorithms whose registry entry has `feature`.
+
+  `feature` is a key of `workflow.algorithms.FEATURES`, resolved into names by
+  --help (`readers`); absl's --helpfull, defined without importing the
+  registry (which imports TFF: bin/sweep defines these flags to parse values),
+  says `who` instead.
+  """
+  feature: str
+  who: str
+
+
+_CLIENT_OPT = Having('client_optimizer', 'the algorithms with a choice of client optimiser')
+_SERVER_OPT = Having('server_optimizer', 'the algorithms with a server optimiser')
+_AGGREGATED = Having('aggregator', 'the algorithms that take --aggregator and --dp')
+_COMPRESSIBLE = Having('compressible', 'the algorithms whose uploads can be compressed')
+_DRIFT = Having('measures_client_drift', 'the algorithms of the round composer')
+PERSONALIZED = Having('personalized', 'the personalised algorithms')
 
 TASK_MODEL_FLAGS = ('digits_model', 'cifar100_image_model', 'emnist_character_model',
                     'shakespeare_character_model', 'femnist_model', 'shakespeare_leaf_model',
@@ -47,14 +57,15 @@ class Flag:
     default: the default (before any algorithm default).
     help: one-paragraph description.
     values: an enum's allowed values.
-    algorithms: the algorithms that read the flag; empty: every algorithm.
+    algorithms: the algorithms that read the flag (names, or `Having` a
+      feature of their registry entries); empty: every algorithm.
   """
   name: str
   kind: str
   default: Any
   help: str
   values: tuple[str, ...] = ()
-  algorithms: tuple[str, ...] = ()
+  algorithms: Union[tuple[str, ...], Having] = ()
 
 
 def _s(name, default, help_, algorithms=()):
@@ -151,7 +162,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _f('server_learning_rate', 1.0, 'Server learning rate η_s.', _SERVER_OPT),
         _e('server_optimizer_semantics', 'tff', ('tff', 'paper'),
            'tff: TFF\'s optimisers as shipped; paper: FedOpt Algorithm 2 exactly.',
-           tuple(a for a in _SERVER_OPT if a != 'fedada2')),
+           Having('server_optimizer_semantics', 'the algorithms with a FedOpt server '
+                  'optimiser')),
         _f('server_beta_1', 0.9, 'Server β1 (momentum).', _SERVER_OPT),
         _f('server_beta_2', 0.99, 'Server β2.', _SERVER_OPT),
         _f('server_epsilon', 1e-3, 'Server adaptivity τ.', _SERVER_OPT),
@@ -233,7 +245,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _f('noise_stddev', 0.2, 'Standard deviation of the noisy clients\' input noise.',
            PERSONALIZED),
         _s('client_state_dir', '', 'Where each client\'s private state is kept (default '
-           '<experiment dir>/client_state).', PERSONALIZED + ('scaffold',)),
+           '<experiment dir>/client_state).',
+           Having('keeps_client_state', 'the algorithms whose clients keep state')),
     ]),
     ('diagnostics', 'Diagnostics', [
         _b('measure_client_drift', False, 'Report client_drift/{delta,model}_cosine_distance '
@@ -334,13 +347,23 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         raise ValueError(f'unknown flag kind {f.kind!r} of --{f.name}')
 
 
+def readers(f: Flag) -> tuple[str, ...]:
+  """The algorithms that read flag `f` (empty: every algorithm)."""
+  if isinstance(f.algorithms, Having):
+    from workflow import algorithms  # pylint: disable=g-import-not-at-top
+    return algorithms.having(f.algorithms.feature)
+  return f.algorithms
+
+
 def _readers(f: Flag) -> str:
-  return 'all algorithms' if not f.algorithms else ', '.join(f.algorithms)
+  return ', '.join(readers(f)) or 'all algorithms'
 
 
 def _absl_help(f: Flag) -> str:
   text = f.help
-  if f.algorithms:
+  if isinstance(f.algorithms, Having):
+    text += f' Read by: {f.algorithms.who} (bin/train.py --help names them).'
+  elif f.algorithms:
     text += f' Read by: {_readers(f)}.'
   return text
 
@@ -405,6 +428,6 @@ def flag_default(name: str) -> Optional[Any]:
 def check_table(names: Mapping[str, Any]) -> None:
   """Raises ValueError if a flag's readers name an unregistered algorithm."""
   for f in FLAGS_BY_NAME.values():
-    unknown = set(f.algorithms) - set(names)
+    unknown = set(readers(f)) - set(names)
     if unknown:
       raise ValueError(f'--{f.name} is read by unknown algorithms {sorted(unknown)}')

@@ -59,8 +59,6 @@ Optionally (`measure_client_drift`), each round also reports client drift,
 seed 000's Fig. 6.1 diagnostic (see `accounting/drift.py`).
 """
 
-import contextlib
-import contextvars
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -140,7 +138,7 @@ def _round_options(options: Optional[RoundOptions], keywords, name: str) -> Roun
     raise TypeError(f'pass either options= or option keywords, not both ({", ".join(keywords)})')
   if options is not None:
     return options
-  keywords = {**_DEFAULTS.get(), **{k: v for k, v in keywords.items() if v is not None}}
+  keywords = {k: v for k, v in keywords.items() if v is not None}
   try:
     return RoundOptions(**keywords)
   except TypeError as e:
@@ -150,29 +148,6 @@ def _round_options(options: Optional[RoundOptions], keywords, name: str) -> Roun
     raise TypeError(f'{name}: {e}') from None
   except ValueError as e:
     raise ValueError(f'{name}: {e}') from None
-
-
-_DEFAULTS = contextvars.ContextVar('round_option_defaults', default={})
-
-
-@contextlib.contextmanager
-def round_option_defaults(**defaults):
-  """Within the block, `build_process` takes these `RoundOptions` fields by default.
-
-  How bin/train applies `--measure_client_drift` and `--execution` to every
-  composer-built algorithm; keywords a builder is given win.
-  """
-  RoundOptions(**defaults)  # the same checks as when they are used
-  token = _DEFAULTS.set({**_DEFAULTS.get(), **defaults})
-  try:
-    yield
-  finally:
-    _DEFAULTS.reset(token)
-
-
-def measuring_client_drift(enabled: bool = True):
-  """`round_option_defaults(measure_client_drift=enabled)`."""
-  return round_option_defaults(measure_client_drift=bool(enabled))
 
 
 def variable_model_fn(model_fn: ModelFn, algorithm: str) -> Callable[[], tff.learning.models.VariableModel]:

@@ -16,7 +16,7 @@ trainable weights are the original model's, in the same order.
 """
 
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -97,14 +97,17 @@ def build_fedmax(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
                  beta: float, local_steps: int = 0, client_weighting=None,
                  model_distributor=None, model_aggregator=None, metrics_aggregator=None,
                  loop_implementation=None, upload_compression=None,
-                 fb_flops_per_example: Optional[float] = None) -> tff.learning.templates.LearningProcess:
+                 fb_flops_per_example: Optional[float] = None,
+                 **options: Any) -> tff.learning.templates.LearningProcess:
   """FedMAX for a Keras classifier returning logits.
 
   Unlike the other builders, FedMAX takes a Keras model function and the
   input spec instead of `model_fn`: the penalty needs the penultimate
   activations, so it rebuilds the model (`with_penultimate_output`) and wraps
   it itself. The rest is `fedopt.build_fedopt` (client optimiser, server
-  optimiser — default `build_sgdm(1.0)` — and keywords).
+  optimiser — default `build_sgdm(1.0)` — and keywords; `**options` are
+  the other `composer.RoundOptions` fields, e.g. `measure_client_drift`,
+  `execution`).
   """
   if fb_flops_per_example is None:
     # The model FedOpt sees returns [logits, a]; count the classifier itself.
@@ -115,4 +118,4 @@ def build_fedmax(keras_model_fn: Callable[[], tf.keras.Model], input_spec,
       model_distributor=model_distributor, model_aggregator=model_aggregator,
       metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation,
       upload_compression=upload_compression, fb_flops_per_example=fb_flops_per_example,
-      algorithm='fedmax')
+      algorithm='fedmax', **options)
