@@ -249,6 +249,20 @@ def _model_fn(keras_model_fn: Callable[[], tf.keras.Model], loss_fn, metrics_fn,
   return model_fn
 
 
+def image_preprocess(spec, image_map):
+  """TFF's client pipeline for images (shuffle, epochs, cap, map, batch) around `image_map`."""
+  def preprocess(dataset):
+    buffer = spec.shuffle_buffer_size or 500  # TFF's CIFAR-100 default
+    if buffer > 1:
+      dataset = dataset.shuffle(buffer)
+    if spec.num_epochs > 1:
+      dataset = dataset.repeat(spec.num_epochs)
+    if spec.max_elements is not None:
+      dataset = dataset.take(spec.max_elements)
+    return dataset.map(image_map, num_parallel_calls=tf.data.AUTOTUNE).batch(spec.batch_size)
+  return preprocess
+
+
 def _classification_evaluation(datasets, from_logits: bool) -> base.KerasEvaluation:
   return base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
@@ -291,17 +305,7 @@ def fedgbo_cifar100_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, dis
       image = tf.image.random_crop(image, paper_cnns.CIFAR100_INPUT_SHAPE)
     return image, example['label']
 
-  def preprocess(dataset):
-    buffer = spec.shuffle_buffer_size or 500
-    if buffer > 1:
-      dataset = dataset.shuffle(buffer)
-    if spec.num_epochs > 1:
-      dataset = dataset.repeat(spec.num_epochs)
-    if spec.max_elements is not None:
-      dataset = dataset.take(spec.max_elements)
-    return dataset.map(image_map, num_parallel_calls=tf.data.AUTOTUNE).batch(spec.batch_size)
-
-  return preprocess
+  return image_preprocess(spec, image_map)
 
 
 def create_cifar100_model(model: str = 'resnet18', seed: int = 0) -> tf.keras.Model:

@@ -96,17 +96,7 @@ def cifar100_vit_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, image_
     image = tf.image.resize(image, [image_size, image_size])
     return (image - mean) / std, example['label']
 
-  def preprocess(dataset):
-    buffer = spec.shuffle_buffer_size or 500  # TFF's CIFAR-100 default
-    if buffer > 1:
-      dataset = dataset.shuffle(buffer)
-    if spec.num_epochs > 1:
-      dataset = dataset.repeat(spec.num_epochs)
-    if spec.max_elements is not None:
-      dataset = dataset.take(spec.max_elements)
-    return dataset.map(image_map, num_parallel_calls=tf.data.AUTOTUNE).batch(spec.batch_size)
-
-  return preprocess
+  return tff_native.image_preprocess(spec, image_map)
 
 
 def create_cifar100_vit(cfg: Mapping[str, Any]) -> base.FederatedTask:
