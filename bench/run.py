@@ -443,6 +443,44 @@ def memory_section(setting: Setting, name: str, data: str, rounds: int):
       load_before=load_before, load_after=_load())
 
 
+def memory_cohort_section(setting: Setting, name: str, rounds: int, min_clients: int,
+                          seed: int = 0):
+  """Resident memory over `rounds` cohort rounds whose size is drawn from
+  [min_clients, setting.clients] each round (issue 23: the cohort program is
+  traced once for every size, and padding, shards and metrics must not grow).
+
+  The arrays of `setting.clients` clients are read once (as the workflow's
+  ClientCache keeps them); round r trains on a random subset of them.
+  """
+  load_before = _load()
+  algorithm, _ = ALGORITHMS[name]
+  process, reason = bench_cohort.build(algorithm, setting.task(), _config(name, setting),
+                                       'cohort_vec' if setting.model != 'cnn' else 'cohort_seq')
+  if process is None:
+    raise SystemExit(f'memory: {name} runs per client ({reason})')
+  arrays, _ = bench_cohort.client_arrays(setting)
+  runner = bench_cohort.CohortRunner(process, 0.0, arrays, 0.0)
+  rng = np.random.default_rng(seed)
+  rss, sizes = [], []
+  t0 = time.perf_counter()
+  for _ in range(rounds):
+    size = int(rng.integers(min_clients, setting.clients + 1))
+    runner.arrays = [arrays[i] for i in rng.choice(setting.clients, size, replace=False)]
+    runner()
+    rss.append(_rss_kib())
+    sizes.append(size)
+  return collections.OrderedDict(
+      setting=vars_of(setting), algorithm=name, execution=type(process).__name__,
+      vectorized=process.vectorized, rounds=rounds, cohort_sizes=sizes,
+      min_clients=min_clients, max_clients=setting.clients,
+      seconds=time.perf_counter() - t0, rss_kib=rss, rss_first_kib=rss[0], rss_last_kib=rss[-1],
+      peak_rss_kib=float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss),
+      slope_second_half_kib_per_round=_second_half_slope(rss),
+      slope_all_kib_per_round=float(np.polyfit(np.arange(len(rss)), rss, 1)[0]),
+      padding_waste=process.shard_stats.waste,
+      load_before=load_before, load_after=_load())
+
+
 def machine():
   cpu = platform.processor() or 'unknown'
   try:
@@ -530,7 +568,12 @@ def markdown(out_dir) -> str:
                      f"{r['cores_used']:.2f} | {r['cpu_over_raw_cpu']:.2f} | {top} |")
     elif 'rss_kib' in data:
       s = data['setting']
-      lines.append(f"{data['algorithm']} ({data['data']}), {s['model']}, {s['clients']} clients, "
+      clients = (f"{data['min_clients']}–{data['max_clients']} clients (drawn per round), "
+                 f"{'vectorised' if data['vectorized'] else 'in sequence'}, padding waste "
+                 f"{data['padding_waste']:.1%}" if 'cohort_sizes' in data
+                 else f"{s['clients']} clients")
+      lines.append(f"{data['algorithm']} ({data.get('data', data.get('execution'))}), "
+                   f"{s['model']}, {clients}, "
                    f"{data['rounds']} rounds in {data['seconds']:.0f} s: RSS "
                    f"{data['rss_first_kib'] / 1024:.0f} → {data['rss_last_kib'] / 1024:.0f} MiB, "
                    f"peak {data['peak_rss_kib'] / 1024:.0f} MiB, slope over the second half "
@@ -639,6 +682,10 @@ def main(argv=None):
   p.add_argument('--memory_rounds', type=int, default=300)
   p.add_argument('--memory_model', default='mlp', choices=sorted(MODELS))
   p.add_argument('--memory_algorithm', default='fedavg')
+  p.add_argument('--memory_execution', default='per_client', choices=['per_client', 'cohort'],
+                 help="cohort: the cohort program, the round's size drawn from "
+                      '[--memory_min_clients, --clients] (in-process arrays; --data ignored)')
+  p.add_argument('--memory_min_clients', type=int, default=5)
   p.add_argument('--execution_concurrency', type=int, default=0,
                  help="TFF C++ executor's max_concurrent_computation_calls (0: the package's "
                       "default, two per CPU core; -1: unlimited, TFF's default)")
@@ -680,6 +727,11 @@ def main(argv=None):
         execution_concurrency=concurrency)))
   if 'memory' in sections:
     setting = Setting(args.memory_model, args.clients, args.local_steps, args.batch)
+    if args.memory_execution == 'cohort':
+      result = memory_cohort_section(setting, args.memory_algorithm, args.memory_rounds,
+                                     args.memory_min_clients)
+      written.append(write(args.out_dir, f'memory_cohort{tag}', result))
+      modes = []
     for mode in modes:
       result = memory_section(setting, args.memory_algorithm, mode, args.memory_rounds)
       result['execution_concurrency'] = concurrency

@@ -201,10 +201,17 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
   program = CohortProgram(view, loop, vectorized, trainable_structure, execution.jit_compile)
   data_type = shard_type(info.element_type)
+  # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
+  # computation calls this graph, and in process it runs as is. Tracing the
+  # program is most of a small model's build (pfor converts the client loop:
+  # seconds), which tracing it a second time for the TFF computation doubled.
+  traced = tf.function(program, input_signature=[
+      tff.types.type_to_tf_tensor_specs(info.message_type),
+      tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
 
   @tff.tensorflow.computation(info.message_type, data_type)
   def shard_fn(message, shard):
-    return program(message, shard)
+    return traced(message, shard)
 
   sums_type = shard_fn.type_signature.result
   server_round = server_lib.ServerRound(
@@ -238,7 +245,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   # they run eagerly on the summed values, outside the server's tf.function.
   unfinalized = server_lib.ServerRound(recipe, server_round.costs, None,
                                        options.measure_client_drift)
-  in_process = _InProcessNext(next_fn, recipe, program, unfinalized, info, data_type,
+  in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info,
                               no_measurements, options.measure_client_drift)
   return per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=CohortProcess,
@@ -279,16 +286,13 @@ class CohortProcess(tff.learning.templates.LearningProcess):
 class _InProcessNext:
   """`process.next` as `tf.function`s in this process: same programs, no executor."""
 
-  def __init__(self, tff_next, recipe, program, server_round, info, data_type, no_measurements,
-               measure_client_drift):
+  def __init__(self, tff_next, recipe, program, traced_shard, server_round, info,
+               no_measurements, measure_client_drift):
     self.type_signature = tff_next.type_signature
     self._recipe = recipe
     self._no_measurements = no_measurements
     self._measure_client_drift = measure_client_drift
-    message_spec = tff.types.type_to_tf_tensor_specs(info.message_type)
-    shard_spec = tff.types.type_to_tf_tensor_specs(data_type)
-    # Relaxed shapes ([None] clients and steps): one trace for every cohort.
-    self._shard = tf.function(program, input_signature=[message_spec, shard_spec])
+    self._shard = traced_shard  # relaxed shapes: one trace for every cohort
     self._server_round = server_round
     self._view = program.view
     self._server = None
