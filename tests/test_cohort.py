@@ -254,6 +254,12 @@ def test_masked_sequence_model_equals_tff_forward_pass(jit_compile):
     state = expected.state
 
 
+def test_vectorised_recurrent_model_is_refused_in_one_line():
+  with pytest.raises(ValueError, match="mode='vectorized' cannot vectorise recurrent layers"):
+    fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=1,
+                        execution=cohort.CohortExecution(mode='vectorized'))
+
+
 def xla_sequence_rounds(rounds=2, local_steps=2):
   """Rounds of the GRU model with XLA-compiled steps (run by the test below in a child)."""
   process = fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=local_steps,

@@ -195,6 +195,11 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   execution = execution_of(options)
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
   view = functional.FunctionalView(model_fn, generic_rnn=execution.jit_compile)
+  if execution.mode == 'vectorized' and view.has_rnn:
+    # pfor cannot convert a recurrent layer's TensorList loop: fail here, in one line.
+    raise ValueError("CohortExecution: mode='vectorized' cannot vectorise recurrent layers "
+                     "(tf.vectorized_map fails on their TensorList loop); use mode='sequential' "
+                     "or 'auto'")
   vectorized = (execution.mode == 'vectorized' or
                 (execution.mode == 'auto' and not view.has_conv_or_rnn))
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)

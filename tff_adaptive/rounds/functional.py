@@ -82,10 +82,12 @@ class FunctionalView:
       self._keras_model, self._loss_fn = _keras_parts(model)
       self._plan = _metric_plan(model)
       shapes = [tuple(v.shape) for v in model.trainable_variables]
-      self.has_conv_or_rnn = any(
+      layers = [layer for layer in self._keras_model.submodules
+                if isinstance(layer, tf.keras.layers.Layer)]
+      self.has_rnn = any(isinstance(layer, tf.keras.layers.RNN) for layer in layers)
+      self.has_conv_or_rnn = self.has_rnn or any(
           isinstance(layer, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D,
-                             tf.keras.layers.Conv3D, tf.keras.layers.RNN))
-          for layer in self._keras_model.submodules if isinstance(layer, tf.keras.layers.Layer))
+                             tf.keras.layers.Conv3D)) for layer in layers)
     self._check_clone_order(shapes)
 
   def _check_clone_order(self, shapes):
