@@ -9,6 +9,9 @@ Row `<algorithm>@<execution>`, data `arrays`:
   cohort_seq_xla   CohortExecution(mode='sequential', jit_compile=True): client
                    steps compiled by XLA; the compilation falls in the first round
                    (fedavg only)
+  cohort_vec_xlaprog, cohort_seq_xlaprog
+                   CohortExecution(mode=..., jit_compile='program'): the whole
+                   shard program one XLA computation (compiled in the first round)
 
 Data: each client's K batches are read once from the bench's in-memory
 datasets into NumPy arrays (`cohort_data.client_batches`, what the workflow's
@@ -39,6 +42,8 @@ EXECUTIONS = collections.OrderedDict([
     ('cohort_seq', dict(mode='sequential')),
     ('cohort_vec_cpp', dict(mode='vectorized', in_process=False)),
     ('cohort_seq_xla', dict(mode='sequential', jit_compile=True)),
+    ('cohort_vec_xlaprog', dict(mode='vectorized', jit_compile='program')),
+    ('cohort_seq_xlaprog', dict(mode='sequential', jit_compile='program')),
 ])
 FEDAVG_ONLY = ('cohort_vec_cpp', 'cohort_seq_xla')
 DATA = 'arrays'

@@ -21,7 +21,7 @@ import run as bench  # pylint: disable=g-import-not-at-top
 # Every cohort execution of FedAvg (the default --cohort_executions); tff_fedavg
 # has no cohort form.
 COHORT_ROWS = ('fedavg@cohort_vec', 'fedavg@cohort_seq', 'fedavg@cohort_vec_cpp',
-               'fedavg@cohort_seq_xla')
+               'fedavg@cohort_seq_xla', 'fedavg@cohort_vec_xlaprog', 'fedavg@cohort_seq_xlaprog')
 
 
 @pytest.fixture(scope='module')
@@ -122,7 +122,8 @@ def test_cohort_rows_update_equals_per_client(results):
   assert rows['fedavg@cohort_vec']['execution_mode'] == 'vectorized'
   assert rows['fedavg@cohort_seq']['execution_mode'] == 'sequential'
   assert not rows['fedavg@cohort_vec_cpp']['in_process']
-  assert rows['fedavg@cohort_seq_xla']['jit_compile']
+  assert rows['fedavg@cohort_seq_xla']['jit_compile'] is True
+  assert rows['fedavg@cohort_vec_xlaprog']['jit_compile'] == 'program'
   targets = data['targets']
   assert targets['all_updates_equal'] and targets['best_fedavg_cohort'] in COHORT_ROWS
   assert targets['tff_fedavg_over_best_cohort'] > 0

@@ -133,8 +133,25 @@ def test_xla_compiled_client_steps_equal(mode):
   _compare('fedadam', 3, cohort.CohortExecution(mode=mode, jit_compile=True), rounds=2)
 
 
+@pytest.mark.parametrize('mode', ['sequential', 'vectorized'])
+def test_xla_compiled_shard_program_equals(mode):
+  """The whole program as one XLA computation; epochs give shards of two shapes."""
+  _compare('fedyogi_paper', 0, cohort.CohortExecution(mode=mode, jit_compile='program'),
+           rounds=2)
+
+
 def test_cohort_through_tff_executor_equals_in_process():
   _compare('fedadam', 3, cohort.CohortExecution(in_process=False, num_shards=2), rounds=2)
+
+
+def test_xla_program_through_tff_executor_equals():
+  _compare('fedavg', 3, cohort.CohortExecution(in_process=False, num_shards=2,
+                                               jit_compile='program'), rounds=2)
+
+
+def test_unknown_jit_compile_is_refused():
+  with pytest.raises(ValueError, match="jit_compile must be False, True, 'step' or 'program'"):
+    cohort.CohortExecution(jit_compile='round')
 
 
 def test_client_drift_and_uniform_weighting_equal():

@@ -32,7 +32,7 @@ run per client (`build_or_explain` warns once, naming the reason).
 import collections
 import dataclasses
 import warnings
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -49,6 +49,7 @@ from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import server as server_lib
 
 MODES = ('auto', 'vectorized', 'sequential')
+JIT_COMPILE = (False, True, 'step', 'program')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,19 +66,27 @@ class CohortExecution:
     num_shards: split the cohort into this many shards (e.g. one per TFF
       worker); None: by size, so that padding stays under `max_waste`.
     max_waste: see `cohort_data.group_by_size`.
-    jit_compile: compile one client step (gradient, optimiser step, metrics)
-      with XLA. It pays for recurrent models, whose steps are many small ops
-      (a GRU step of TFF's Shakespeare task: 3x faster per round), after a
-      compilation of minutes per batch shape at the first round of each
-      process; small feed-forward models gain nothing (docs/performance.md).
+    jit_compile: XLA. False: none. True or 'step': compile one client step
+      (gradient, optimiser step, metrics); it pays for recurrent models,
+      whose steps are many small ops (a GRU step of TFF's Shakespeare task:
+      3x faster per round), small feed-forward models gain nothing.
+      'program': compile the whole shard program (every client's every
+      step) as one XLA computation: no per-op dispatch at all, which is
+      most of a small model's step (the digits MLP: ~3x faster rounds,
+      docs/performance.md); XLA compiles once per shard shape
+      [clients, steps, rows], so it suits rounds of fixed shape (K local
+      steps, a fixed cohort) and costs a compilation per new shape otherwise.
   """
   mode: str = 'auto'
   in_process: bool = True
   num_shards: Optional[int] = None
   max_waste: float = 0.25
-  jit_compile: bool = False
+  jit_compile: Union[bool, str] = False
 
   def __post_init__(self):
+    if self.jit_compile not in JIT_COMPILE:
+      raise ValueError(f"jit_compile must be False, True, 'step' or 'program'; got "
+                       f'{self.jit_compile!r}')
     if self.mode not in MODES:
       raise ValueError(f'mode must be one of {", ".join(MODES)}; got {self.mode!r}')
     if self.num_shards is not None and self.num_shards < 1:
@@ -204,15 +213,17 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                 (execution.mode == 'auto' and not view.has_conv_or_rnn))
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)
   trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
-  program = CohortProgram(view, loop, vectorized, trainable_structure, execution.jit_compile)
+  program = CohortProgram(view, loop, vectorized, trainable_structure,
+                          jit_compile=execution.jit_compile in (True, 'step'))
   data_type = shard_type(info.element_type)
   # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
   # computation calls this graph, and in process it runs as is. Tracing the
   # program is most of a small model's build (pfor converts the client loop:
   # seconds), which tracing it a second time for the TFF computation doubled.
-  traced = tf.function(program, input_signature=[
-      tff.types.type_to_tf_tensor_specs(info.message_type),
-      tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
+  traced = tf.function(
+      program, jit_compile=execution.jit_compile == 'program',
+      input_signature=[tff.types.type_to_tf_tensor_specs(info.message_type),
+                       tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
 
   @tff.tensorflow.computation(info.message_type, data_type)
   def shard_fn(message, shard):
