@@ -474,7 +474,8 @@ def create_stackoverflow_word(*, data_dir: str, num_clients: int, max_client_exa
   train = _restrict_train_data(train, num_clients, max_client_examples, seed)
   so = _BASELINES.stackoverflow
   baseline = so.word_prediction_tasks.create_word_prediction_task_from_datasets(
-      _train_spec(batch_size, num_epochs), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train, test, heldout)
+      _train_spec(batch_size, num_epochs), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train,
+      test, heldout)
   special = so.word_prediction_preprocessing.get_special_tokens(len(vocab), 1)
   extended_vocab = len(vocab) + special.get_number_of_special_tokens()
   keras_model_fn = lambda: create_stackoverflow_word_model(len(vocab))
