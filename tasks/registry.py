@@ -23,7 +23,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Optional
 
 from tasks import base
@@ -110,7 +110,10 @@ def _custom_parameters(name: str, function: Callable[..., Any]) -> tuple[str, ..
     if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
       raise ValueError(f'--task={name}: parameter {parameter.name!r} of the task function: '
                        'name each argument it takes (' + ', '.join(ARGUMENT_NAMES) + ')')
-    if parameter.name not in ARGUMENT_NAMES or parameter.kind == parameter.POSITIONAL_ONLY:
+    if parameter.kind == parameter.POSITIONAL_ONLY:
+      raise ValueError(f'--task={name}: the task function\'s parameter {parameter.name!r} is '
+                       'positional-only; create_task passes arguments by name')
+    if parameter.name not in ARGUMENT_NAMES:
       raise ValueError(f'--task={name}: the task function\'s parameter {parameter.name!r} is '
                        'neither a task flag nor a run argument; a task function takes any of '
                        + ', '.join(ARGUMENT_NAMES) + ' by name (docs/tasks.md, "Your own task")')
@@ -144,9 +147,10 @@ def _import_user_module(name: str, module_name: str):
     raise TaskCodeError(f'--task={name}: importing {module_name} failed: {_describe(e)}') from e
 
 
-def _call_task_function(name: str, arguments: Mapping[str, Any]) -> base.FederatedTask:
+def _call_task_function(name: str, arguments: Callable[[tuple[str, ...]], dict[str, Any]]
+                        ) -> base.FederatedTask:
   function = custom_task_function(name)
-  wanted = {key: arguments[key] for key in _custom_parameters(name, function)}
+  wanted = arguments(_custom_parameters(name, function))
   try:
     task = function(**wanted)
   except Exception as e:  # pylint: disable=broad-except  (user code)
@@ -155,11 +159,6 @@ def _call_task_function(name: str, arguments: Mapping[str, Any]) -> base.Federat
     raise ValueError(f'--task={name} returned {type(task).__name__}, not a '
                      'tasks.base.FederatedTask')
   return task
-
-
-def factory_parameters(factory: Callable[..., Any]) -> tuple[str, ...]:
-  """The argument names of a registered factory (all of them in ARGUMENT_NAMES)."""
-  return tuple(inspect.signature(factory).parameters)
 
 
 def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, seed: int,
@@ -176,12 +175,15 @@ def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, see
       (cifar10's split); None outside a training run.
   """
   name = settings.task
-  arguments = {**dataclasses.asdict(settings), 'batch_size': batch_size,
-               'num_epochs': num_epochs, 'seed': seed, 'run_dir': run_dir}
+  run = dict(batch_size=batch_size, num_epochs=num_epochs, seed=seed, run_dir=run_dir)
+
+  def arguments(names: tuple[str, ...]) -> dict[str, Any]:
+    return {key: run[key] if key in run else getattr(settings, key) for key in names}
+
   if is_custom(name):
     return _call_task_function(name, arguments)
   if name not in TASKS:
     raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}, or '
                      f'package.module:function; got {name!r}')
   factory = TASKS[name]
-  return factory(**{key: arguments[key] for key in factory_parameters(factory)})
+  return factory(**arguments(tuple(inspect.signature(factory).parameters)))
