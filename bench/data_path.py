@@ -50,12 +50,18 @@ def _peak_mib() -> float:
 
 
 def _cfg(args, task_name):
-  cfg = dict(data_dir=args.data_dir, client_batch_size=args.batch, client_epochs_per_round=1,
-             num_epochs=1, local_steps=args.local_steps, seed=0, num_clients=0,
-             max_client_examples=0, client_learning_rate=0.01)
-  if task_name == 'emnist_character':
-    cfg['emnist_character_model'] = args.emnist_model
-  return cfg
+  # The flags algorithms.build reads (one epoch: the data cycle for exactly K steps).
+  return dict(data_dir=args.data_dir, client_batch_size=args.batch, client_epochs_per_round=1,
+              num_epochs=1, local_steps=args.local_steps, seed=0, num_clients=0,
+              max_client_examples=0, client_learning_rate=0.01)
+
+
+def _create_task(args, task_name):
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tasks.settings import TaskSettings  # pylint: disable=g-import-not-at-top
+  models = {'emnist_character_model': args.emnist_model} if task_name == 'emnist_character' else {}
+  return registry.create_task(TaskSettings(task=task_name, data_dir=args.data_dir, **models),
+                              batch_size=args.batch, num_epochs=1, seed=0)
 
 
 def child_create(args, task_name):
@@ -70,7 +76,7 @@ def child_create(args, task_name):
     tff_native._load_stackoverflow = lambda path: tff.simulation.datasets.stackoverflow.load_data(  # pylint: disable=protected-access
         cache_dir=os.path.dirname(path))
   t0 = time.perf_counter()
-  task = registry.create_task(task_name, _cfg(args, task_name))
+  task = _create_task(args, task_name)
   create_s = time.perf_counter() - t0
   n = len(task.train_data.client_ids)
   return collections.OrderedDict(
@@ -84,14 +90,12 @@ def child_create(args, task_name):
 def child_rounds(args, task_name, clients):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tasks import registry  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from workflow import algorithms  # pylint: disable=g-import-not-at-top
   from workflow import program  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
-  cfg = _cfg(args, task_name)
-  task = registry.create_task(task_name, cfg)
-  process = algorithms.build('fedavg', task, cfg)
+  task = _create_task(args, task_name)
+  process = algorithms.build('fedavg', task, _cfg(args, task_name))
   state = process.initialize()
   ids_all = list(task.train_data.client_ids)
   k = args.local_steps

@@ -33,8 +33,8 @@ standardisation), as FedOpt trains CIFAR-10 and CIFAR-100. The thesis' CNNs
 """
 
 import os
-from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -114,14 +114,14 @@ def split(y_train: np.ndarray, y_test: np.ndarray, num_clients: int, alpha: floa
               seed=np.int64(seed), num_clients=np.int64(num_clients))
 
 
-def _saved_split(cfg: Mapping[str, Any], make: Callable[[], dict[str, np.ndarray]],
+def _saved_split(run_dir: Optional[str], make: Callable[[], dict[str, np.ndarray]],
                  alpha: float, seed: int, num_clients: int) -> dict[str, np.ndarray]:
   """The run's saved split if there is one, else `make()`, saved with the run."""
   # `run_dir` is given by the training workflow (the run's directory): tasks
   # never compute it themselves, so the naming of runs lives in one place.
-  if not cfg.get('run_dir'):
+  if not run_dir:
     return make()  # not a training run (tests, scripts): nothing to save it with
-  path = os.path.join(cfg['run_dir'], PARTITION_FILE)
+  path = os.path.join(run_dir, PARTITION_FILE)
   if os.path.exists(path):
     with np.load(path, allow_pickle=False) as f:
       saved = {k: f[k] for k in f.files}
@@ -159,23 +159,25 @@ def _thesis_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, seed: int):
   return preprocess
 
 
-def create_task(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('cifar10_model') or 'resnet18'
+def create_task(*, cifar10_model: str, dirichlet_alpha: float, num_clients: int, data_dir: str,
+                batch_size: int, num_epochs: int, seed: int,
+                run_dir: Optional[str] = None) -> base.FederatedTask:
+  """Seed 003's CIFAR-10 split; `run_dir` (the run's directory) keeps it, if given."""
+  model = cifar10_model
   if model not in MODELS:
     raise ValueError(f'--cifar10_model must be one of {", ".join(MODELS)}; got {model!r}')
-  alpha = float(cfg.get('dirichlet_alpha', 0.1))
-  seed = int(cfg.get('seed', 0))
-  num_clients = int(cfg.get('num_clients') or DEFAULT_NUM_CLIENTS)
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), thesis.DEFAULT_DATA_DIR)
+  alpha = float(dirichlet_alpha)
+  seed = int(seed)
+  num_clients = int(num_clients or DEFAULT_NUM_CLIENTS)
+  data_dir = data_files.expand_dir(data_dir, thesis.DEFAULT_DATA_DIR)
   x_train, y_train, x_test, y_test = thesis.load_cifar10(data_dir)
   if len(y_train) < num_clients or len(y_test) < num_clients:
     raise ValueError(f'--num_clients={num_clients} exceeds the number of CIFAR-10 images')
-  parts = _saved_split(cfg, lambda: split(y_train, y_test, num_clients, alpha, seed),
+  parts = _saved_split(run_dir, lambda: split(y_train, y_test, num_clients, alpha, seed),
                        alpha, seed, num_clients)
   train = _client_data(x_train, y_train, parts['train'])
   test = _client_data(x_test, y_test, parts['test'])
-  spec = tff.simulation.baselines.ClientSpec(num_epochs=cfg.get('num_epochs', 1),
-                                             batch_size=cfg.get('client_batch_size', 20))
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=256,
                                                   shuffle_buffer_size=1)
   if model == 'resnet18':
@@ -219,12 +221,15 @@ def create_task(cfg: Mapping[str, Any]) -> base.FederatedTask:
           lambda e: dict(zip(('x', 'y'), element_map(e))))), evaluation=evaluation)
 
 
-def cifar10_or_lda(
-    default: Callable[[Mapping[str, Any]], base.FederatedTask]
-) -> Callable[[Mapping[str, Any]], base.FederatedTask]:
-  """The `cifar10` builder: seed 003's split for `--partition=dirichlet`, else `default`."""
-  def build(cfg: Mapping[str, Any]) -> base.FederatedTask:
-    if cfg.get('partition') == 'dirichlet':
-      return create_task(cfg)
-    return default(cfg)
-  return build
+def create_cifar10(*, partition: str, cifar10_model: str, dirichlet_alpha: float,
+                   num_clients: int, data_dir: str, batch_size: int, num_epochs: int, seed: int,
+                   run_dir: Optional[str] = None) -> base.FederatedTask:
+  """The `cifar10` task: seed 003's split for `--partition=dirichlet`, else the thesis' task."""
+  if partition == 'dirichlet':
+    return create_task(cifar10_model=cifar10_model, dirichlet_alpha=dirichlet_alpha,
+                       num_clients=num_clients, data_dir=data_dir, batch_size=batch_size,
+                       num_epochs=num_epochs, seed=seed, run_dir=run_dir)
+  return thesis.create_cifar10(cifar10_model=cifar10_model, data_dir=data_dir,
+                               partition=partition, num_clients=num_clients,
+                               dirichlet_alpha=dirichlet_alpha, batch_size=batch_size,
+                               num_epochs=num_epochs, seed=seed)

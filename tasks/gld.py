@@ -35,8 +35,8 @@ round and uses client batch size 32.
 
 import functools
 import os
-from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -46,6 +46,7 @@ from tensorflow_federated.python.simulation.datasets import vision_datasets_util
 from tasks import base
 from tasks import data_files
 from tasks import vit_tasks
+from tasks.models import vit
 
 NUM_CLASSES = 203
 NUM_CLIENTS = 233
@@ -147,15 +148,17 @@ def preprocess_fn(spec: tff.simulation.baselines.ClientSpec, is_training: bool,
   return preprocess
 
 
-def create_gld23k(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  keras_model_fn = vit_tasks.vit_keras_model_fn('gld23k', cfg, NUM_CLASSES)
-  image_size = vit_tasks.vit_config(cfg).image_size
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+def create_gld23k(*, finetune: str, pretrained_weights: str, allow_random_init: bool,
+                  data_dir: str, num_clients: int, max_client_examples: int, batch_size: int,
+                  num_epochs: int, seed: int) -> base.FederatedTask:
+  keras_model_fn = vit_tasks.vit_keras_model_fn(
+      'gld23k', NUM_CLASSES, finetune=finetune, pretrained_weights=pretrained_weights,
+      allow_random_init=allow_random_init, seed=seed)
+  image_size = vit.VIT_S16.image_size
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
   train, test = load_gld23k(data_dir)
-  train = _restrict_train_data(train, data_dir, cfg.get('num_clients', 0),
-                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
-  spec = tff.simulation.baselines.ClientSpec(num_epochs=cfg.get('num_epochs', 1),
-                                             batch_size=cfg.get('client_batch_size', 32))
+  train = _restrict_train_data(train, data_dir, num_clients, max_client_examples, seed)
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
   # TFF's landmark task evaluates with batches of 64, unshuffled.
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                   shuffle_buffer_size=1)

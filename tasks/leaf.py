@@ -444,16 +444,14 @@ def _shakespeare_xy(example):
                                  y=tf.cast(example['y'], tf.int32))
 
 
-def _build(task: str, cfg: Mapping[str, Any], to_xy: Callable, keras_model_fn,
-           num_classes: int, default_clients: int = 0, shuffle_buffer: int = 1000,
+def _build(task: str, to_xy: Callable, keras_model_fn, num_classes: int, *, data_dir: str,
+           num_clients: int, batch_size: int, num_epochs: int, seed: int,
+           default_clients: int = 0, shuffle_buffer: int = 1000,
            evaluation_fn: Optional[Callable] = None) -> base.FederatedTask:
-  train, test, _ = load_client_data(task, cfg.get('data_dir', ''), cfg.get('num_clients', 0),
-                                    default_clients)
-  seed = cfg.get('seed', 0)
+  train, test, _ = load_client_data(task, data_dir, num_clients, default_clients)
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train, test_data=test, validation_data=None,
-      train_preprocess_fn=_preprocess_fn(to_xy, cfg.get('client_batch_size', 10),
-                                         cfg.get('num_epochs', 1), seed, shuffle_buffer),
+      train_preprocess_fn=_preprocess_fn(to_xy, batch_size, num_epochs, seed, shuffle_buffer),
       eval_preprocess_fn=lambda ds: ds.map(to_xy).batch(256))
   element_spec = datasets.train_preprocess_fn(
       train.create_tf_dataset_for_client(train.client_ids[0])).element_spec
@@ -481,40 +479,45 @@ def _sent140_evaluation(test) -> base.KerasEvaluation:
       data_fn=data_fn, cache=False)
 
 
-def create_sent140(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  seed = cfg.get('seed', 0)
-  return _build('sent140', cfg, _sent140_xy,
+def create_sent140(*, data_dir: str, num_clients: int, batch_size: int, num_epochs: int,
+                   seed: int) -> base.FederatedTask:
+  return _build('sent140', _sent140_xy,
                 lambda: thesis_models.create_sent140_linear(SENT140_VOCAB_SIZE, 2, seed), 2,
-                evaluation_fn=_sent140_evaluation)
+                data_dir=data_dir, num_clients=num_clients, batch_size=batch_size,
+                num_epochs=num_epochs, seed=seed, evaluation_fn=_sent140_evaluation)
 
 
-def create_femnist(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('femnist_model') or 'cnn'
+def create_femnist(*, femnist_model: str, data_dir: str, num_clients: int, batch_size: int,
+                   num_epochs: int, seed: int) -> base.FederatedTask:
+  model = femnist_model
   if model not in FEMNIST_MODELS:
     raise ValueError(f'--femnist_model must be one of {", ".join(FEMNIST_MODELS)}; got {model!r}')
-  seed = cfg.get('seed', 0)
   if model == 'cnn':
     keras_model_fn = lambda: paper_cnns.create_femnist_cnn(seed=seed)
   else:
     keras_model_fn = lambda: thesis_models.create_femnist_dnn(seed=seed)
-  return _build('femnist', cfg, _femnist_xy, keras_model_fn, 62,
+  return _build('femnist', _femnist_xy, keras_model_fn, 62, data_dir=data_dir,
+                num_clients=num_clients, batch_size=batch_size, num_epochs=num_epochs, seed=seed,
                 default_clients=FEMNIST_DEFAULT_CLIENTS)
 
 
-def create_shakespeare_leaf(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('shakespeare_leaf_model') or 'gru128'
+def create_shakespeare_leaf(*, shakespeare_leaf_model: str, data_dir: str, num_clients: int,
+                            batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
+  model = shakespeare_leaf_model
   if model not in SHAKESPEARE_LEAF_MODELS:
     raise ValueError(f'--shakespeare_leaf_model must be one of '
                      f'{", ".join(SHAKESPEARE_LEAF_MODELS)}; got {model!r}')
   units = 128 if model == 'gru128' else 256
-  seed = cfg.get('seed', 0)
-  return _build('shakespeare_leaf', cfg, _shakespeare_xy,
+  return _build('shakespeare_leaf', _shakespeare_xy,
                 lambda: recurrent.create_gru_char_model(len(SHAKESPEARE_VOCAB),
                                                         SHAKESPEARE_SEQUENCE_LENGTH, units, seed),
-                len(SHAKESPEARE_VOCAB), shuffle_buffer=10_000)
+                len(SHAKESPEARE_VOCAB), data_dir=data_dir, num_clients=num_clients,
+                batch_size=batch_size, num_epochs=num_epochs, seed=seed, shuffle_buffer=10_000)
 
 
-TASK_BUILDERS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
+# Task name → factory; keyword parameters named after tasks.settings.TaskSettings
+# fields and the run's batch_size / num_epochs / seed (tasks/registry.py).
+TASK_BUILDERS: dict[str, Callable[..., base.FederatedTask]] = {
     'sent140': create_sent140,
     'femnist': create_femnist,
     'shakespeare_leaf': create_shakespeare_leaf,

@@ -1,18 +1,30 @@
-"""Task names (`--task`) → `FederatedTask` builders from a flat config.
+"""Task names (`--task`) → `FederatedTask` factories, called with the arguments they name.
+
+`create_task(settings, batch_size=..., num_epochs=..., seed=..., run_dir=...)`
+calls the factory of `settings.task` with exactly the arguments its signature
+names: keyword parameters named after the fields of `tasks.settings.
+TaskSettings` (bin/train's task flags: `data_dir`, `num_clients`,
+`femnist_model`, ...) and the run's `batch_size` (--client_batch_size),
+`num_epochs` (epochs a client's dataset repeats) and `seed`, and `run_dir`
+(the run's directory, None outside a training run). A factory's signature is
+therefore the list of what it reads.
 
 Besides the registered names, `--task=package.module:function` trains a task
-defined outside this package: `function(config)` (or `function()`) returns a
-`tasks.base.FederatedTask`; `config` is the run's flag dict (docs/tasks.md,
-"Your own task"). The module is imported from `sys.path` or, failing that,
-from the current directory.
+defined outside this package, by the same rule: `function` names the
+arguments it wants (a parameter outside that set is a ValueError naming
+--task and the parameter; a function without parameters is called without
+arguments) and returns a `tasks.base.FederatedTask` (docs/tasks.md, "Your own
+task"). The module is imported from `sys.path` or, failing that, from the
+current directory.
 """
 
+import dataclasses
 import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
 from tasks import base
 from tasks import cifar10_lda
@@ -23,48 +35,39 @@ from tasks import synthetic
 from tasks import thesis
 from tasks import tff_native
 from tasks import vit_tasks
+from tasks.settings import TaskSettings
+
+# What a task factory may name besides the TaskSettings fields.
+RUN_ARGUMENTS = ('batch_size', 'num_epochs', 'seed', 'run_dir')
+ARGUMENT_NAMES = tuple(f.name for f in dataclasses.fields(TaskSettings)) + RUN_ARGUMENTS
 
 
-def _digits(cfg: Mapping[str, Any]) -> base.FederatedTask:
+def _digits(*, partition: str, num_clients: int, dirichlet_alpha: float, digits_model: str,
+            batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
   return digits.create_task(
-      partition=cfg['partition'], num_clients=cfg['num_clients'] or 20,
-      alpha=cfg['dirichlet_alpha'], model=cfg['digits_model'],
-      batch_size=cfg['client_batch_size'], num_epochs=_epochs(cfg), seed=cfg['seed'])
+      partition=partition, num_clients=num_clients or 20, alpha=dirichlet_alpha,
+      model=digits_model, batch_size=batch_size, num_epochs=num_epochs, seed=seed)
 
 
-def _synthetic(cfg: Mapping[str, Any]) -> base.FederatedTask:
+def _synthetic(*, synthetic_alpha: float, synthetic_beta: float, num_clients: int,
+               batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
   return synthetic.create_task(
-      alpha=cfg['synthetic_alpha'], beta=cfg['synthetic_beta'],
-      num_clients=cfg['num_clients'] or 30, batch_size=cfg['client_batch_size'],
-      num_epochs=_epochs(cfg), seed=cfg['seed'])
+      alpha=synthetic_alpha, beta=synthetic_beta, num_clients=num_clients or 30,
+      batch_size=batch_size, num_epochs=num_epochs, seed=seed)
 
 
-def _epochs(cfg):
-  # With exactly K local steps the loop cycles the data itself.
-  return 1 if cfg.get('local_steps') else cfg['client_epochs_per_round']
-
-
-def _file_task(builder: Callable[[Mapping[str, Any]], base.FederatedTask]):
-  """Tasks read from --data_dir (TFF, LEAF, Keras files); see docs/tasks.md."""
-  def build(cfg: Mapping[str, Any]) -> base.FederatedTask:
-    return builder(dict(cfg, num_epochs=_epochs(cfg)))
-  return build
-
-
-TASKS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
+TASKS: dict[str, Callable[..., base.FederatedTask]] = {
     'digits': _digits,
     'synthetic': _synthetic,
-    **{name: _file_task(builder) for name, builder in tff_native.TASK_BUILDERS.items()},
-    **{name: _file_task(builder) for name, builder in leaf.TASK_BUILDERS.items()},
-    **{name: _file_task(builder) for name, builder in thesis.TASK_BUILDERS.items()},
+    **tff_native.TASK_BUILDERS,
+    **leaf.TASK_BUILDERS,
+    **thesis.TASK_BUILDERS,
+    # Seed 002's ViT-S/16 tasks and seed 003's CIFAR-10 split (docs/tasks_vit.md), which
+    # dispatch to the entries above they replace.
+    'cifar100_image': vit_tasks.create_cifar100_image,
+    'cifar10': cifar10_lda.create_cifar10,
+    'gld23k': gld.create_gld23k,
 }
-# Seed 002's ViT-S/16 tasks and seed 003's CIFAR-10 split (docs/tasks_vit.md).
-TASKS.update({
-    'cifar100_image': _file_task(vit_tasks.cifar100_image_or_vit(
-        tff_native.TASK_BUILDERS['cifar100_image'])),
-    'cifar10': _file_task(cifar10_lda.cifar10_or_lda(thesis.TASK_BUILDERS['cifar10'])),
-    'gld23k': _file_task(gld.create_gld23k),
-})
 
 
 def is_custom(name: str) -> bool:
@@ -73,7 +76,8 @@ def is_custom(name: str) -> bool:
 
 
 def custom_task_function(name: str) -> Callable[..., base.FederatedTask]:
-  """The function of `--task=package.module:function`; ValueError naming --task if absent."""
+  """The function of `--task=package.module:function`; ValueError naming --task if absent,
+  or if it has a parameter that `create_task` cannot fill (checked here, before any output)."""
   module_name, _, function_name = name.partition(':')
   if not module_name or not function_name:
     raise ValueError(f'--task={name}: expected package.module:function')
@@ -91,7 +95,30 @@ def custom_task_function(name: str) -> Callable[..., base.FederatedTask]:
   function = getattr(module, function_name, None)
   if not callable(function):
     raise ValueError(f'--task={name}: {module_name} has no function {function_name!r}')
+  _custom_parameters(name, function)
   return function
+
+
+def _custom_parameters(name: str, function: Callable[..., Any]) -> tuple[str, ...]:
+  """The argument names `function` takes, each one `create_task` can pass by name."""
+  try:
+    parameters = inspect.signature(function).parameters.values()
+  except (TypeError, ValueError):
+    return ()  # no signature to read (a builtin): called without arguments
+  names = []
+  for parameter in parameters:
+    if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+      raise ValueError(f'--task={name}: parameter {parameter.name!r} of the task function: '
+                       'name each argument it takes (' + ', '.join(ARGUMENT_NAMES) + ')')
+    if parameter.kind == parameter.POSITIONAL_ONLY:
+      raise ValueError(f'--task={name}: the task function\'s parameter {parameter.name!r} is '
+                       'positional-only; create_task passes arguments by name')
+    if parameter.name not in ARGUMENT_NAMES:
+      raise ValueError(f'--task={name}: the task function\'s parameter {parameter.name!r} is '
+                       'neither a task flag nor a run argument; a task function takes any of '
+                       + ', '.join(ARGUMENT_NAMES) + ' by name (docs/tasks.md, "Your own task")')
+    names.append(parameter.name)
+  return tuple(names)
 
 
 class TaskCodeError(ValueError):
@@ -120,14 +147,12 @@ def _import_user_module(name: str, module_name: str):
     raise TaskCodeError(f'--task={name}: importing {module_name} failed: {_describe(e)}') from e
 
 
-def _call_task_function(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask:
+def _call_task_function(name: str, arguments: Callable[[tuple[str, ...]], dict[str, Any]]
+                        ) -> base.FederatedTask:
   function = custom_task_function(name)
+  wanted = arguments(_custom_parameters(name, function))
   try:
-    takes_config = bool(inspect.signature(function).parameters)
-  except (TypeError, ValueError):
-    takes_config = True
-  try:
-    task = function(cfg) if takes_config else function()
+    task = function(**wanted)
   except Exception as e:  # pylint: disable=broad-except  (user code)
     raise TaskCodeError(f'--task={name} raised {_describe(e)}') from e
   if not isinstance(task, base.FederatedTask):
@@ -136,10 +161,29 @@ def _call_task_function(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask
   return task
 
 
-def create_task(name: str, cfg: Mapping[str, Any]) -> base.FederatedTask:
+def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, seed: int,
+                run_dir: Optional[str] = None) -> base.FederatedTask:
+  """The task `settings.task` names, built from the arguments its factory names.
+
+  Args:
+    settings: bin/train's task flags.
+    batch_size: the client minibatch size (--client_batch_size).
+    num_epochs: epochs each client's training dataset repeats
+      (`workflow.config.num_epochs`: 1 with --local_steps).
+    seed: the run's seed (client splits, model initialisation, shuffling).
+    run_dir: the run's directory, for a task that keeps files with its run
+      (cifar10's split); None outside a training run.
+  """
+  name = settings.task
+  run = dict(batch_size=batch_size, num_epochs=num_epochs, seed=seed, run_dir=run_dir)
+
+  def arguments(names: tuple[str, ...]) -> dict[str, Any]:
+    return {key: run[key] if key in run else getattr(settings, key) for key in names}
+
   if is_custom(name):
-    return _call_task_function(name, cfg)
+    return _call_task_function(name, arguments)
   if name not in TASKS:
     raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}, or '
                      f'package.module:function; got {name!r}')
-  return TASKS[name](cfg)
+  factory = TASKS[name]
+  return factory(**arguments(tuple(inspect.signature(factory).parameters)))

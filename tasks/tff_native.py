@@ -45,8 +45,7 @@ import os
 import shutil
 import sqlite3
 import tarfile
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -237,9 +236,8 @@ def _restrict_train_data(data: tff.simulation.datasets.ClientData, num_clients: 
   return data
 
 
-def _train_spec(cfg: Mapping[str, Any]) -> tff.simulation.baselines.ClientSpec:
-  return tff.simulation.baselines.ClientSpec(
-      num_epochs=cfg.get('num_epochs', 1), batch_size=cfg.get('client_batch_size', 20))
+def _train_spec(batch_size: int, num_epochs: int) -> tff.simulation.baselines.ClientSpec:
+  return tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
 
 
 def _model_fn(keras_model_fn: Callable[[], tf.keras.Model], loss_fn, metrics_fn, input_spec):
@@ -318,15 +316,16 @@ def create_cifar100_model(model: str = 'resnet18', seed: int = 0) -> tf.keras.Mo
   return paper_cnns.create_cifar100_cnn(seed=seed)
 
 
-def create_cifar100_image(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('cifar100_image_model') or 'resnet18'
+def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clients: int,
+                          max_client_examples: int, batch_size: int, num_epochs: int,
+                          seed: int) -> base.FederatedTask:
+  model = cifar100_image_model
   _check_model('cifar100_image_model', model, CIFAR100_MODELS)
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
   train, test = _load_sqlite('cifar100_image', 'cifar100', data_dir)
-  train = _restrict_train_data(train, cfg.get('num_clients', 0),
-                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
-  spec = _train_spec(cfg)
-  keras_model_fn = lambda: create_cifar100_model(model, cfg.get('seed', 0))
+  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
+  spec = _train_spec(batch_size, num_epochs)
+  keras_model_fn = lambda: create_cifar100_model(model, seed)
   if model == 'resnet18':
     baseline = _BASELINES.cifar100.image_classification_tasks.\
         create_image_classification_task_with_datasets(
@@ -368,18 +367,19 @@ def create_emnist_autoencoder_model() -> tf.keras.Model:
   return _BASELINES.emnist.emnist_models.create_autoencoder_model()
 
 
-def create_emnist_character(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('emnist_character_model') or 'cnn_dropout'
+def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_clients: int,
+                            max_client_examples: int, batch_size: int, num_epochs: int,
+                            seed: int) -> base.FederatedTask:
+  model = emnist_character_model
   _check_model('emnist_character_model', model, EMNIST_CHARACTER_MODELS)
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
   train, test = _load_sqlite('emnist_character', 'emnist', data_dir)
-  train = _restrict_train_data(train, cfg.get('num_clients', 0),
-                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
   tff_model = 'cnn_dropout' if model == 'fedgbo_cnn' else model
   char_tasks = _BASELINES.emnist.char_recognition_tasks
   baseline = char_tasks.create_character_recognition_task_from_datasets(
-      _train_spec(cfg), None, tff_model, False, train, test)
-  keras_model_fn = lambda: create_emnist_character_model(model, cfg.get('seed', 0))
+      _train_spec(batch_size, num_epochs), None, tff_model, False, train, test)
+  keras_model_fn = lambda: create_emnist_character_model(model, seed)
   if model == 'fedgbo_cnn':
     baseline = tff.simulation.baselines.BaselineTask(baseline.datasets, _model_fn(
         keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -390,13 +390,13 @@ def create_emnist_character(cfg: Mapping[str, Any]) -> base.FederatedTask:
       evaluation=_classification_evaluation(baseline.datasets, from_logits=model == 'fedgbo_cnn'))
 
 
-def create_emnist_autoencoder(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+def create_emnist_autoencoder(*, data_dir: str, num_clients: int, max_client_examples: int,
+                              batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
   train, test = _load_sqlite('emnist_autoencoder', 'emnist', data_dir)
-  train = _restrict_train_data(train, cfg.get('num_clients', 0),
-                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
   baseline = _BASELINES.emnist.autoencoder_tasks.create_autoencoder_task_from_datasets(
-      _train_spec(cfg), None, train, test)
+      _train_spec(batch_size, num_epochs), None, train, test)
   evaluation = base.KerasEvaluation(
       loss_fn=tf.keras.losses.MeanSquaredError,
       metrics_fn=lambda: [tf.keras.metrics.MeanSquaredError(name='mean_squared_error'),
@@ -423,20 +423,21 @@ def create_shakespeare_character_model(model: str = 'lstm', seed: int = 0) -> tf
       vocab_size, SHAKESPEARE_SEQUENCE_LENGTH, units=128 if model == 'gru128' else 256, seed=seed)
 
 
-def create_shakespeare_character(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('shakespeare_character_model') or 'lstm'
+def create_shakespeare_character(*, shakespeare_character_model: str, data_dir: str,
+                                 num_clients: int, max_client_examples: int, batch_size: int,
+                                 num_epochs: int, seed: int) -> base.FederatedTask:
+  model = shakespeare_character_model
   _check_model('shakespeare_character_model', model, SHAKESPEARE_CHARACTER_MODELS)
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
   train, test = _load_sqlite('shakespeare_character', 'shakespeare', data_dir)
-  train = _restrict_train_data(train, cfg.get('num_clients', 0),
-                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
   shakespeare = _BASELINES.shakespeare
   baseline = shakespeare.char_prediction_tasks.create_character_prediction_task_from_datasets(
-      _train_spec(cfg), None, SHAKESPEARE_SEQUENCE_LENGTH, train, test)
+      _train_spec(batch_size, num_epochs), None, SHAKESPEARE_SEQUENCE_LENGTH, train, test)
   vocab_size = shakespeare.VOCAB_LENGTH
   pad = shakespeare.char_prediction_preprocessing.get_special_tokens()[0]
   keras_metrics = _BASELINES.keras_metrics
-  keras_model_fn = lambda: create_shakespeare_character_model(model, cfg.get('seed', 0))
+  keras_model_fn = lambda: create_shakespeare_character_model(model, seed)
   if model != 'lstm':
     baseline = tff.simulation.baselines.BaselineTask(baseline.datasets, _model_fn(
         keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -465,15 +466,16 @@ def create_stackoverflow_word_model(vocab_size: int = STACKOVERFLOW_WORD_VOCAB) 
       vocab_size + special.get_number_of_special_tokens())
 
 
-def create_stackoverflow_word(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+def create_stackoverflow_word(*, data_dir: str, num_clients: int, max_client_examples: int,
+                              batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
   train, heldout, test = _load_sqlite('stackoverflow_word', 'stackoverflow', data_dir)
   vocab = _load_vocabulary('stackoverflow_word', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
-  train = _restrict_train_data(train, cfg.get('num_clients', 0),
-                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
   so = _BASELINES.stackoverflow
   baseline = so.word_prediction_tasks.create_word_prediction_task_from_datasets(
-      _train_spec(cfg), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train, test, heldout)
+      _train_spec(batch_size, num_epochs), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train,
+      test, heldout)
   special = so.word_prediction_preprocessing.get_special_tokens(len(vocab), 1)
   extended_vocab = len(vocab) + special.get_number_of_special_tokens()
   keras_model_fn = lambda: create_stackoverflow_word_model(len(vocab))
@@ -493,8 +495,7 @@ def create_stackoverflow_word(cfg: Mapping[str, Any]) -> base.FederatedTask:
   evaluation = base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       metrics_fn=metrics_fn,
-      data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES,
-                                 cfg.get('seed', 0)))
+      data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES, seed))
   return base.FederatedTask(
       trace_client_datasets=True, name='stackoverflow_word', baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=extended_vocab, evaluation=evaluation)
@@ -507,22 +508,21 @@ def create_stackoverflow_logistic_regression(word_vocab_size: int = STACKOVERFLO
       tf.keras.layers.Dense(tag_vocab_size, activation='sigmoid', input_shape=(word_vocab_size,))])
 
 
-def create_stackoverflow_tag(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), DEFAULT_CACHE_DIR)
+def create_stackoverflow_tag(*, data_dir: str, num_clients: int, max_client_examples: int,
+                             batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
   train, heldout, test = _load_sqlite('stackoverflow_tag', 'stackoverflow', data_dir)
   words = _load_vocabulary('stackoverflow_tag', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
   tags = _load_vocabulary('stackoverflow_tag', 'tag', data_dir, STACKOVERFLOW_TAG_VOCAB)
-  train = _restrict_train_data(train, cfg.get('num_clients', 0),
-                               cfg.get('max_client_examples', 0), cfg.get('seed', 0))
+  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
   baseline = _BASELINES.stackoverflow.tag_prediction_tasks.create_tag_prediction_task_from_datasets(
-      _train_spec(cfg), None, words, tags, train, test, heldout)
+      _train_spec(batch_size, num_epochs), None, words, tags, train, test, heldout)
   evaluation = base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.BinaryCrossentropy(
           from_logits=False, reduction=tf.keras.losses.Reduction.SUM),
       metrics_fn=lambda: [tf.keras.metrics.Precision(name='precision'),
                           tf.keras.metrics.Recall(top_k=5, name='recall_at_5')],
-      data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES,
-                                 cfg.get('seed', 0)),
+      data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES, seed),
       cache=False)
   return base.FederatedTask(
       trace_client_datasets=True, name='stackoverflow_tag', baseline=baseline,
@@ -530,7 +530,9 @@ def create_stackoverflow_tag(cfg: Mapping[str, Any]) -> base.FederatedTask:
       num_classes=len(tags), evaluation=evaluation)
 
 
-TASK_BUILDERS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
+# Task name → factory; keyword parameters named after tasks.settings.TaskSettings
+# fields and the run's batch_size / num_epochs / seed (tasks/registry.py).
+TASK_BUILDERS: dict[str, Callable[..., base.FederatedTask]] = {
     'cifar100_image': create_cifar100_image,
     'emnist_character': create_emnist_character,
     'emnist_autoencoder': create_emnist_autoencoder,

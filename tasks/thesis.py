@@ -23,7 +23,7 @@ are small) and are scaled to [0, 1] per batch, as the thesis code scales them.
 import os
 import pickle
 import tarfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -252,25 +252,24 @@ def _to_float(batch):
   return {'x': tf.cast(batch['x'], tf.float32) / 255.0, 'y': tf.cast(batch['y'], tf.int32)}
 
 
-def _create(task: str, cfg: Mapping[str, Any], loader: Callable, keras_model_fn: Callable,
-            default_dir: str = DEFAULT_DATA_DIR) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), default_dir)
+def _create(task: str, loader: Callable, keras_model_fn: Callable, *, data_dir: str,
+            partition: str, num_clients: int, dirichlet_alpha: float, batch_size: int,
+            num_epochs: int, seed: int) -> base.FederatedTask:
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_DATA_DIR)
   x_train, y_train, x_test, y_test = loader(data_dir)
-  seed = cfg.get('seed', 0)
-  num_clients = cfg.get('num_clients') or DEFAULT_NUM_CLIENTS
-  train_parts, test_parts = split_indices(cfg.get('partition') or 'shards', y_train, y_test,
-                                          num_clients, seed, cfg.get('dirichlet_alpha', 0.5))
+  num_clients = num_clients or DEFAULT_NUM_CLIENTS
+  train_parts, test_parts = split_indices(partition, y_train, y_test, num_clients, seed,
+                                          dirichlet_alpha)
   empty = [c for c, part in enumerate(train_parts) if len(part) == 0]
   if empty:
     raise ValueError(f'--num_clients={num_clients} leaves {len(empty)} clients without training '
                      'images; use fewer clients or another --partition')
   train = _client_data(x_train, y_train, train_parts)
   test = _client_data(x_test, y_test, test_parts)
-  batch_size = cfg.get('client_batch_size', 10)
 
   def train_preprocess(ds):
     ds = ds.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
-    return ds.repeat(cfg.get('num_epochs', 1)).batch(batch_size).map(_to_float)
+    return ds.repeat(num_epochs).batch(batch_size).map(_to_float)
 
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
       train_data=train, test_data=test, validation_data=None,
@@ -291,27 +290,35 @@ def _create(task: str, cfg: Mapping[str, Any], loader: Callable, keras_model_fn:
           lambda e: {'x': tf.cast(e['x'], tf.float32) / 255.0, 'y': tf.cast(e['y'], tf.int32)})))
 
 
-def create_mnist(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('mnist_model') or '2nn'
+def create_mnist(*, mnist_model: str, data_dir: str, partition: str, num_clients: int,
+                 dirichlet_alpha: float, batch_size: int, num_epochs: int,
+                 seed: int) -> base.FederatedTask:
+  model = mnist_model
   if model not in MNIST_MODELS:
     raise ValueError(f'--mnist_model must be one of {", ".join(MNIST_MODELS)}; got {model!r}')
   builder = {'2nn': thesis_models.create_mnist_2nn, 'cnn': thesis_models.create_mnist_cnn,
              'mtfl_2nn': thesis_models.create_mnist_mtfl_2nn}[model]
-  seed = cfg.get('seed', 0)
-  return _create('mnist', cfg, load_mnist, lambda: builder(seed=seed))
+  return _create('mnist', load_mnist, lambda: builder(seed=seed), data_dir=data_dir,
+                 partition=partition, num_clients=num_clients, dirichlet_alpha=dirichlet_alpha,
+                 batch_size=batch_size, num_epochs=num_epochs, seed=seed)
 
 
-def create_cifar10(cfg: Mapping[str, Any]) -> base.FederatedTask:
-  model = cfg.get('cifar10_model') or 'cnn'
+def create_cifar10(*, cifar10_model: str, data_dir: str, partition: str, num_clients: int,
+                   dirichlet_alpha: float, batch_size: int, num_epochs: int,
+                   seed: int) -> base.FederatedTask:
+  model = cifar10_model
   if model not in CIFAR10_MODELS:
     raise ValueError(f'--cifar10_model must be one of {", ".join(CIFAR10_MODELS)}; got {model!r}')
   builder = {'cnn': thesis_models.create_cifar10_cnn,
              'mtfl_cnn': thesis_models.create_cifar10_mtfl_cnn}[model]
-  seed = cfg.get('seed', 0)
-  return _create('cifar10', cfg, load_cifar10, lambda: builder(seed=seed))
+  return _create('cifar10', load_cifar10, lambda: builder(seed=seed), data_dir=data_dir,
+                 partition=partition, num_clients=num_clients, dirichlet_alpha=dirichlet_alpha,
+                 batch_size=batch_size, num_epochs=num_epochs, seed=seed)
 
 
-TASK_BUILDERS: dict[str, Callable[[Mapping[str, Any]], base.FederatedTask]] = {
+# Task name → factory; keyword parameters named after tasks.settings.TaskSettings
+# fields and the run's batch_size / num_epochs / seed (tasks/registry.py).
+TASK_BUILDERS: dict[str, Callable[..., base.FederatedTask]] = {
     'mnist': create_mnist,
     'cifar10': create_cifar10,
 }

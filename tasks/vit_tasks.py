@@ -17,8 +17,7 @@ augmentation (the seed names none). The GLD-23K task is in `tasks/gld.py`.
 """
 
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from absl import logging
 import tensorflow as tf
@@ -36,28 +35,22 @@ RANDOM_INIT_WARNING = ('%s: the ViT starts from RANDOM initialisation (--allow_r
                        '--pretrained_weights=<ViT-S/16 .npz> to reproduce them.')
 
 
-def vit_config(cfg: Mapping[str, Any]) -> vit.ViTConfig:
-  """ViT-S/16; `cfg['vit_config']` (not a flag) lets tests use a tiny ViT."""
-  return cfg.get('vit_config') or vit.VIT_S16
-
-
-def vit_keras_model_fn(task: str, cfg: Mapping[str, Any],
-                       num_classes: int) -> Callable[[], tf.keras.Model]:
+def vit_keras_model_fn(task: str, num_classes: int, *, finetune: str, pretrained_weights: str,
+                       allow_random_init: bool, seed: int,
+                       config: vit.ViTConfig = vit.VIT_S16) -> Callable[[], tf.keras.Model]:
   """`--finetune`, `--pretrained_weights` and `--allow_random_init` → a ViT builder.
 
+  `config` (not a flag: the tasks train ViT-S/16) lets tests use a tiny ViT.
   Raises ValueError (a one-line usage error in bin/train) when there are no
   weights and random initialisation was not allowed, or when the weights
   file is not a ViT checkpoint of this architecture.
   """
-  config = vit_config(cfg)
-  finetune = cfg.get('finetune') or 'head'
   if finetune not in vit.FINETUNE_MODES:
     raise ValueError(f'--finetune must be one of {", ".join(vit.FINETUNE_MODES)}; '
                      f'got {finetune!r}')
-  path = cfg.get('pretrained_weights') or ''
-  if path:
-    pretrained = vit.PretrainedWeights(os.path.expanduser(path), config)
-  elif cfg.get('allow_random_init'):
+  if pretrained_weights:
+    pretrained = vit.PretrainedWeights(os.path.expanduser(pretrained_weights), config)
+  elif allow_random_init:
     logging.warning(RANDOM_INIT_WARNING, f'--task={task}')
     pretrained = None
   else:
@@ -65,7 +58,6 @@ def vit_keras_model_fn(task: str, cfg: Mapping[str, Any],
                      '--pretrained_weights=<file.npz> (Google\'s ViT checkpoint layout, e.g. the '
                      'ImageNet-21k AugReg ViT-S/16), or --allow_random_init to train from random '
                      'initialisation (not what seed 002 measures)')
-  seed = cfg.get('seed', 0)
   return lambda: vit.create_vit(num_classes, config, finetune=finetune, seed=seed,
                                 pretrained=pretrained)
 
@@ -99,17 +91,20 @@ def cifar100_vit_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, image_
   return tff_native.image_preprocess(spec, image_map)
 
 
-def create_cifar100_vit(cfg: Mapping[str, Any]) -> base.FederatedTask:
+def create_cifar100_vit(*, finetune: str, pretrained_weights: str, allow_random_init: bool,
+                        data_dir: str, num_clients: int, max_client_examples: int,
+                        batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
   """`cifar100_image` with the ViT-S/16 (seed 002)."""
-  keras_model_fn = vit_keras_model_fn('cifar100_image', cfg, CIFAR100_CLASSES)
-  image_size = vit_config(cfg).image_size
-  data_dir = data_files.expand_dir(cfg.get('data_dir', ''), tff_native.DEFAULT_CACHE_DIR)
+  keras_model_fn = vit_keras_model_fn(
+      'cifar100_image', CIFAR100_CLASSES, finetune=finetune,
+      pretrained_weights=pretrained_weights, allow_random_init=allow_random_init, seed=seed)
+  image_size = vit.VIT_S16.image_size
+  data_dir = data_files.expand_dir(data_dir, tff_native.DEFAULT_CACHE_DIR)
   # tff_native's loader: the same offline check and message as the other TFF tasks.
   train, test = tff_native._load_sqlite('cifar100_image', 'cifar100', data_dir)  # pylint: disable=protected-access
   train = tff_native._restrict_train_data(  # pylint: disable=protected-access
-      train, cfg.get('num_clients', 0), cfg.get('max_client_examples', 0), cfg.get('seed', 0))
-  spec = tff.simulation.baselines.ClientSpec(num_epochs=cfg.get('num_epochs', 1),
-                                             batch_size=cfg.get('client_batch_size', 32))
+      train, num_clients, max_client_examples, seed)
+  spec = tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                   shuffle_buffer_size=1)
   datasets = tff.simulation.baselines.BaselineTaskDatasets(
@@ -123,12 +118,15 @@ def create_cifar100_vit(cfg: Mapping[str, Any]) -> base.FederatedTask:
                             evaluation=logits_evaluation(datasets))
 
 
-def cifar100_image_or_vit(
-    default: Callable[[Mapping[str, Any]], base.FederatedTask]
-) -> Callable[[Mapping[str, Any]], base.FederatedTask]:
-  """The `cifar100_image` builder: the ViT variant, else `default` (TFF's models)."""
-  def build(cfg: Mapping[str, Any]) -> base.FederatedTask:
-    if cfg.get('cifar100_image_model') == CIFAR100_VIT_MODEL:
-      return create_cifar100_vit(cfg)
-    return default(cfg)
-  return build
+def create_cifar100_image(*, cifar100_image_model: str, finetune: str, pretrained_weights: str,
+                          allow_random_init: bool, data_dir: str, num_clients: int,
+                          max_client_examples: int, batch_size: int, num_epochs: int,
+                          seed: int) -> base.FederatedTask:
+  """The `cifar100_image` task: the ViT variant, else TFF's task (tasks/tff_native.py)."""
+  common = dict(data_dir=data_dir, num_clients=num_clients,
+                max_client_examples=max_client_examples, batch_size=batch_size,
+                num_epochs=num_epochs, seed=seed)
+  if cifar100_image_model == CIFAR100_VIT_MODEL:
+    return create_cifar100_vit(finetune=finetune, pretrained_weights=pretrained_weights,
+                               allow_random_init=allow_random_init, **common)
+  return tff_native.create_cifar100_image(cifar100_image_model=cifar100_image_model, **common)

@@ -1,7 +1,9 @@
 """A user-defined task outside `tasks/`: `bin/train.py --task=tests.custom_task_fixture:make_task`.
 
-The protocol (docs/tasks.md, "Your own task"): a function that takes the run's
-flag dict (or nothing) and returns a `tasks.base.FederatedTask`. This one is
+The protocol (docs/tasks.md, "Your own task"): a function whose parameters name
+what it reads (bin/train's task flags such as `num_clients` or `data_dir`, and
+the run's `batch_size`, `num_epochs`, `seed`, `run_dir`; none at all is fine)
+and returns a `tasks.base.FederatedTask`. This one is
 what a user would write from scratch with TFF alone: four clients holding two
 Gaussian blobs each (3 classes in 2-D), a softmax-regression Keras model.
 """
@@ -36,9 +38,8 @@ def _keras_model() -> tf.keras.Model:
   ])
 
 
-def make_task(config) -> base.FederatedTask:
-  """Called by bin/train with its flag dict: here only the batch size and the seed are read."""
-  batch_size, seed = config['client_batch_size'], config['seed']
+def make_task(batch_size: int, seed: int) -> base.FederatedTask:
+  """Called by bin/train with the two arguments it names: --client_batch_size and --seed."""
   train, test = _clients(seed, 4, 30), _clients(seed + 1, 4, 10)
 
   def preprocess(dataset):

@@ -17,14 +17,13 @@ class UserBug(RuntimeError):
   pass
 
 
-def raises(config) -> base.FederatedTask:
-  del config
+def raises() -> base.FederatedTask:
   raise UserBug('the user\'s task function failed')
 
 
-def nan_test_data(config) -> base.FederatedTask:
+def nan_test_data(batch_size: int, seed: int) -> base.FederatedTask:
   """Trains normally; every test example's features are NaN."""
-  task = custom_task_fixture.make_task(config)
+  task = custom_task_fixture.make_task(batch_size, seed)
   evaluation = task.keras_evaluation()
   poison = lambda x, y: (x * tf.constant(np.nan, x.dtype), y)
   task.evaluation = dataclasses.replace(evaluation,

@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 
 from tasks import fixtures
 from tasks import registry
+from tasks.settings import TaskSettings
 from workflow import program
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -91,9 +92,8 @@ def test_count_distributions_keep_the_mean_and_shape():
 @pytest.mark.parametrize('task_name', ['emnist_character', 'stackoverflow_word',
                                        'stackoverflow_tag'])
 def test_tasks_read_the_standins_as_tffs_files(standin_dir, task_name):
-  cfg = dict(data_dir=standin_dir, client_batch_size=4, client_epochs_per_round=1,
-             local_steps=0, seed=0, num_clients=0, max_client_examples=0)
-  task = registry.create_task(task_name, cfg)
+  task = registry.create_task(TaskSettings(task=task_name, data_dir=standin_dir),
+                              batch_size=4, num_epochs=1, seed=0)
   ids = program.sample_clients(task.train_data.client_ids, 3, seed=0, round_num=1)
   batches = [next(iter(ds)) for ds in program.client_datasets(task, ids, local_steps=2)]
   assert len(batches) == 3

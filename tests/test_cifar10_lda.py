@@ -4,6 +4,7 @@ The partition is checked on CIFAR-10's real label counts (5,000 per class) witho
 images; the task itself on Keras-format fixture files.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from tasks import cifar10_lda
 from tasks import fixtures
 from tasks import registry
+from tasks.settings import TaskSettings
 from tasks import thesis
 
 LABELS = np.repeat(np.arange(10), 5000)  # CIFAR-10's training labels, as counts
@@ -82,11 +84,10 @@ def test_deterministic_in_the_seed_and_exhausted_labels_are_removed():
 def test_task_on_fixture_saves_and_reuses_its_split(tmp_path):
   data_dir = str(tmp_path / 'keras')
   fixtures.write_keras_cifar10(data_dir, per_batch=200, test=100)  # 1,000 train images
-  cfg = dict(task='cifar10', algorithm='fedavg', partition='dirichlet', dirichlet_alpha=0.1,
-             num_clients=10, seed=0, data_dir=data_dir, cifar10_model='resnet18',
-             client_batch_size=20, client_epochs_per_round=1, local_steps=0,
-             run_dir=str(tmp_path / 'runs' / 'lda'))
-  task = registry.create_task('cifar10', cfg)
+  settings = TaskSettings(task='cifar10', partition='dirichlet', dirichlet_alpha=0.1,
+                          num_clients=10, data_dir=data_dir, cifar10_model='resnet18')
+  run = dict(batch_size=20, num_epochs=1, seed=0, run_dir=str(tmp_path / 'runs' / 'lda'))
+  task = registry.create_task(settings, **run)
   assert len(task.train_data.client_ids) == 10
   sizes = [len(list(task.train_data.create_tf_dataset_for_client(c)))
            for c in task.train_data.client_ids]
@@ -103,13 +104,14 @@ def test_task_on_fixture_saves_and_reuses_its_split(tmp_path):
     tampered = {k: f[k] for k in f.files}
   tampered['train'] = first[::-1].copy()
   np.savez(saved, **tampered)
-  again = registry.create_task('cifar10', cfg)
+  again = registry.create_task(settings, **run)
   first_client = again.train_data.create_tf_dataset_for_client(again.train_data.client_ids[0])
   y_train = thesis.load_cifar10(data_dir)[1]
   assert sorted(y_train[first[-1]]) != sorted(y_train[first[0]])
   assert sorted(int(e['label']) for e in first_client) == sorted(y_train[first[-1]])
   with pytest.raises(ValueError, match='alpha'):
-    registry.create_task('cifar10', dict(cfg, dirichlet_alpha=0.5))
+    registry.create_task(dataclasses.replace(settings, dirichlet_alpha=0.5), **run)
   # Other partitions stay the thesis' splits.
-  shards = registry.create_task('cifar10', dict(cfg, partition='shards', cifar10_model='cnn'))
+  shards = registry.create_task(
+      dataclasses.replace(settings, partition='shards', cifar10_model='cnn'), **run)
   assert len(shards.train_data.client_ids) == 10

@@ -598,11 +598,13 @@ DATA_CASES = ['mnist missing key', 'mnist length mismatch', 'mnist bad labels', 
 @pytest.mark.parametrize('case', DATA_CASES)
 def test_malformed_data_file_is_one_line_naming_it(tmp_path, case):
   from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tasks.settings import TaskSettings  # pylint: disable=g-import-not-at-top
   task, path = _data_case(case, tmp_path / 'data')
-  cfg = _cfg(tmp_path / 'out', task=task, data_dir=str(tmp_path / 'data'), num_clients=2,
-             clients_per_round=1, partition='iid', num_epochs=1)
+  settings = TaskSettings(task=task, data_dir=str(tmp_path / 'data'), num_clients=2,
+                          partition='iid')
   with pytest.raises(ValueError) as raised:
-    registry.create_task(task, cfg)
+    registry.create_task(settings, batch_size=train_config.BASE['client_batch_size'],
+                         num_epochs=1, seed=train_config.BASE['seed'])
   message = str(raised.value)
   assert path in message and '\n' not in message, message
   if case == 'cifar10 planted code':

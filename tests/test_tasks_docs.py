@@ -24,6 +24,7 @@ from absl import flags
 from tasks import fixtures
 from tasks import registry
 from workflow import cli
+from workflow import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'tasks.md')
@@ -121,7 +122,9 @@ def test_table_command_runs_on_fixtures(fixture_root, tmp_path, task, index, com
              local_steps=min(cfg['local_steps'], 2),
              clients_per_round=min(cfg['clients_per_round'], 2), root_output_dir=str(tmp_path),
              experiment_name='row')
-  built = registry.create_task(task, cfg)
+  settings = config.from_flags(cfg)
+  built = registry.create_task(settings.task, batch_size=settings.client.client_batch_size,
+                               num_epochs=config.num_epochs(settings), seed=settings.loop.seed)
   batch = next(iter(built.preprocess_train(
       built.train_data.create_tf_dataset_for_client(built.train_data.client_ids[0]))))
   leading = [t.shape[0] for t in (batch.values() if isinstance(batch, dict) else batch)]

@@ -13,13 +13,13 @@ from tasks import data_files
 from tasks import fixtures
 from tasks import leaf
 from tasks import registry
+from tasks.settings import TaskSettings
 
 
-def _cfg(data_dir, **kwargs):
-  cfg = dict(data_dir=data_dir, client_batch_size=4, client_epochs_per_round=1, local_steps=0,
-             seed=0, num_clients=0)
-  cfg.update(kwargs)
-  return cfg
+def _create(task, data_dir, *, batch_size=4, seed=0, **flags):
+  """The registry's `task` on `data_dir`: one epoch, the other task flags at their defaults."""
+  return registry.create_task(TaskSettings(task=task, data_dir=data_dir, **flags),
+                              batch_size=batch_size, num_epochs=1, seed=seed)
 
 
 def _json_users(data_dir, split):
@@ -36,7 +36,7 @@ def _examples(client_data, cid):
 
 def test_femnist_clients_in_file_order_with_inverted_images(tmp_path):
   data_dir = fixtures.write_leaf_femnist(str(tmp_path), users_per_file=(3, 2))
-  task = registry.create_task('femnist', _cfg(data_dir))
+  task = _create('femnist', data_dir)
   # Default: the papers' first 3,000 writers, here all 5, in file order.
   users = [cid.split('_', 1)[1] for cid in task.train_data.client_ids]
   assert users == ['f0000_00', 'f0001_01', 'f0002_02', 'f1000_00', 'f1001_01']
@@ -52,16 +52,16 @@ def test_femnist_clients_in_file_order_with_inverted_images(tmp_path):
   # The matched test split is the same writer's LEAF test samples.
   test_y = [int(e['y']) for e in task.test_client_data.create_tf_dataset_for_client(cid)]
   assert test_y == test_json[users[3]]['y']
-  first_two = registry.create_task('femnist', _cfg(data_dir, num_clients=2)).train_data.client_ids
+  first_two = _create('femnist', data_dir, num_clients=2).train_data.client_ids
   assert first_two == task.train_data.client_ids[:2]
   with pytest.raises(ValueError, match='only 5 femnist users'):
-    registry.create_task('femnist', _cfg(data_dir, num_clients=6))
+    _create('femnist', data_dir, num_clients=6)
 
 
 def test_femnist_models_take_the_same_batches(tmp_path):
   data_dir = fixtures.write_leaf_femnist(str(tmp_path))
   for model, params in (('cnn', 870_334), ('dnn', 209_662)):
-    task = registry.create_task('femnist', _cfg(data_dir, femnist_model=model))
+    task = _create('femnist', data_dir, femnist_model=model)
     batch = next(iter(task.preprocess_train(
         task.train_data.create_tf_dataset_for_client(task.train_data.client_ids[0]))))
     assert task.keras_model_fn()(batch['x']).shape == (4, 62)
@@ -96,7 +96,7 @@ def test_sent140_filters_vocabulary_and_normalised_bags(tmp_path, monkeypatch):
 
 def test_sent140_task_batches_and_evaluation(tmp_path):
   data_dir = fixtures.write_leaf_sent140(str(tmp_path))
-  task = registry.create_task('sent140', _cfg(data_dir, client_batch_size=8))
+  task = _create('sent140', data_dir, batch_size=8)
   batch = next(iter(task.preprocess_train(
       task.train_data.create_tf_dataset_for_client(task.train_data.client_ids[0]))))
   assert batch['x'].shape == (8, leaf.SENT140_VOCAB_SIZE) and batch['x'].dtype == tf.float32
@@ -108,7 +108,7 @@ def test_sent140_task_batches_and_evaluation(tmp_path):
 
 def test_shakespeare_leaf_sequences_map_to_the_79_symbols(tmp_path):
   data_dir = fixtures.write_leaf_shakespeare(str(tmp_path), num_users=3, samples=10)
-  task = registry.create_task('shakespeare_leaf', _cfg(data_dir))
+  task = _create('shakespeare_leaf', data_dir)
   train_json = _json_users(data_dir, 'train')
   cid = task.train_data.client_ids[1]
   raw = train_json[cid.split('_', 1)[1]]
@@ -163,7 +163,7 @@ def test_unwritable_data_directory_caches_in_home(tmp_path, monkeypatch):
 
 def test_clients_are_read_from_the_cache_when_sampled(tmp_path):
   data_dir = fixtures.write_leaf_femnist(str(tmp_path))
-  task = registry.create_task('femnist', _cfg(data_dir))
+  task = _create('femnist', data_dir)
   for split in ('train', 'test'):  # the JSON is no longer needed
     for name in os.listdir(os.path.join(data_dir, split)):
       os.remove(os.path.join(data_dir, split, name))
@@ -181,10 +181,10 @@ def test_clients_are_read_from_the_cache_when_sampled(tmp_path):
                                             ('shakespeare_leaf', 'shakespeare')])
 def test_missing_leaf_data_says_how_to_make_it(tmp_path, task, leaf_name):
   with pytest.raises(data_files.DataNotFoundError) as error:
-    registry.create_task(task, _cfg(str(tmp_path)))
+    _create(task, str(tmp_path))
   message = str(error.value)
   assert 'train/*.json' in message and str(tmp_path) in message
   assert 'https://github.com/TalwalkarLab/leaf' in message
   assert f'leaf/data/{leaf_name} && ./preprocess.sh' in message
   with pytest.raises(data_files.DataNotFoundError, match='set --data_dir'):
-    registry.create_task(task, _cfg(''))
+    _create(task, '')

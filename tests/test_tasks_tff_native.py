@@ -18,6 +18,7 @@ import tensorflow_federated as tff
 from tasks import data_files
 from tasks import fixtures
 from tasks import registry
+from tasks.settings import TaskSettings
 from tasks import tff_native
 from workflow import program
 
@@ -29,11 +30,10 @@ def tff_dir(tmp_path_factory):
   return fixtures.write_tff_all(str(tmp_path_factory.mktemp('tff')))
 
 
-def _cfg(data_dir, **kwargs):
-  cfg = dict(data_dir=data_dir, client_batch_size=4, client_epochs_per_round=1, local_steps=0,
-             seed=0, num_clients=0, max_client_examples=0)
-  cfg.update(kwargs)
-  return cfg
+def _create(task, data_dir, *, batch_size=4, seed=0, **flags):
+  """The registry's `task` on `data_dir`: one epoch, the other task flags at their defaults."""
+  return registry.create_task(TaskSettings(task=task, data_dir=data_dir, **flags),
+                              batch_size=batch_size, num_epochs=1, seed=seed)
 
 
 def _epoch(task, cid):
@@ -58,7 +58,7 @@ def test_fixtures_are_read_by_tffs_own_loaders(tff_dir):
 
 
 def test_emnist_character_uses_tffs_preprocessing_on_every_example(tff_dir):
-  task = registry.create_task('emnist_character', _cfg(tff_dir))
+  task = _create('emnist_character', tff_dir)
   cid = task.train_data.client_ids[0]
   raw = list(task.train_data.create_tf_dataset_for_client(cid))
   batches = _epoch(task, cid)
@@ -74,10 +74,10 @@ def test_emnist_character_uses_tffs_preprocessing_on_every_example(tff_dir):
 
 
 def test_tff_model_fn_and_keras_model_fn_build_the_same_model(tff_dir):
-  for name, cfg in (('emnist_character', {}), ('emnist_autoencoder', {}),
-                    ('stackoverflow_tag', {}), ('emnist_character',
-                                                 {'emnist_character_model': 'fedgbo_cnn'})):
-    task = registry.create_task(name, _cfg(tff_dir, **cfg))
+  for name, flags in (('emnist_character', {}), ('emnist_autoencoder', {}),
+                      ('stackoverflow_tag', {}), ('emnist_character',
+                                                   {'emnist_character_model': 'fedgbo_cnn'})):
+    task = _create(name, tff_dir, **flags)
     tff_shapes = [v.shape.as_list() for v in task.model_fn().trainable_variables]
     keras_shapes = [w.shape.as_list() for w in task.keras_model_fn().trainable_weights]
     assert tff_shapes == keras_shapes, name
@@ -89,7 +89,7 @@ def _normalised(image):
 
 
 def test_cifar100_fedgbo_cnn_flips_and_crops_zero_padded_normalised_images(tff_dir):
-  task = registry.create_task('cifar100_image', _cfg(tff_dir, cifar100_image_model='fedgbo_cnn'))
+  task = _create('cifar100_image', tff_dir, cifar100_image_model='fedgbo_cnn')
   cid = task.train_data.client_ids[0]
   raw = [e['image'].numpy() for e in task.train_data.create_tf_dataset_for_client(cid)]
   candidates = []
@@ -112,7 +112,7 @@ def test_cifar100_fedgbo_cnn_flips_and_crops_zero_padded_normalised_images(tff_d
 
 
 def test_cifar100_resnet_takes_standardised_24x24_crops(tff_dir):
-  task = registry.create_task('cifar100_image', _cfg(tff_dir))
+  task = _create('cifar100_image', tff_dir)
   x, y = _epoch(task, task.train_data.client_ids[1])[0]
   assert x.shape[1:] == (24, 24, 3)
   np.testing.assert_allclose(np.mean(x.numpy(), axis=(1, 2, 3)), 0.0, atol=1e-4)
@@ -121,7 +121,7 @@ def test_cifar100_resnet_takes_standardised_24x24_crops(tff_dir):
 
 
 def test_emnist_autoencoder_reconstructs_inverted_pixels_and_evaluates_mse(tff_dir):
-  task = registry.create_task('emnist_autoencoder', _cfg(tff_dir))
+  task = _create('emnist_autoencoder', tff_dir)
   x, y = _epoch(task, task.train_data.client_ids[0])[0]
   np.testing.assert_array_equal(x, y)
   assert x.shape[1:] == (784,)
@@ -138,7 +138,7 @@ def test_emnist_autoencoder_reconstructs_inverted_pixels_and_evaluates_mse(tff_d
 
 
 def test_eval_stride_evaluates_every_kth_test_example(tff_dir):
-  task = registry.create_task('emnist_autoencoder', _cfg(tff_dir))
+  task = _create('emnist_autoencoder', tff_dir)
   model = task.keras_model_fn()
   weights = tff.learning.models.ModelWeights.from_model(model)
   inputs = np.concatenate([b[0] for b in task.keras_evaluation().data_fn()])
@@ -152,8 +152,7 @@ def test_eval_stride_evaluates_every_kth_test_example(tff_dir):
 
 
 def test_shakespeare_character_targets_are_inputs_shifted(tff_dir):
-  task = registry.create_task('shakespeare_character',
-                              _cfg(tff_dir, shakespeare_character_model='gru128'))
+  task = _create('shakespeare_character', tff_dir, shakespeare_character_model='gru128')
   x, y = _epoch(task, task.train_data.client_ids[0])[0]
   assert x.shape[1:] == (80,) and y.shape[1:] == (80,)
   np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
@@ -164,7 +163,7 @@ def test_shakespeare_character_targets_are_inputs_shifted(tff_dir):
 
 def test_stackoverflow_tag_bag_of_words_recall_at_5_and_sampled_evaluation(tff_dir, monkeypatch):
   monkeypatch.setattr(tff_native, 'STACKOVERFLOW_EVAL_EXAMPLES', 5)
-  task = registry.create_task('stackoverflow_tag', _cfg(tff_dir))
+  task = _create('stackoverflow_tag', tff_dir)
   # The vocabularies come from the Keras-cached archives, extracted on first use.
   assert os.path.exists(os.path.join(tff_dir, 'datasets', 'stackoverflow.word_count'))
   x, y = _epoch(task, task.train_data.client_ids[0])[0]
@@ -187,7 +186,7 @@ def test_stackoverflow_vocabulary_is_read_in_count_order(tff_dir):
 
 
 def test_stackoverflow_word_sequences_and_metrics(tff_dir):
-  task = registry.create_task('stackoverflow_word', _cfg(tff_dir))
+  task = _create('stackoverflow_word', tff_dir)
   x, y = _epoch(task, task.train_data.client_ids[0])[0]
   assert x.shape[1:] == (20,) and y.shape[1:] == (20,)
   np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
@@ -200,24 +199,24 @@ def test_stackoverflow_word_sequences_and_metrics(tff_dir):
 def test_client_subset_is_seeded_and_examples_are_capped(tmp_path):
   data_dir = str(tmp_path)
   fixtures.write_tff_emnist(data_dir, num_clients=8, examples=5)
-  ids = lambda seed: registry.create_task(
-      'emnist_character', _cfg(data_dir, num_clients=3, seed=seed)).train_data.client_ids
+  ids = lambda seed: _create('emnist_character', data_dir, num_clients=3,
+                             seed=seed).train_data.client_ids
   assert ids(0) == ids(0) and len(ids(0)) == 3
   assert len({tuple(ids(s)) for s in range(4)}) > 1
-  capped = registry.create_task('emnist_character', _cfg(data_dir, max_client_examples=2))
+  capped = _create('emnist_character', data_dir, max_client_examples=2)
   full, _ = tff.simulation.datasets.emnist.load_data(only_digits=False, cache_dir=data_dir)
   cid = capped.train_data.client_ids[0]
   kept = [e['label'].numpy() for e in capped.train_data.create_tf_dataset_for_client(cid)]
   first = [e['label'].numpy() for e in full.create_tf_dataset_for_client(cid)][:2]
   assert kept == first
   with pytest.raises(ValueError, match='only 8 training clients'):
-    registry.create_task('emnist_character', _cfg(data_dir, num_clients=9))
+    _create('emnist_character', data_dir, num_clients=9)
 
 
 def test_client_datasets_are_read_from_disk_when_built(tmp_path):
   data_dir = str(tmp_path)
   path = fixtures.write_tff_emnist(data_dir, num_clients=2, examples=3)
-  task = registry.create_task('emnist_character', _cfg(data_dir))
+  task = _create('emnist_character', data_dir)
   cid = task.train_data.client_ids[0]
   with sqlite3.connect(path) as db:  # a sample added after the task was built
     example = data_files.serialize_example({'pixels': np.zeros((28, 28), np.float32), 'label': 7})
@@ -231,7 +230,7 @@ def test_client_datasets_are_read_from_disk_when_built(tmp_path):
     ('stackoverflow_word', 'stackoverflow.sqlite'), ('stackoverflow_tag', 'stackoverflow.sqlite')])
 def test_missing_file_is_named_with_its_source_and_fetch_command(tmp_path, task, expected):
   with pytest.raises(data_files.DataNotFoundError) as error:
-    registry.create_task(task, _cfg(str(tmp_path)))
+    _create(task, str(tmp_path))
   message = str(error.value)
   assert expected in message and str(tmp_path) in message
   assert f'https://storage.googleapis.com/tff-datasets-public/{expected}.lzma' in message
@@ -245,21 +244,20 @@ def test_missing_stackoverflow_vocabulary_is_named(tmp_path):
     os.remove(tmp_path / 'datasets' / name)
   with pytest.raises(data_files.DataNotFoundError,
                      match='stackoverflow.word_count.*load_word_counts'):
-    registry.create_task('stackoverflow_word', _cfg(str(tmp_path)))
+    _create('stackoverflow_word', str(tmp_path))
 
 
 def test_corrupt_file_and_compressed_download_are_handled(tmp_path):
   (tmp_path / 'bad').mkdir()
   (tmp_path / 'bad' / 'cifar100.sqlite').write_bytes(b'not a database at all')
   with pytest.raises(data_files.DataNotFoundError, match="not one of TFF's client-data SQLite"):
-    registry.create_task('cifar100_image', _cfg(str(tmp_path / 'bad')))
+    _create('cifar100_image', str(tmp_path / 'bad'))
   # The .lzma as published is decompressed in place, as TFF's downloader does.
   path = fixtures.write_tff_cifar100(str(tmp_path))
   with open(path, 'rb') as f, lzma.open(path + '.lzma', 'wb', format=lzma.FORMAT_ALONE) as out:
     out.write(f.read())
   os.remove(path)
-  task = registry.create_task('cifar100_image', _cfg(str(tmp_path),
-                                                     cifar100_image_model='fedgbo_cnn'))
+  task = _create('cifar100_image', str(tmp_path), cifar100_image_model='fedgbo_cnn')
   assert len(task.train_data.client_ids) == 3 and os.path.exists(path)
 
 
@@ -284,7 +282,7 @@ def test_traced_client_datasets_equal_the_eager_ones(tmp_path):
   # Issue 19: one traced function of the client id builds a round's datasets.
   data_dir = str(tmp_path)
   fixtures.write_tff_emnist(data_dir, num_clients=4, examples=5)
-  task = registry.create_task('emnist_character', _cfg(data_dir))
+  task = _create('emnist_character', data_dir)
   assert task.trace_client_datasets
   ids = task.train_data.client_ids[1:]
   traced = program.client_datasets(task, ids, None)
@@ -297,7 +295,7 @@ def test_traced_client_datasets_equal_the_eager_ones(tmp_path):
 
 
 def test_stackoverflow_heldout_and_test_client_ids_are_read_on_first_use(tff_dir):
-  task = registry.create_task('stackoverflow_tag', _cfg(tff_dir))
+  task = _create('stackoverflow_tag', tff_dir)
   datasets = task.baseline.datasets
   for lazy in (datasets.validation_data, datasets.test_data):
     assert lazy._data is None  # pylint: disable=protected-access

@@ -11,14 +11,15 @@ import tensorflow as tf
 from tasks import data_files
 from tasks import fixtures
 from tasks import registry
+from tasks.settings import TaskSettings
 from tasks import thesis
 
 
-def _cfg(data_dir, **kwargs):
-  cfg = dict(data_dir=data_dir, client_batch_size=20, client_epochs_per_round=1, local_steps=0,
-             seed=0, num_clients=10, partition='shards', dirichlet_alpha=0.5)
-  cfg.update(kwargs)
-  return cfg
+def _create(task, data_dir, *, batch_size=20, seed=0, **flags):
+  """The registry's `task` on `data_dir`: 10 clients by shards, one epoch unless `flags` say."""
+  flags = dict(dict(num_clients=10, partition='shards', dirichlet_alpha=0.5), **flags)
+  return registry.create_task(TaskSettings(task=task, data_dir=data_dir, **flags),
+                              batch_size=batch_size, num_epochs=1, seed=seed)
 
 
 def test_mnist_npz_is_found_in_data_dir_or_its_keras_datasets_subdir(tmp_path):
@@ -85,7 +86,7 @@ def test_dirichlet_split_uses_the_same_label_proportions_for_test():
 def test_tasks_scale_pixels_and_expose_user_test_data(tmp_path, task, model, shape):
   fixtures.write_keras_mnist(str(tmp_path), train=400, test=200)
   fixtures.write_keras_cifar10(str(tmp_path), per_batch=80, test=200)
-  built = registry.create_task(task, _cfg(str(tmp_path), **{f'{task}_model': model}))
+  built = _create(task, str(tmp_path), **{f'{task}_model': model})
   assert len(built.train_data.client_ids) == 10
   cid = built.train_data.client_ids[3]
   batch = next(iter(built.preprocess_train(built.train_data.create_tf_dataset_for_client(cid))))
@@ -104,16 +105,16 @@ def test_tasks_scale_pixels_and_expose_user_test_data(tmp_path, task, model, sha
 def test_split_errors_name_the_flag(tmp_path):
   fixtures.write_keras_mnist(str(tmp_path), train=100, test=30)
   with pytest.raises(ValueError, match='--num_clients=20 needs 2 test images per client'):
-    registry.create_task('mnist', _cfg(str(tmp_path), num_clients=20))
+    _create('mnist', str(tmp_path), num_clients=20)
   with pytest.raises(ValueError, match='--mnist_model must be one of'):
-    registry.create_task('mnist', _cfg(str(tmp_path), mnist_model='resnet'))
+    _create('mnist', str(tmp_path), mnist_model='resnet')
 
 
 @pytest.mark.parametrize('task,expected', [('mnist', 'mnist.npz'),
                                            ('cifar10', 'cifar-10-batches-py')])
 def test_missing_keras_files_are_named_with_the_fetch_command(tmp_path, task, expected):
   with pytest.raises(data_files.DataNotFoundError) as error:
-    registry.create_task(task, _cfg(str(tmp_path)))
+    _create(task, str(tmp_path))
   message = str(error.value)
   assert expected in message and str(tmp_path) in message
   assert f'tf.keras.datasets.{task}.load_data()' in message

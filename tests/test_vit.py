@@ -91,17 +91,18 @@ def test_bad_weight_files_are_refused(weights_file, tmp_path):
 
 
 def test_task_flags_need_weights_or_allow_random_init(weights_file, caplog):
-  cfg = dict(vit_config=TINY, finetune='head', seed=0)
+  flags = dict(config=TINY, finetune='head', pretrained_weights='', allow_random_init=False,
+               seed=0)
   with pytest.raises(ValueError, match='--pretrained_weights.*--allow_random_init'):
-    vit_tasks.vit_keras_model_fn('gld23k', cfg, CLASSES)
+    vit_tasks.vit_keras_model_fn('gld23k', CLASSES, **flags)
   with caplog.at_level(logging.WARNING):
-    build = vit_tasks.vit_keras_model_fn('gld23k', dict(cfg, allow_random_init=True), CLASSES)
+    build = vit_tasks.vit_keras_model_fn('gld23k', CLASSES, **dict(flags, allow_random_init=True))
   assert 'RANDOM initialisation' in caplog.text and 'pretrained' in caplog.text
   assert _trainable(build()) == 17 * CLASSES
   with pytest.raises(ValueError, match='--finetune'):
-    vit_tasks.vit_keras_model_fn('gld23k', dict(cfg, finetune='lora'), CLASSES)
+    vit_tasks.vit_keras_model_fn('gld23k', CLASSES, **dict(flags, finetune='lora'))
   build = vit_tasks.vit_keras_model_fn(
-      'gld23k', dict(cfg, finetune='full', pretrained_weights=weights_file[0]), CLASSES)
+      'gld23k', CLASSES, **dict(flags, finetune='full', pretrained_weights=weights_file[0]))
   assert _trainable(build()) == vit.num_params(TINY, CLASSES)
 
 
@@ -110,7 +111,8 @@ def test_head_finetuning_round_changes_only_the_head(weights_file):
   path, arrays = weights_file
   spec = (tf.TensorSpec([None, 32, 32, 3], tf.float32), tf.TensorSpec([None], tf.int32))
   keras_model_fn = vit_tasks.vit_keras_model_fn(
-      'gld23k', dict(vit_config=TINY, finetune='head', pretrained_weights=path), CLASSES)
+      'gld23k', CLASSES, config=TINY, finetune='head', pretrained_weights=path,
+      allow_random_init=False, seed=0)
   model_fn = vit_tasks.vit_model_fn(keras_model_fn, spec)
   process = fedopt.build_fedopt(
       model_fn, tff.learning.optimizers.build_sgdm(0.5), tff.learning.optimizers.build_sgdm(1.0),

@@ -24,6 +24,7 @@ from tasks import data_files
 from tasks import fixtures
 from tasks import gld
 from tasks import registry
+from tasks.settings import TaskSettings
 from tasks import vit_fixtures
 from tasks import vit_tasks
 from workflow import cli
@@ -36,10 +37,11 @@ def gld_dir(tmp_path_factory):
   return str(root)
 
 
-def _cfg(data_dir, **kwargs):
-  return dict(dict(data_dir=data_dir, allow_random_init=True, finetune='head',
-                   client_batch_size=3, client_epochs_per_round=1, seed=0, num_clients=0,
-                   max_client_examples=0), **kwargs)
+def _create(task, data_dir, *, batch_size=3, **flags):
+  """The registry's `task` on `data_dir`: head fine-tuning from random weights, one epoch."""
+  flags = dict(dict(allow_random_init=True, finetune='head'), **flags)
+  return registry.create_task(TaskSettings(task=task, data_dir=data_dir, **flags),
+                              batch_size=batch_size, num_epochs=1, seed=0)
 
 
 def test_fixture_is_what_tffs_own_reader_reads(gld_dir):
@@ -62,7 +64,7 @@ def test_fixture_is_what_tffs_own_reader_reads(gld_dir):
 
 
 def test_gld23k_task_reads_the_fixture_at_224(gld_dir):
-  task = registry.create_task('gld23k', _cfg(gld_dir))
+  task = _create('gld23k', gld_dir)
   assert task.num_classes == gld.NUM_CLASSES == 203
   assert len(task.train_data.client_ids) == 3
   # Client '100' has 4 images, the first one grayscale: batches of 3 then 1.
@@ -79,24 +81,24 @@ def test_gld23k_task_reads_the_fixture_at_224(gld_dir):
   evaluation = task.keras_evaluation()
   assert evaluation.loss_fn().get_config()['from_logits']
   # --num_clients samples a subset of TFF's clients.
-  subset = registry.create_task('gld23k', _cfg(gld_dir, num_clients=2))
+  subset = _create('gld23k', gld_dir, num_clients=2)
   assert len(subset.train_data.client_ids) == 2
 
 
 def test_gld23k_offline_error_and_weights_flags(tmp_path, gld_dir):
   with pytest.raises(data_files.DataNotFoundError) as error:
-    registry.create_task('gld23k', _cfg(str(tmp_path)))
+    _create('gld23k', str(tmp_path))
   message = str(error.value)
   assert '--task=gld23k' in message and 'gld23k/train/' in message
   assert 'gldv2.load_data(gld23k=True' in message and '\n' not in message
   with pytest.raises(ValueError, match='--pretrained_weights'):
-    registry.create_task('gld23k', _cfg(gld_dir, allow_random_init=False))
+    _create('gld23k', gld_dir, allow_random_init=False)
 
 
 def test_cifar100_image_vit_variant(tmp_path):
   fixtures.write_tff_cifar100(str(tmp_path), num_clients=3, examples=5)
-  task = registry.create_task('cifar100_image', _cfg(
-      str(tmp_path), cifar100_image_model='vit_s16', client_batch_size=4))
+  task = _create('cifar100_image', str(tmp_path), cifar100_image_model='vit_s16',
+                 batch_size=4)
   cid = task.train_data.client_ids[0]
   x, y = next(iter(task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))))
   assert x.shape == (4, 224, 224, 3) and y.shape == (4,)
@@ -112,8 +114,7 @@ def test_cifar100_image_vit_variant(tmp_path):
                              np.array(vit_tasks.vit.IMAGENET_STD), atol=1e-5)
   assert task.num_classes == 100
   # The other models still come from the TFF task.
-  resnet = registry.create_task('cifar100_image', _cfg(str(tmp_path),
-                                                       cifar100_image_model='resnet18'))
+  resnet = _create('cifar100_image', str(tmp_path), cifar100_image_model='resnet18')
   x, _ = next(iter(resnet.preprocess_train(resnet.train_data.create_tf_dataset_for_client(cid))))
   assert x.shape[1:] == (24, 24, 3)
 

@@ -253,7 +253,12 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
   # bury the one-line error of a flag that only the built process can refute.
   logging.set_verbosity(logging.WARNING)
   try:
-    task = task_registry.create_task(cfg['task'], {**cfg, 'run_dir': experiment_dir(cfg)})
+    from workflow import config  # adapter (issue 25 merge)  pylint: disable=g-import-not-at-top
+    settings = config.from_flags({k: v for k, v in cfg.items() if k in TRAIN_FLAG_NAMES})  # adapter (issue 25 merge)
+    task = task_registry.create_task(  # adapter (issue 25 merge)
+        settings.task, batch_size=settings.client.client_batch_size,
+        num_epochs=config.num_epochs(settings), seed=settings.loop.seed,
+        run_dir=experiment_dir(cfg))
     check_task_counts(cfg, task)
     process = algorithm_registry.build(cfg['algorithm'], task, cfg)
     schedules = _round_schedules(cfg, task, process)

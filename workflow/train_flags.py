@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 
 from absl import flags
 
+from tasks import settings as task_settings
 from workflow import schedule_flags
 
 
@@ -88,6 +89,11 @@ def _b(name, default, help_, algorithms=()):
   return Flag(name, 'bool', default, help_, algorithms=algorithms)
 
 
+def _t(make, name, *rest):
+  # A task flag: its default is tasks.settings' (TaskSettings), the one place it is set.
+  return make(name, task_settings.DEFAULTS[name], *rest)
+
+
 def _lr_schedule_flags(prefix: str) -> list[Flag]:
   return [
       _e(f'{prefix}_lr_schedule', 'constant', schedule_flags.LR_SCHEDULES,
@@ -102,41 +108,41 @@ def _lr_schedule_flags(prefix: str) -> list[Flag]:
 # (group key, title, flags). The key is the absl "module" of the group's flags.
 GROUPS: list[tuple[str, str, list[Flag]]] = [
     ('task', 'Task: the data, how it is split among clients, the model', [
-        _s('task', 'digits', 'A registered task (docs/tasks.md, docs/tasks_vit.md), or '
+        _t(_s, 'task', 'A registered task (docs/tasks.md, docs/tasks_vit.md), or '
            '`package.module:function` returning your own tasks.base.FederatedTask '
            '(docs/tasks.md#your-own-task).'),
-        _e('partition', 'dirichlet', ('dirichlet', 'shards', 'iid'),
+        _t(_e, 'partition', ('dirichlet', 'shards', 'iid'),
            'How a task that is split by us (digits, mnist, cifar10) divides its data among '
            'clients.'),
-        _i('num_clients', 0, 'Number of clients (0: task default): of a task split by us; for '
+        _t(_i, 'num_clients', 'Number of clients (0: task default): of a task split by us; for '
            'TFF tasks a seeded sample of the training clients; for LEAF tasks the first N users.'),
-        _f('dirichlet_alpha', 0.5, 'Dirichlet α over labels for --partition=dirichlet.'),
-        _e('digits_model', 'mlp', ('mlp', 'cnn', 'cnn_bn'), 'Model for --task=digits.'),
-        _f('synthetic_alpha', 1.0, 'α of synthetic(α, β): model heterogeneity.'),
-        _f('synthetic_beta', 1.0, 'β of synthetic(α, β): input heterogeneity.'),
-        _s('data_dir', '', 'Where a file-based task finds its data: TFF\'s cache (default '
+        _t(_f, 'dirichlet_alpha', 'Dirichlet α over labels for --partition=dirichlet.'),
+        _t(_e, 'digits_model', ('mlp', 'cnn', 'cnn_bn'), 'Model for --task=digits.'),
+        _t(_f, 'synthetic_alpha', 'α of synthetic(α, β): model heterogeneity.'),
+        _t(_f, 'synthetic_beta', 'β of synthetic(α, β): input heterogeneity.'),
+        _t(_s, 'data_dir', 'Where a file-based task finds its data: TFF\'s cache (default '
            '~/.tff), the LEAF data directory, or Keras\' datasets directory (default '
            '~/.keras/datasets). See docs/tasks.md.'),
-        _i('max_client_examples', 0, 'TFF tasks: keep only the first N examples of each client '
+        _t(_i, 'max_client_examples', 'TFF tasks: keep only the first N examples of each client '
            '(0: all).'),
-        _e('cifar100_image_model', 'resnet18', ('resnet18', 'fedgbo_cnn', 'vit_s16'),
+        _t(_e, 'cifar100_image_model', ('resnet18', 'fedgbo_cnn', 'vit_s16'),
            'Model for --task=cifar100_image.'),
-        _e('emnist_character_model', 'cnn_dropout', ('cnn_dropout', 'cnn', '2nn', 'fedgbo_cnn'),
+        _t(_e, 'emnist_character_model', ('cnn_dropout', 'cnn', '2nn', 'fedgbo_cnn'),
            'Model for --task=emnist_character.'),
-        _e('shakespeare_character_model', 'lstm', ('lstm', 'gru128', 'gru256'),
+        _t(_e, 'shakespeare_character_model', ('lstm', 'gru128', 'gru256'),
            'Model for --task=shakespeare_character.'),
-        _e('femnist_model', 'cnn', ('cnn', 'dnn'), 'Model for --task=femnist.'),
-        _e('shakespeare_leaf_model', 'gru128', ('gru128', 'gru256'),
+        _t(_e, 'femnist_model', ('cnn', 'dnn'), 'Model for --task=femnist.'),
+        _t(_e, 'shakespeare_leaf_model', ('gru128', 'gru256'),
            'Model for --task=shakespeare_leaf.'),
-        _e('mnist_model', '2nn', ('2nn', 'cnn', 'mtfl_2nn'), 'Model for --task=mnist.'),
-        _e('cifar10_model', 'cnn', ('cnn', 'mtfl_cnn', 'resnet18'),
+        _t(_e, 'mnist_model', ('2nn', 'cnn', 'mtfl_2nn'), 'Model for --task=mnist.'),
+        _t(_e, 'cifar10_model', ('cnn', 'mtfl_cnn', 'resnet18'),
            'Model for --task=cifar10 (resnet18: ResNet-18-GroupNorm, seed 003; '
            '--partition=dirichlet only).'),
-        _e('finetune', 'head', ('head', 'full'), 'ViT (gld23k, cifar100_image with vit_s16): '
+        _t(_e, 'finetune', ('head', 'full'), 'ViT (gld23k, cifar100_image with vit_s16): '
            'train only the new linear head, or every weight after the head is replaced.'),
-        _s('pretrained_weights', '', 'ViT: local .npz of pretrained weights in Google\'s ViT '
+        _t(_s, 'pretrained_weights', 'ViT: local .npz of pretrained weights in Google\'s ViT '
            'checkpoint layout (no hub is used).'),
-        _b('allow_random_init', False, 'ViT: without --pretrained_weights, start from random '
+        _t(_b, 'allow_random_init', 'ViT: without --pretrained_weights, start from random '
            'weights (with a warning: seed 002\'s numbers need pretrained ones).'),
     ]),
     ('client', 'Client: sampling, local work, client optimiser', [
