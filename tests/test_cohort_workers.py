@@ -59,7 +59,8 @@ def subrounds(monkeypatch):
 
 
 # (algorithm, K, client sizes): grouped by size, K=0 over these 5 clients (2, 4, 1, 3
-# and 1 batches) makes 3 shards, K=3 (3 steps each) one: both are sent as 2.
+# and 1 batches) makes 3 shards, K=3 (3 steps each) one: both are sent as 2
+# (K=0: the 2 longest clients in one, padded to 2 x 4 steps; 3 x 2 in the other).
 CASES = [('fedavg', 0, (7, 13, 3, 10, 2)), ('fedadam', 3, (7, 13, 3, 10))]
 
 
@@ -105,7 +106,28 @@ def test_cohort_on_two_workers_equals_in_process_and_per_client(
   for r in range(ROUNDS):
     assert len({id(c) for c, _ in sent[WORKERS * r:WORKERS * (r + 1)]}) == WORKERS
   assert subrounds['merges'] == ROUNDS
+
+  # Fewer clients than workers: one shard, one worker, nothing to merge (no
+  # empty stand-in client: under uniform weighting it would count).
+  one = client_datasets(sizes[:1])
+  shards = on_workers.make_shards(_client_batches(one, local_steps))
+  assert len(shards) == 1
+  with context_stack_impl.context_stack.install(context):
+    remote = on_workers.next(remote_state, shards)
+  _assert_outputs_equal(per_client.next(local_state, one), remote, f'{name}: one client')
+  assert [members for _, members in sent[WORKERS * ROUNDS:]] == [[1]]
+  assert subrounds['merges'] == ROUNDS
   # Not trivially equal: training moved the weights well beyond the tolerance.
   initial = per_client.get_model_weights(per_client.initialize()).trainable
   final = on_workers.get_model_weights(remote_state).trainable
   assert max(np.max(np.abs(np.asarray(a) - np.asarray(b))) for a, b in zip(initial, final)) > 1e-2
+
+
+def test_one_shard_per_worker_bounds_the_largest_shard():
+  """A round on workers waits for the largest shard: padded work clients x longest steps."""
+  assert cohort_data.split_evenly([4, 3, 2, 1, 1], 2) == [2, 3]  # 8 and 6, not 12 and 2
+  assert cohort_data.split_evenly([3] * 7, 3) == [3, 2, 2]
+  assert cohort_data.split_evenly([5, 0], 4) == [1, 1]  # never an empty shard
+  clients = [[{'x': np.ones((2, 1))}] * n for n in (1, 4, 1, 2, 3)]
+  assert cohort_data.group_by_size(clients, num_shards=2) == [[1, 4], [3, 0, 2]]
+  assert len(cohort_data.shards(clients, num_shards=2)) == 2
