@@ -16,8 +16,9 @@ from tensorflow_federated.python.core.impl.context_stack import context_stack_im
 from tensorflow_federated.python.core.impl.execution_contexts import (
     mergeable_comp_execution_context as mergeable)
 
-from test_cohort import BUILDERS, _assert_outputs_equal, client_datasets  # pylint: disable=g-bad-import-order
-from test_workers import live_pool, pool  # pylint: disable=g-bad-import-order,unused-import
+# pylint: disable=g-bad-import-order
+from test_cohort import BUILDERS, _assert_outputs_equal, client_datasets
+from test_workers import live_pool, pool  # pylint: disable=unused-import
 
 from tff_adaptive.execution import remote_context
 from tff_adaptive.rounds import cohort
