@@ -80,13 +80,16 @@ def group_by_size(clients: Sequence[ClientBatches], num_shards: Optional[int] = 
                   max_waste: float = 0.25) -> list[list[int]]:
   """Client indices grouped into shards of similar step counts.
 
-  `num_shards`: exactly that many (contiguous in size order, e.g. one per TFF
-  worker); None: a new shard starts when a client's steps would leave more than
-  `max_waste` of the shard's longest client padded.
+  `num_shards`: exactly that many (or one per client if fewer), e.g. one per
+  TFF worker, split by `split_evenly`; None: a new shard starts when a
+  client's steps would leave more than `max_waste` of the shard's longest
+  client padded.
   """
   order = sorted(range(len(clients)), key=lambda i: (-len(clients[i]), i))
   if num_shards:
-    return [list(part) for part in np.array_split(order, min(num_shards, len(order))) if len(part)]
+    sizes = split_evenly([len(clients[i]) for i in order], num_shards)
+    bounds = np.cumsum([0] + sizes)
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
   groups, longest = [], 0
   for i in order:
     steps = len(clients[i])
@@ -95,6 +98,45 @@ def group_by_size(clients: Sequence[ClientBatches], num_shards: Optional[int] = 
       longest = steps
     groups[-1].append(i)
   return groups
+
+
+def split_evenly(steps: Sequence[int], num_shards: int) -> list[int]:
+  """Sizes of `min(num_shards, len(steps))` contiguous parts of `steps` (sorted
+  longest first) whose largest padded work (clients x longest steps) is smallest.
+
+  Shards on TFF workers run in parallel, so the round waits for the largest
+  one; in one process the largest shard sets the peak memory. Equal client
+  counts are not that: steps (4, 3, 2, 1, 1) in 2 parts of 3 + 2 clients pad to
+  12 + 2, while 2 + 3 pad to 8 + 6. Among the splits of that bound, later parts
+  are kept as even as it allows.
+  """
+  steps = [max(1, int(s)) for s in steps]  # a client without data still takes a slot
+  n, parts = len(steps), min(num_shards, len(steps))
+  if parts <= 1:
+    return [n] if n else []
+
+  def fits(start: int, count: int, bound: int) -> bool:
+    # Greedy from the longest: each part takes as many clients as `bound` allows.
+    for _ in range(count):
+      if start >= n:
+        return True
+      start += bound // steps[start]
+    return start >= n
+
+  low, high = steps[0], steps[0] * -(-n // parts)  # equal counts are within `high`
+  while low < high:
+    middle = (low + high) // 2
+    low, high = (low, middle) if fits(0, parts, middle) else (middle + 1, high)
+  sizes, start = [], 0
+  for k in range(parts - 1):
+    left = parts - k  # parts still to make, this one included
+    most = min(low // steps[start], n - start - (left - 1))
+    take = min(most, -(-(n - start) // left))
+    while take < most and not fits(start + take, left - 1, low):
+      take += 1
+    sizes.append(take)
+    start += take
+  return sizes + [n - start]
 
 
 def shards(clients: Sequence[ClientBatches], num_shards: Optional[int] = None,
