@@ -19,7 +19,8 @@ import pytest
 # Whole files move, so module-scoped fixtures are still set up once.
 _LONG_FILES_FIRST = ('test_install.py', 'test_train_workflow.py', 'test_train_cli.py',
                      'test_cohort.py', 'test_library_docs.py', 'test_round_schedules.py',
-                     'test_tasks_docs.py', 'test_shakespeare_build.py', 'test_workers.py')
+                     'test_tasks_docs.py', 'test_shakespeare_build.py', 'test_workers.py',
+                     'test_cohort_workers.py')
 
 
 def pytest_collection_modifyitems(session, config, items):
