@@ -91,7 +91,9 @@ def child_rounds(args, task_name, clients):
   runtime.use_local_cpp_context()
   cfg = _cfg(args, task_name)
   task = registry.create_task(task_name, cfg)
-  process = algorithms.build('fedavg', task, cfg)
+  from workflow import config  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
+  process = algorithms.build(task, config.from_flags(dict(  # adapter (issue 25 merge): per client, as before
+      {k: v for k, v in cfg.items() if k != 'num_epochs'}, algorithm='fedavg', execution='per_client')))
   state = process.initialize()
   ids_all = list(task.train_data.client_ids)
   k = args.local_steps
