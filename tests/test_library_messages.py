@@ -34,6 +34,7 @@ from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import worker_process
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.optimizers import sm3
+from workflow import config
 from workflow import library_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -244,10 +245,11 @@ def test_the_flag_messages_leave_other_messages_alone():
 
 def test_the_task_model_flag_is_named_where_the_library_cannot():
   message = str(_raised(lambda: mtfl.patch_layout(_no_batch_norm(), 'gamma_beta')))
-  assert library_flags.flag_message(message, {'task': 'digits'}).endswith(
+  digits = config.from_flags({'task': 'digits'})
+  assert library_flags.flag_message(message, digits).endswith(
       "--private=none (plain FL); --digits_model=cnn_bn has batch norm")
-  assert library_flags.flag_message(message, {'task': 'emnist'}).endswith(
-      '--private=none (plain FL)')
+  emnist = config.from_flags({'task': 'emnist'})
+  assert library_flags.flag_message(message, emnist).endswith('--private=none (plain FL)')
 
 
 def test_named_by_flags_raises_the_given_error_from_the_library_one():
@@ -256,11 +258,11 @@ def test_named_by_flags_raises_the_given_error_from_the_library_one():
     pass
 
   with pytest.raises(Refused, match='^--client_beta_1 must be in') as raised:
-    with library_flags.named_by_flags({}, Refused):
+    with library_flags.named_by_flags(config.from_flags({}), Refused):
       biased_optimizers.BiasedOptimizer('adam', beta_1=1.0)
   assert isinstance(raised.value.__cause__, ValueError)
   with pytest.raises(ValueError, match='^unrelated$') as raised:  # not a library argument
-    with library_flags.named_by_flags({}, Refused):
+    with library_flags.named_by_flags(config.from_flags({}), Refused):
       raise ValueError('unrelated')
   assert not isinstance(raised.value, Refused)
 
