@@ -64,10 +64,10 @@ def test_one_check_refuses_in_validation_and_in_build(args, flag):
   cfg, _ = cli.config_from_args(args)
   with pytest.raises(cli.UsageError) as usage:
     cli.validate(cfg)
-  with pytest.raises(algorithms.ConfigError) as config:
+  with pytest.raises(algorithms.ConfigError) as refused:
     # refused before the task is used
     algorithms.build(None, config.from_flags(cfg))  # adapter (issue 25 merge)
-  assert str(usage.value) == str(config.value)
+  assert str(usage.value) == str(refused.value)
   assert flag in str(usage.value) and '\n' not in str(usage.value)
 
 
