@@ -257,7 +257,8 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
   try:
     task = task_registry.create_task(cfg['task'], {**cfg, 'run_dir': experiment_dir(cfg)})
     check_task_counts(cfg, task)
-    process = algorithm_registry.build(task, config.from_flags(cfg))  # adapter (issue 25 merge)
+    # adapter (issue 25 merge): a flag dict without --execution ran per client (tests' dicts)
+    process = algorithm_registry.build(task, config.from_flags({'execution': 'per_client', **cfg}))
     schedules = _round_schedules(cfg, task, process)
     client_data_fn = None
     if cfg.get('data_on_workers'):
