@@ -65,7 +65,7 @@ def _no_defaults(settings):
 
 def _fixed(**flags) -> Defaults:
   """Defaults that do not depend on the other flags."""
-  return lambda settings: flags
+  return lambda settings: dict(flags)
 
 
 @dataclasses.dataclass(frozen=True)
