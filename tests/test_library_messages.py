@@ -159,6 +159,8 @@ _COMPUTED_OWNER = re.compile(r'^: (?P<argument>[a-z_]\w*)(?![\w(])')
 NO_FLAG = {
     (None, 'init_client_state'): "an algorithm module's recipe, not a setting of bin/train",
     ('scaffold', 'total_clients'): "the task's number of clients (algorithm_builders passes it)",
+    (None, 'client_weighting'): ('the builders derive it from --client_weighting and --dp and never '
+                                 'pass one the library refuses; its messages are about the code'),
 }
 
 

@@ -44,7 +44,6 @@ ARGUMENT_FLAGS = {
     ('patch_layout', 'private'): 'private',
     ('mtfl', 'strategy'): 'mtfl_strategy',
     ('ErrorDrivenDecay', 'window'): 'schedule_window',
-    (None, 'client_weighting'): 'client_weighting',
 }
 # Callables that one flag turns on: their whole message is about that flag.
 OWNER_FLAGS = {'parse_addresses': 'workers', 'compose_data_on_workers': 'data_on_workers'}
