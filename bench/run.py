@@ -198,10 +198,10 @@ def build_process(name: str, setting: Setting):
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(LEARNING_RATE),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
   algorithm, _ = ALGORITHMS[name]
-  return registry.build(setting.task(), _settings(name, setting))  # adapter (issue 25 merge)
+  return registry.build(setting.task(), _config(name, setting))  # adapter (issue 25 merge)
 
 
-def _settings(name: str, setting: Setting):
+def _config(name: str, setting: Setting):
   from workflow import config  # pylint: disable=g-import-not-at-top
   algorithm, extra = ALGORITHMS[name]
   # per client, as the flag dict without --execution was built (bench_cohort builds cohorts)
@@ -262,7 +262,7 @@ def build_cohort_runners(setting: Setting, names, executions, runners):
       arrays, data_s = bench_cohort.client_arrays(setting)
     try:
       t0 = time.perf_counter()
-      process, reason = bench_cohort.build(algorithm, setting.task(), _settings(name, setting), key)
+      process, reason = bench_cohort.build(algorithm, setting.task(), _config(name, setting), key)
       build_s = time.perf_counter() - t0
       if process is None:
         skipped[row] = reason
