@@ -63,7 +63,7 @@ def row_specs(names, executions, algorithms):
       yield f'{name}@{key}', name, key
 
 
-def build(algorithm: str, task, cfg, key: str):
+def build(algorithm: str, task, settings, key: str):
   """(CohortProcess, None), or (None, why the algorithm runs per client)."""
   entry = registry.ALGORITHMS[algorithm]
   if not entry.cohort:
@@ -73,7 +73,7 @@ def build(algorithm: str, task, cfg, key: str):
   # whole (the registry's flags do not reach in_process).
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
-    process = entry.build(task, cfg, execution=execution, measure_client_drift=False)
+    process = entry.build(task, settings, execution=execution, measure_client_drift=False)
   if isinstance(process, cohort.CohortProcess):
     return process, None
   notes = [str(w.message) for w in caught if 'cohort execution does not apply' in str(w.message)]

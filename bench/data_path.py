@@ -49,11 +49,13 @@ def _peak_mib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _cfg(args, task_name):
-  # The flags algorithms.build reads (one epoch: the data cycle for exactly K steps).
-  return dict(data_dir=args.data_dir, client_batch_size=args.batch, client_epochs_per_round=1,
-              num_epochs=1, local_steps=args.local_steps, seed=0, num_clients=0,
-              max_client_examples=0, client_learning_rate=0.01)
+def _settings(args):
+  """FedAvg per client with exactly K steps (one epoch: the data cycle for K steps)."""
+  from workflow import config  # pylint: disable=g-import-not-at-top
+  return config.from_flags(dict(
+      algorithm='fedavg', execution='per_client', data_dir=args.data_dir,
+      client_batch_size=args.batch, client_epochs_per_round=1, local_steps=args.local_steps,
+      seed=0, client_learning_rate=0.01))
 
 
 def _create_task(args, task_name):
@@ -95,7 +97,7 @@ def child_rounds(args, task_name, clients):
   from workflow import program  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   task = _create_task(args, task_name)
-  process = algorithms.build('fedavg', task, _cfg(args, task_name))
+  process = algorithms.build(task, _settings(args))
   state = process.initialize()
   ids_all = list(task.train_data.client_ids)
   k = args.local_steps

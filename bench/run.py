@@ -198,12 +198,15 @@ def build_process(name: str, setting: Setting):
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(LEARNING_RATE),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
   algorithm, _ = ALGORITHMS[name]
-  return registry.build(algorithm, setting.task(), _config(name, setting))
+  return registry.build(setting.task(), _config(name, setting))  # adapter (issue 25 merge)
 
 
-def _config(name: str, setting: Setting) -> dict:
-  _, extra = ALGORITHMS[name]
-  return dict(client_learning_rate=LEARNING_RATE, local_steps=setting.steps, **extra)
+def _config(name: str, setting: Setting):
+  from workflow import config  # pylint: disable=g-import-not-at-top
+  algorithm, extra = ALGORITHMS[name]
+  # per client, as the flag dict without --execution was built (bench_cohort builds cohorts)
+  return config.from_flags(dict(algorithm=algorithm, client_learning_rate=LEARNING_RATE,
+                                local_steps=setting.steps, execution='per_client', **extra))
 
 
 class Runner:

@@ -28,6 +28,7 @@ from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
 from tff_adaptive.algorithms import composer
 from workflow import algorithms as registry
+from workflow import config
 
 K, B = 3, 10
 NUM_CLIENTS = 2
@@ -67,8 +68,8 @@ def round_costs(task):
   ids = list(task.train_data.client_ids)[:NUM_CLIENTS]
   round_costs = {}
   for key, cfg in CONFIGS.items():
-    cfg = dict(cfg, client_learning_rate=0.05, local_steps=K)
-    process = registry.build(cfg['algorithm'], task, cfg)
+    cfg = dict(cfg, client_learning_rate=0.05, local_steps=K, execution='per_client')
+    process = registry.build(task, config.from_flags(cfg))
     state = process.initialize()
     # Composer processes run K steps themselves; TFF's Mimelite gets the K
     # batches as its data (what program.run does).
@@ -144,8 +145,8 @@ def test_fedprox_bits(round_costs, num_params):
 
 
 def _tff_process(task, algorithm):
-  cfg = dict(CONFIGS[algorithm], client_learning_rate=0.05, local_steps=K)
-  return registry.build(cfg['algorithm'], task, cfg)
+  cfg = dict(CONFIGS[algorithm], client_learning_rate=0.05, local_steps=K, execution='per_client')
+  return registry.build(task, config.from_flags(cfg))
 
 
 @pytest.mark.parametrize('algorithm, multiplier', [('mimelite_sgdm', 2), ('fedprox', 1)])
@@ -215,8 +216,9 @@ def test_download_counts_non_trainable_weights():
   trainable = int(sum(np.prod(w.shape) for w in model.trainable_weights))
   non_trainable = int(sum(np.prod(w.shape) for w in model.non_trainable_weights))
   assert non_trainable == 2 * (16 + 64)  # moving mean and variance of two BatchNorms
-  cfg = dict(algorithm='fedavg', client_optimizer='sgd', client_learning_rate=0.05, local_steps=1)
-  process = registry.build('fedavg', task, cfg)
+  process = registry.build(task, config.from_flags(dict(
+      algorithm='fedavg', client_optimizer='sgd', client_learning_rate=0.05, local_steps=1,
+      execution='per_client')))
   ids = list(task.train_data.client_ids)[:1]
   cost = process.next(process.initialize(), program.client_datasets(task, ids, None)).metrics['cost']
   assert cost['download_bits_per_client'] == 32 * (trainable + non_trainable) + HPARAM_BITS

@@ -16,6 +16,7 @@ import pytest
 from workflow import algorithm_table
 from workflow import algorithms
 from workflow import cli
+from workflow import config
 from workflow import personalization
 from workflow import train_flags
 
@@ -63,9 +64,10 @@ def test_one_check_refuses_in_validation_and_in_build(args, flag):
   cfg, _ = cli.config_from_args(args)
   with pytest.raises(cli.UsageError) as usage:
     cli.validate(cfg)
-  with pytest.raises(algorithms.ConfigError) as config:
-    algorithms.build(cfg['algorithm'], None, cfg)  # refused before the task is used
-  assert str(usage.value) == str(config.value)
+  with pytest.raises(algorithms.ConfigError) as refused:
+    # refused before the task is used
+    algorithms.build(None, config.from_flags(cfg))  # adapter (issue 25 merge)
+  assert str(usage.value) == str(refused.value)
   assert flag in str(usage.value) and '\n' not in str(usage.value)
 
 
@@ -76,19 +78,20 @@ class _Process:
 def test_round_options_reach_the_entry_as_keywords(monkeypatch):
   seen = {}
 
-  def build(task, cfg, **options):
-    del task, cfg
+  def build(task, settings, **options):
+    del task, settings
     seen.update(options)
     return _Process()
 
   monkeypatch.setitem(algorithms.ALGORITHMS, 'recorder', algorithms.AlgorithmEntry(build, 'test'))
-  cfg = {'algorithm': 'recorder', 'client_learning_rate': 0.1, 'measure_client_drift': True}
-  process = algorithms.build('recorder', None, cfg)
+  settings = config.from_flags({'algorithm': 'recorder', 'client_learning_rate': 0.1,
+                                'measure_client_drift': True, 'execution': 'per_client'})
+  process = algorithms.build(None, settings)
   assert seen == {'measure_client_drift': True, 'execution': 'per_client'}
   assert process.execution_line == 'execution: per_client (--execution=per_client)'
   monkeypatch.setitem(algorithms.ALGORITHMS, 'recorder', algorithms.AlgorithmEntry(
       build, 'test', cohort=algorithms.No('a reason of its own')))
-  process = algorithms.build('recorder', None, dict(cfg, execution='cohort'))
+  process = algorithms.build(None, settings.replace(execution='cohort'))
   assert seen['execution'] == 'per_client'
   assert process.execution_line == 'execution: per_client (--algorithm=recorder: a reason of its own)'
 

@@ -30,6 +30,7 @@ from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
 from workflow import algorithms as registry
+from workflow import config
 from tff_adaptive.compression import codec
 from tff_adaptive.compression import sparsify
 
@@ -254,10 +255,11 @@ def test_builders_name_the_argument_and_the_registry_the_flag():
     with pytest.raises(ValueError, match=r'SharedIndexCompressionFactory: sparsity must be in'):
       compression.SharedIndexCompressionFactory(s)
   with pytest.raises(registry.ConfigError, match='--upload_compression'):
-    registry.build('ce_fedavg', None, dict(algorithm='ce_fedavg', client_optimizer='adam',
-                                           upload_compression='none'))
+    registry.build(None, config.from_flags(dict(algorithm='ce_fedavg', client_optimizer='adam',
+                                                upload_compression='none')))
   with pytest.raises(registry.ConfigError, match='--upload_compression'):
-    registry.upload_compression(dict(algorithm='mimelite', upload_compression='topk'))
+    registry.upload_compression(config.from_flags(dict(algorithm='mimelite',
+                                                       upload_compression='topk')))
 
 
 def test_bin_train_bad_input_exits_2_with_one_line(tmp_path):

@@ -19,6 +19,7 @@ from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from workflow import algorithms as registry
+from workflow import config
 
 K = 3
 LR = 0.1
@@ -103,12 +104,13 @@ def test_off_by_default_and_the_registry_flag():
   tf_type = lambda p: p.next.type_signature.result.metrics.member
   assert 'client_drift' not in dir(tf_type(_fedavg()))
   task = types.SimpleNamespace(name='tiny', model_fn=at.model_fn, keras_model_fn=at.keras_model)
-  cfg = dict(algorithm='fedgbo', client_optimizer='sgdm', client_learning_rate=LR, local_steps=K,
-             clients_per_round=3, measure_client_drift=True)
-  process = registry.build('fedgbo', task, cfg)
+  settings = config.from_flags(dict(
+      algorithm='fedgbo', client_optimizer='sgdm', client_learning_rate=LR, local_steps=K,
+      clients_per_round=3, measure_client_drift=True, execution='per_client'))
+  process = registry.build(task, settings)
   assert 'client_drift' in dir(tf_type(process))
   # The context does not leak: a later build without the flag has no metric.
-  assert 'client_drift' not in dir(tf_type(registry.build('fedgbo', task, dict(
-      cfg, measure_client_drift=False))))
+  assert 'client_drift' not in dir(tf_type(registry.build(task, settings.replace(
+      measure_client_drift=False))))
   with pytest.raises(registry.ConfigError, match='measure_client_drift'):
-    registry.build('mimelite', task, dict(cfg, algorithm='mimelite', client_optimizer='sgd'))
+    registry.build(task, settings.replace(algorithm='mimelite', client_optimizer='sgd'))

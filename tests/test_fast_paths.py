@@ -76,7 +76,10 @@ def test_client_model_trains_like_the_plain_model_in_a_process():
   from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
-  process = registry.build('fedavg', task, {'client_learning_rate': 0.1, 'local_steps': 2})
+  from workflow import config  # pylint: disable=g-import-not-at-top
+  process = registry.build(task, config.from_flags({
+      'algorithm': 'fedavg', 'client_learning_rate': 0.1, 'local_steps': 2,
+      'execution': 'per_client'}))
   rng = np.random.default_rng(0)
   data = [tf.data.Dataset.from_tensor_slices(
       (rng.normal(size=(8, 3)).astype(np.float32), rng.integers(0, 2, 8).astype(np.int32))
@@ -187,8 +190,10 @@ def test_in_place_serialization_gives_tffs_protos():
   from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
-  process = registry.build('fedgbo', task, {'client_learning_rate': 0.1, 'local_steps': 2,
-                                            'client_optimizer': 'adam'})
+  from workflow import config  # pylint: disable=g-import-not-at-top
+  process = registry.build(task, config.from_flags({
+      'algorithm': 'fedgbo', 'client_learning_rate': 0.1, 'local_steps': 2,
+      'client_optimizer': 'adam', 'execution': 'per_client'}))
   state = process.initialize()
   f32 = np.float32
   clients_type = tff.FederatedType(

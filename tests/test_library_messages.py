@@ -13,6 +13,7 @@ import ast
 import os
 import re
 import types
+from typing import Optional
 
 import pytest
 import tensorflow as tf
@@ -34,6 +35,7 @@ from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import worker_process
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.optimizers import sm3
+from workflow import config
 from workflow import library_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,6 +150,115 @@ def test_checkers_see_flag_text_and_flag_dict_reads():
   assert len(flag_texts(argv, 'tff_adaptive/execution/remote_context.py')) == 2
 
 
+# ---- every argument a library ValueError names has a row of library_flags ----
+
+_OWNED = re.compile(r'^(?P<owner>[A-Za-z_][\w.]*): (?P<argument>[a-z_]\w*)(?![\w(])')
+_COMPUTED_OWNER = re.compile(r'^: (?P<argument>[a-z_]\w*)(?![\w(])')
+
+# (owner, argument) → why no flag sets it (owner None: an owner computed at run time).
+NO_FLAG = {
+    (None, 'init_client_state'): "an algorithm module's recipe, not a setting of bin/train",
+    ('scaffold', 'total_clients'): "the task's number of clients (algorithm_builders passes it)",
+    (None, 'client_weighting'): ('the builders derive it from --client_weighting and --dp and never '
+                                 'pass one the library refuses; its messages are about the code'),
+}
+
+
+def _value_errors(tree) -> set[str]:
+  names = {'ValueError'}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ClassDef) and any(
+        isinstance(base, ast.Name) and base.id in names for base in node.bases):
+      names.add(node.name)
+  return names
+
+
+def _parameters(tree) -> set[str]:
+  """Names of the module's parameters and dataclass fields: what a message's argument can be."""
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      arguments = node.args
+      names.update(a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs)
+    elif isinstance(node, ast.ClassDef):
+      names.update(item.target.id for item in node.body
+                   if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name))
+  return names
+
+
+def _owner_and_argument(message):
+  """(owner or None if computed, argument) of `<owner>: <argument> ...`, else None."""
+  pieces = message.values if isinstance(message, ast.JoinedStr) else [message]
+  first = pieces[0]
+  if isinstance(first, ast.Constant) and isinstance(first.value, str):
+    match = _OWNED.match(first.value)
+    return match and (match.group('owner'), match.group('argument'))
+  if isinstance(first, ast.FormattedValue) and len(pieces) > 1 and \
+      isinstance(pieces[1], ast.Constant):
+    match = _COMPUTED_OWNER.match(pieces[1].value)
+    return match and (None, match.group('argument'))
+  return None
+
+
+def named_arguments(source: str, path: str) -> list[tuple[str, Optional[str], str]]:
+  """(`path:line`, owner, argument) of each ValueError that reads `<owner>: <argument> ...`,
+  the argument being a parameter of the module (not a word such as `an`)."""
+  tree = ast.parse(source)
+  errors, parameters = _value_errors(tree), _parameters(tree)
+  found = []
+  for node in ast.walk(tree):
+    if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+      continue
+    func = node.exc.func
+    if (func.id if isinstance(func, ast.Name) else getattr(func, 'attr', None)) not in errors:
+      continue
+    named = _owner_and_argument(node.exc.args[0])
+    if named and named[1] in parameters:
+      found.append((f'{path}:{node.lineno}', *named))
+  return found
+
+
+def _has_row(owner: Optional[str], argument: str) -> bool:
+  if owner in library_flags.OWNER_FLAGS or (owner, argument) in NO_FLAG:
+    return True
+  # A computed owner is only known when raised: the argument's row must hold for any owner.
+  return bool(library_flags.ARGUMENT_FLAGS.get((None, argument)) or
+              owner and library_flags.ARGUMENT_FLAGS.get((owner, argument)))
+
+
+def test_every_argument_named_in_a_library_error_has_a_flag_row():
+  found = _scan(lambda source, path: [f'{where}: ({owner!r}, {argument!r})'
+                                      for where, owner, argument in named_arguments(source, path)
+                                      if not _has_row(owner, argument)])
+  assert not found, ('a library ValueError names an argument workflow/library_flags.py has no '
+                     'row for (add it to ARGUMENT_FLAGS, or to NO_FLAG here with why):\n' +
+                     '\n'.join(found))
+  assert len(_scan(named_arguments)) >= 30  # the scan sees the library's messages
+
+
+ARGUMENT_SNIPPET = """
+class CheckError(ValueError):
+  pass
+
+def build(local_steps, window, name, colour):
+  if local_steps < 0:
+    raise ValueError(f'{name}: local_steps must be >= 0; got {local_steps}')
+  if window < 1:
+    raise CheckError(f'Decay: window must be >= 1; got {window}')
+  if colour:
+    raise ValueError('build: colour is not a thing')
+  raise ValueError('build: an error about no argument')
+"""
+
+
+def test_the_argument_scan_sees_owned_and_computed_owners():
+  found = named_arguments(ARGUMENT_SNIPPET, 'tff_adaptive/planted.py')
+  assert [(int(w.split(':')[1]), o, a) for w, o, a in found] == [
+      (7, None, 'local_steps'), (9, 'Decay', 'window'), (11, 'build', 'colour')], found
+  assert _has_row(None, 'local_steps') and not _has_row('Decay', 'window')
+  assert not _has_row('build', 'colour')
+
+
 # ---- bin/train names the flags: the library's messages mapped ----
 
 def _sgd():
@@ -244,10 +355,11 @@ def test_the_flag_messages_leave_other_messages_alone():
 
 def test_the_task_model_flag_is_named_where_the_library_cannot():
   message = str(_raised(lambda: mtfl.patch_layout(_no_batch_norm(), 'gamma_beta')))
-  assert library_flags.flag_message(message, {'task': 'digits'}).endswith(
+  digits = config.from_flags({'task': 'digits'})
+  assert library_flags.flag_message(message, digits).endswith(
       "--private=none (plain FL); --digits_model=cnn_bn has batch norm")
-  assert library_flags.flag_message(message, {'task': 'emnist'}).endswith(
-      '--private=none (plain FL)')
+  emnist = config.from_flags({'task': 'emnist'})
+  assert library_flags.flag_message(message, emnist).endswith('--private=none (plain FL)')
 
 
 def test_named_by_flags_raises_the_given_error_from_the_library_one():
@@ -256,11 +368,11 @@ def test_named_by_flags_raises_the_given_error_from_the_library_one():
     pass
 
   with pytest.raises(Refused, match='^--client_beta_1 must be in') as raised:
-    with library_flags.named_by_flags({}, Refused):
+    with library_flags.named_by_flags(config.from_flags({}), Refused):
       biased_optimizers.BiasedOptimizer('adam', beta_1=1.0)
   assert isinstance(raised.value.__cause__, ValueError)
   with pytest.raises(ValueError, match='^unrelated$') as raised:  # not a library argument
-    with library_flags.named_by_flags({}, Refused):
+    with library_flags.named_by_flags(config.from_flags({}), Refused):
       raise ValueError('unrelated')
   assert not isinstance(raised.value, Refused)
 

@@ -26,6 +26,7 @@ from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
 from workflow import algorithms as registry
+from workflow import config
 
 D, C, B = at.D, at.C, at.B
 K = 3
@@ -480,11 +481,13 @@ def test_bad_input_gets_clear_errors(tmp_path):
   from tasks import digits  # pylint: disable=g-import-not-at-top
   digits_mlp = digits.create_task(partition='shards', num_clients=4, model='mlp')
   with pytest.raises(ValueError, match=r'--private=all needs .*--digits_model=cnn_bn'):
-    registry.build('mtfl', digits_mlp, {'algorithm': 'mtfl', 'private': 'all',
-                                        'client_learning_rate': 0.1, 'client_optimizer': 'sgd'})
+    registry.build(digits_mlp, config.from_flags({
+        'algorithm': 'mtfl', 'private': 'all', 'client_learning_rate': 0.1,
+        'client_optimizer': 'sgd', 'execution': 'per_client'}))
   with pytest.raises(ValueError, match='--client_optimizer=adam contradicts'):
-    registry.build('mtfl', digits_mlp, {'algorithm': 'mtfl', 'private': 'none',
-                                        'client_learning_rate': 0.1, 'client_optimizer': 'adam'})
+    registry.build(digits_mlp, config.from_flags({
+        'algorithm': 'mtfl', 'private': 'none', 'client_learning_rate': 0.1,
+        'client_optimizer': 'adam', 'execution': 'per_client'}))
 
   # A client-state directory of another model, or of another experiment.
   layout = collections.OrderedDict(g=np.ones(4, np.float32))
@@ -496,8 +499,9 @@ def test_bad_input_gets_clear_errors(tmp_path):
                      match=r"different experiment \(experiment is 'a' there, 'b' here\)"):
     client_state.ClientStateStore(str(tmp_path), layout, {'experiment': 'b'})
   with pytest.raises(ValueError, match='--noisy_client_fraction needs a personalised'):
-    personalization.validate({'algorithm': 'fedavg', 'noisy_client_fraction': 0.2,
-                              'noise_stddev': 1.0})
+    personalization.validate(config.from_flags({'algorithm': 'fedavg',
+                                                'noisy_client_fraction': 0.2,
+                                                'noise_stddev': 1.0}))
 
 
 def test_personalized_process_hyperparameters_round_trip():

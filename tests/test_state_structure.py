@@ -14,6 +14,7 @@ from tasks import digits
 from workflow import program
 from tff_adaptive.execution import runtime
 from workflow import algorithms as registry
+from workflow import config
 
 # (algorithm, extra flags): one client optimiser with state for each.
 CASES = [
@@ -50,8 +51,10 @@ def _exact_types(structure):
 @pytest.mark.parametrize('algorithm, extra', CASES,
                          ids=[f'{a}-{e.get("client_optimizer", "sgd")}' for a, e in CASES])
 def test_state_after_a_round_has_the_initial_structure(task, algorithm, extra):
-  cfg = dict(client_learning_rate=0.05, local_steps=2, server_learning_rate=0.1, **extra)
-  process = registry.build(algorithm, task, cfg)
+  settings = config.from_flags(dict(algorithm=algorithm, execution='per_client',
+                                    client_learning_rate=0.05, local_steps=2,
+                                    server_learning_rate=0.1, **extra))
+  process = registry.build(task, settings)
   initial = process.initialize()
   ids = list(task.train_data.client_ids)[:2]
   output = process.next(initial, program.client_datasets(task, ids, None))

@@ -1,6 +1,6 @@
-"""The flag config turned into each library builder's arguments.
+"""Typed settings (`workflow.config.Settings`) turned into each library builder's arguments.
 
-One function per `--algorithm` entry of workflow/algorithms.py: (task, config,
+One function per `--algorithm` entry of workflow/algorithms.py: (task, settings,
 **round options) -> learning process. The round options (`measure_client_drift`,
 `execution`: `composer.RoundOptions` fields) come from `algorithms.build`,
 which has already refused every flag the entry says the algorithm lacks
@@ -10,6 +10,7 @@ which has already refused every flag the entry says the algorithm lacks
 signature; a new algorithm that has it needs no function here.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +36,14 @@ from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
 from tff_adaptive.algorithms import scaffold
 from tff_adaptive.optimizers import biased as biased_optimizers
+from workflow import config
 
 
 class ConfigError(ValueError):
   """A flag value the chosen algorithm cannot use; the message names the flag."""
 
 
-# (task, config, **round options) -> learning process.
+# (task, settings, **round options) -> learning process.
 Builder = Callable[..., tff.learning.templates.LearningProcess]
 
 WEIGHTINGS = {'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
@@ -53,27 +55,31 @@ BIASED_FLAG_OPTIMIZERS = ('sgdm', 'rmsprop', 'adam')
 MIME_OPTIMIZERS = ('sgd', 'sgdm', 'rmsprop', 'adam')
 
 
-def uses_dp(cfg) -> bool:
-  return bool(cfg.get('dp', False))
+Settings = config.Settings
 
 
-def _weighting(cfg):
-  if uses_dp(cfg):
+def uses_dp(settings: Settings) -> bool:
+  return bool(settings.aggregation.dp)
+
+
+def _weighting(settings: Settings):
+  if uses_dp(settings):
     return tff.learning.ClientWeighting.UNIFORM  # DP aggregation is unweighted
-  name = cfg.get('client_weighting') or 'default'
+  name = settings.client.client_weighting or 'default'
   return None if name == 'default' else WEIGHTINGS[name]
 
 
-def upload_compression(cfg):
+def upload_compression(settings: Settings):
   """Shared-index compression of Δ (and state uploads) per --upload_compression."""
-  name = cfg.get('upload_compression') or 'none'
+  aggregation = settings.aggregation
+  name = aggregation.upload_compression or 'none'
   if name == 'none':
     return None
-  return compression.SharedIndexCompressionFactory(cfg.get('sparsity', 0.9),
+  return compression.SharedIndexCompressionFactory(aggregation.sparsity,
                                                    quantize=name == 'topk_uniq')
 
 
-def model_aggregator(cfg):
+def model_aggregator(settings: Settings):
   """The aggregation factory of Δ: DP (--dp), --aggregator=robust|secure, or None (the mean).
 
   robust and secure are TFF's `tff.learning.robust_aggregator` and
@@ -81,23 +87,24 @@ def model_aggregator(cfg):
   weighted unless --client_weighting=uniform. Secure aggregation runs on
   TFF's test execution context (`needs_secure_context`).
   """
-  name = cfg.get('aggregator') or 'mean'
-  if uses_dp(cfg):
-    return privacy.dp_aggregator(cfg.get('dp_noise_multiplier'), cfg.get('dp_clip_norm'),
-                                 cfg['clients_per_round'])
+  aggregation = settings.aggregation
+  name = aggregation.aggregator or 'mean'
+  if uses_dp(settings):
+    return privacy.dp_aggregator(aggregation.dp_noise_multiplier, aggregation.dp_clip_norm,
+                                 settings.client.clients_per_round)
   if name == 'mean':
     return None
-  kwargs = dict(zeroing=bool(cfg.get('aggregator_zeroing', True)),
-                clipping=bool(cfg.get('aggregator_clipping', True)),
-                weighted=(cfg.get('client_weighting') or 'default') != 'uniform')
+  kwargs = dict(zeroing=bool(aggregation.aggregator_zeroing),
+                clipping=bool(aggregation.aggregator_clipping),
+                weighted=(settings.client.client_weighting or 'default') != 'uniform')
   if name == 'robust':
     return tff.learning.robust_aggregator(**kwargs)
   return tff.learning.secure_aggregator(**kwargs)
 
 
-def needs_secure_context(cfg) -> bool:
+def needs_secure_context(settings: Settings) -> bool:
   """Secure aggregation's intrinsics run on TFF's test C++ context, not the native one."""
-  return (cfg.get('aggregator') or 'mean') == 'secure'
+  return (settings.aggregation.aggregator or 'mean') == 'secure'
 
 
 def fb_flops_per_example(task: task_base.FederatedTask) -> float:
@@ -109,49 +116,47 @@ def fb_flops_per_example(task: task_base.FederatedTask) -> float:
     return 0.0
 
 
-def round_keywords(task, cfg, **options) -> dict[str, Any]:
-  """The `RoundOptions` keywords of the flags, with the round options from `algorithms.build`."""
-  return dict(client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
-              upload_compression=upload_compression(cfg),
+def round_keywords(task, settings: Settings, **options) -> dict[str, Any]:
+  """The `RoundOptions` keywords of the settings, with the round options from `algorithms.build`."""
+  return dict(client_weighting=_weighting(settings), model_aggregator=model_aggregator(settings),
+              upload_compression=upload_compression(settings),
               fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
-def server_optimizer(algorithm, cfg):
-  name = cfg.get('server_optimizer') or fedopt.ALGORITHM_SERVER_OPTIMIZER.get(algorithm, 'sgd')
+def server_optimizer(algorithm: str, settings: Settings):
+  server = settings.server
+  name = server.server_optimizer or fedopt.ALGORITHM_SERVER_OPTIMIZER.get(algorithm, 'sgd')
   return fedopt.build_server_optimizer(
-      name, cfg.get('server_learning_rate', 1.0),
-      semantics=cfg.get('server_optimizer_semantics', 'tff'),
-      beta_1=cfg.get('server_beta_1', 0.9), beta_2=cfg.get('server_beta_2', 0.99),
-      tau=cfg.get('server_epsilon', 1e-3))
+      name, server.server_learning_rate, semantics=server.server_optimizer_semantics,
+      beta_1=server.server_beta_1, beta_2=server.server_beta_2, tau=server.server_epsilon)
 
 
-def client_sgd(cfg):
+def client_sgd(client: config.ClientSettings):
   """The FedOpt-family clients: plain SGD with --client_learning_rate."""
-  return tff.learning.optimizers.build_sgdm(cfg['client_learning_rate'])
+  return tff.learning.optimizers.build_sgdm(client.client_learning_rate)
 
 
-def client_optimizer(cfg):
+def client_optimizer(client: config.ClientSettings):
   """--client_optimizer (sgd, sgdm, rmsprop, adam) as TFF's optimiser (Mime's base optimiser)."""
-  name, lr = cfg.get('client_optimizer', 'sgd'), cfg['client_learning_rate']
-  beta_1, eps = cfg.get('client_beta_1', 0.9), cfg.get('client_epsilon', 1e-8)
+  name, lr = client.client_optimizer, client.client_learning_rate
+  beta_1, eps = client.client_beta_1, client.client_epsilon
   if name == 'sgd':
     return tff.learning.optimizers.build_sgdm(lr)
   if name == 'sgdm':
     return tff.learning.optimizers.build_sgdm(lr, momentum=beta_1)
   if name == 'rmsprop':
     return tff.learning.optimizers.build_rmsprop(lr, decay=beta_1, epsilon=eps)
-  return tff.learning.optimizers.build_adam(lr, beta_1=beta_1,
-                                            beta_2=cfg.get('client_beta_2', 0.99), epsilon=eps)
+  return tff.learning.optimizers.build_adam(lr, beta_1=beta_1, beta_2=client.client_beta_2,
+                                            epsilon=eps)
 
 
-def biased_client_optimizer(cfg):
+def biased_client_optimizer(client: config.ClientSettings):
   """--client_optimizer of FedGBO/MFL as the TFF optimiser whose hyperparameters
   the builders read (β1 is SGDm's momentum and RMSProp's decay, SPEC §2)."""
   # Validates the values (`algorithms.build` names the flags in its messages).
-  biased_optimizers.BiasedOptimizer(cfg['client_optimizer'], beta_1=cfg.get('client_beta_1', 0.9),
-                                    beta_2=cfg.get('client_beta_2', 0.99),
-                                    epsilon=cfg.get('client_epsilon', 1e-8))
-  return client_optimizer(cfg)
+  biased_optimizers.BiasedOptimizer(client.client_optimizer, beta_1=client.client_beta_1,
+                                    beta_2=client.client_beta_2, epsilon=client.client_epsilon)
+  return client_optimizer(client)
 
 
 def standard(build_fn: Callable[..., Any]) -> Builder:
@@ -162,156 +167,170 @@ def standard(build_fn: Callable[..., Any]) -> Builder:
   client optimiser from --client_optimizer, the server optimiser from the
   --server_* flags, the aggregation flags and the round options.
   """
-  def build(task, cfg, **options):
-    return build_fn(task.model_fn, client_optimizer(cfg),
-                    server_optimizer(cfg.get('algorithm', ''), cfg),
-                    local_steps=cfg.get('local_steps', 0), **round_keywords(task, cfg, **options))
-  build.__doc__ = f'`{build_fn.__module__}.{build_fn.__name__}` of the flags.'
+  def build(task, settings: Settings, **options):
+    return build_fn(task.model_fn, client_optimizer(settings.client),
+                    server_optimizer(settings.server.algorithm, settings),
+                    local_steps=settings.client.local_steps,
+                    **round_keywords(task, settings, **options))
+  build.__doc__ = f'`{build_fn.__module__}.{build_fn.__name__}` of the settings.'
   return build
+
+
+def _refuse_server_optimizer(settings: Settings, implied: str, because: str) -> None:
+  given = settings.server.server_optimizer
+  if given and given != implied:
+    raise ConfigError(f'--server_optimizer={given} contradicts {because} (which uses '
+                      f'{implied}); leave it unset')
 
 
 def fedopt_family(algorithm: str) -> Builder:
-  def build(task, cfg, **options):
-    implied = fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm]
-    if cfg.get('server_optimizer') and cfg['server_optimizer'] != implied:
-      raise ConfigError(f'--server_optimizer={cfg["server_optimizer"]} contradicts '
-                        f'--algorithm={algorithm} (which uses {implied}); leave it unset')
+  def build(task, settings: Settings, **options):
+    _refuse_server_optimizer(settings, fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm],
+                             f'--algorithm={algorithm}')
     return fedopt.build_fedopt(
-        task.model_fn, client_sgd(cfg), server_optimizer(algorithm, cfg),
-        local_steps=cfg.get('local_steps', 0), algorithm=algorithm,
-        **round_keywords(task, cfg, **options))
+        task.model_fn, client_sgd(settings.client), server_optimizer(algorithm, settings),
+        local_steps=settings.client.local_steps, algorithm=algorithm,
+        **round_keywords(task, settings, **options))
   return build
 
 
-def build_fedgbo(task, cfg, **options):
+def build_fedgbo(task, settings: Settings, **options):
   return fedgbo.build_fedgbo(
-      task.model_fn, biased_client_optimizer(cfg), local_steps=cfg['local_steps'],
-      upload=cfg.get('fedgbo_upload', 'model'), **round_keywords(task, cfg, **options))
+      task.model_fn, biased_client_optimizer(settings.client),
+      local_steps=settings.client.local_steps, upload=settings.algorithm.fedgbo_upload,
+      **round_keywords(task, settings, **options))
 
 
-def build_mfl(task, cfg, **options):
-  keywords = round_keywords(task, cfg, **options)
+def build_mfl(task, settings: Settings, **options):
+  keywords = round_keywords(task, settings, **options)
   return mfl.build_mfl(
-      task.model_fn, biased_client_optimizer(cfg), local_steps=cfg.get('local_steps', 0),
-      bias_correction=cfg.get('mfl_bias_correction', False),
+      task.model_fn, biased_client_optimizer(settings.client),
+      local_steps=settings.client.local_steps,
+      bias_correction=settings.algorithm.mfl_bias_correction,
       upload_state_deltas=keywords['upload_compression'] is not None, **keywords)
 
 
-def build_ce_fedavg(task, cfg, **options):
-  if (cfg.get('upload_compression') or 'none') == 'none':
+def build_ce_fedavg(task, settings: Settings, **options):
+  client, compression_name = settings.client, settings.aggregation.upload_compression or 'none'
+  if compression_name == 'none':
     raise ConfigError('--algorithm=ce_fedavg compresses its uploads: set --upload_compression='
                       'topk or topk_uniq (or use --algorithm=mfl --client_optimizer=adam)')
-  beta_1, beta_2 = cfg.get('client_beta_1', 0.9), cfg.get('client_beta_2', 0.999)
-  epsilon = cfg.get('client_epsilon', 1e-8)
+  beta_1, beta_2, epsilon = client.client_beta_1, client.client_beta_2, client.client_epsilon
   biased_optimizers.BiasedOptimizer('adam', beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
   return ce_fedavg.build_ce_fedavg(
       task.model_fn, tff.learning.optimizers.build_adam(
-          cfg['client_learning_rate'], beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
-      sparsity=cfg.get('sparsity', 0.9), quantize=cfg['upload_compression'] == 'topk_uniq',
-      local_steps=cfg.get('local_steps', 0), client_weighting=_weighting(cfg),
+          client.client_learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
+      sparsity=settings.aggregation.sparsity, quantize=compression_name == 'topk_uniq',
+      local_steps=client.local_steps, client_weighting=_weighting(settings),
       fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
-def build_mimelite(task, cfg, **options):
+def build_mimelite(task, settings: Settings, **options):
   del options  # TFF's template: per client, no drift measurement (the entry says so)
   return mimelite.build_mimelite(
-      task.model_fn, client_optimizer(cfg), server_optimizer('mimelite', cfg),
-      client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
-      model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task))
+      task.model_fn, client_optimizer(settings.client), server_optimizer('mimelite', settings),
+      client_weighting=_weighting(settings) or tff.learning.ClientWeighting.NUM_EXAMPLES,
+      model_aggregator=model_aggregator(settings),
+      fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_mimexlite(task, cfg, **options):
+def build_mimexlite(task, settings: Settings, **options):
   return mimexlite.build_mimexlite(
-      task.model_fn, client_optimizer(cfg), server_optimizer('mimexlite', cfg),
-      local_steps=cfg['local_steps'], client_weighting=_weighting(cfg),
-      model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task),
-      **options)
+      task.model_fn, client_optimizer(settings.client), server_optimizer('mimexlite', settings),
+      local_steps=settings.client.local_steps, client_weighting=_weighting(settings),
+      model_aggregator=model_aggregator(settings),
+      fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
-def build_fedprox(task, cfg, **options):
+def build_fedprox(task, settings: Settings, **options):
   del options  # TFF's template: per client, no drift measurement (the entry says so)
   return fedprox.build_fedprox(
-      task.model_fn, client_sgd(cfg), server_optimizer('fedprox', cfg),
-      proximal_strength=cfg.get('fedprox_mu', 0.01),
-      client_weighting=_weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES,
-      model_aggregator=model_aggregator(cfg), fb_flops_per_example=fb_flops_per_example(task))
+      task.model_fn, client_sgd(settings.client), server_optimizer('fedprox', settings),
+      proximal_strength=settings.algorithm.fedprox_mu,
+      client_weighting=_weighting(settings) or tff.learning.ClientWeighting.NUM_EXAMPLES,
+      model_aggregator=model_aggregator(settings),
+      fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_fedmax(task, cfg, **options):
+def build_fedmax(task, settings: Settings, **options):
   with tf.Graph().as_default():
     input_spec = task.model_fn().input_spec
   return fedmax.build_fedmax(
-      task.keras_model_fn, input_spec, client_sgd(cfg), server_optimizer('fedmax', cfg),
-      beta=cfg.get('fedmax_beta', 1.0), local_steps=cfg.get('local_steps', 0),
-      **round_keywords(task, cfg, **options))
+      task.keras_model_fn, input_spec, client_sgd(settings.client),
+      server_optimizer('fedmax', settings), beta=settings.algorithm.fedmax_beta,
+      local_steps=settings.client.local_steps, **round_keywords(task, settings, **options))
 
 
-def build_fedada2(task, cfg, **options):
-  client = fedada2.build_client_optimizer(
-      cfg['client_optimizer'], cfg['client_learning_rate'], beta_1=cfg.get('client_beta_1', 0.9),
-      beta_2=cfg.get('client_beta_2', 0.99), epsilon=cfg.get('client_epsilon', 1e-8),
-      sm3_variant=cfg.get('sm3_variant', 'II'), delay=cfg.get('sm3_delay', 1),
-      bias_correction=cfg.get('client_bias_correction', False))
-  server = fedada2.build_server_optimizer(
-      cfg.get('server_optimizer') or 'adam', cfg.get('server_learning_rate', 1.0),
-      beta_1=cfg.get('server_beta_1', 0.9), beta_2=cfg.get('server_beta_2', 0.99),
-      tau=cfg.get('server_epsilon', 1e-3))
+def build_fedada2(task, settings: Settings, **options):
+  client, server, algorithm = settings.client, settings.server, settings.algorithm
+  client_opt = fedada2.build_client_optimizer(
+      client.client_optimizer, client.client_learning_rate, beta_1=client.client_beta_1,
+      beta_2=client.client_beta_2, epsilon=client.client_epsilon,
+      sm3_variant=algorithm.sm3_variant, delay=algorithm.sm3_delay,
+      bias_correction=algorithm.client_bias_correction)
+  server_opt = fedada2.build_server_optimizer(
+      server.server_optimizer or 'adam', server.server_learning_rate, beta_1=server.server_beta_1,
+      beta_2=server.server_beta_2, tau=server.server_epsilon)
   return fedada2.build_fedada2(
-      task.model_fn, client, server, local_steps=cfg.get('local_steps', 0),
-      preconditioner=cfg.get('preconditioner', 'none'), warmup=cfg.get('client_lr_warmup', False),
-      **round_keywords(task, cfg, **options))
+      task.model_fn, client_opt, server_opt, local_steps=client.local_steps,
+      preconditioner=algorithm.preconditioner, warmup=algorithm.client_lr_warmup,
+      **round_keywords(task, settings, **options))
 
 
-def _personalized_weighting(cfg):
-  return _weighting(cfg) or tff.learning.ClientWeighting.NUM_EXAMPLES
+def _personalized_weighting(settings: Settings):
+  return _weighting(settings) or tff.learning.ClientWeighting.NUM_EXAMPLES
 
 
-def build_mtfl(task, cfg, **options):
-  del options  # a personalised round: per client, no drift measurement (the entry says so)
-  strategy = cfg.get('mtfl_strategy') or 'fedavg'
-  implied = 'adam' if strategy == 'fedadam' else 'sgd'
-  if cfg.get('server_optimizer') and cfg['server_optimizer'] != implied:
-    raise ConfigError(f'--server_optimizer={cfg["server_optimizer"]} contradicts '
-                      f'--mtfl_strategy={strategy} (which uses {implied}); leave it unset')
-  client_opt = cfg.get('client_optimizer', 'sgd')
-  if strategy != 'fedavg_adam' and client_opt != 'sgd':
-    raise ConfigError(f'--client_optimizer={client_opt} contradicts --mtfl_strategy={strategy} '
-                      '(SGD clients); --mtfl_strategy=fedavg_adam runs Adam clients')
-  client = client_sgd(cfg)
+def _mtfl_client(settings: Settings, strategy: str):
+  client = settings.client
+  if strategy != 'fedavg_adam' and client.client_optimizer != 'sgd':
+    raise ConfigError(f'--client_optimizer={client.client_optimizer} contradicts '
+                      f'--mtfl_strategy={strategy} (SGD clients); --mtfl_strategy=fedavg_adam '
+                      'runs Adam clients')
   if strategy == 'fedavg_adam':
-    client = biased_client_optimizer(dict(cfg, client_optimizer='adam'))
+    return biased_client_optimizer(dataclasses.replace(client, client_optimizer='adam'))
+  return client_sgd(client)
+
+
+def build_mtfl(task, settings: Settings, **options):
+  del options  # a personalised round: per client, no drift measurement (the entry says so)
+  strategy = settings.personalized.mtfl_strategy or 'fedavg'
+  _refuse_server_optimizer(settings, 'adam' if strategy == 'fedadam' else 'sgd',
+                           f'--mtfl_strategy={strategy}')
+  client = _mtfl_client(settings, strategy)
   return mtfl.build_mtfl(
       task.model_fn, task.keras_model_fn, client,
-      server_optimizer('fedadam' if strategy == 'fedadam' else 'fedavg', cfg),
-      private=cfg.get('private') or 'all', strategy=strategy,
-      local_steps=cfg.get('local_steps', 0),
-      bias_correction=cfg.get('mfl_bias_correction', False),
-      client_weighting=_personalized_weighting(cfg),
+      server_optimizer('fedadam' if strategy == 'fedadam' else 'fedavg', settings),
+      private=settings.personalized.private or 'all', strategy=strategy,
+      local_steps=settings.client.local_steps,
+      bias_correction=settings.algorithm.mfl_bias_correction,
+      client_weighting=_personalized_weighting(settings),
       fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_perfedavg(task, cfg, **options):
+def build_perfedavg(task, settings: Settings, **options):
   del options  # a personalised round: per client, no drift measurement (the entry says so)
   return perfedavg.build_perfedavg(
-      task.model_fn, client_sgd(cfg), server_optimizer('perfedavg', cfg),
-      beta=cfg.get('perfedavg_beta', 0.001), local_steps=cfg.get('local_steps', 0),
-      client_weighting=_personalized_weighting(cfg),
+      task.model_fn, client_sgd(settings.client), server_optimizer('perfedavg', settings),
+      beta=settings.personalized.perfedavg_beta, local_steps=settings.client.local_steps,
+      client_weighting=_personalized_weighting(settings),
       fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_pfedme(task, cfg, **options):
+def build_pfedme(task, settings: Settings, **options):
   del options  # a personalised round: per client, no drift measurement (the entry says so)
+  personalized = settings.personalized
   return pfedme.build_pfedme(
-      task.model_fn, client_sgd(cfg), lam=cfg.get('pfedme_lambda', 15.0),
-      personal_learning_rate=cfg.get('pfedme_personal_learning_rate', 0.01),
-      inner_steps=cfg.get('pfedme_inner_steps', 1), beta=cfg.get('pfedme_beta', 1.0),
-      local_steps=cfg.get('local_steps', 0), client_weighting=_personalized_weighting(cfg),
+      task.model_fn, client_sgd(settings.client), lam=personalized.pfedme_lambda,
+      personal_learning_rate=personalized.pfedme_personal_learning_rate,
+      inner_steps=personalized.pfedme_inner_steps, beta=personalized.pfedme_beta,
+      local_steps=settings.client.local_steps, client_weighting=_personalized_weighting(settings),
       fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_scaffold(task, cfg, **options):
+def build_scaffold(task, settings: Settings, **options):
   return scaffold.build_scaffold(
-      task.model_fn, client_sgd(cfg), server_optimizer('scaffold', cfg),
-      local_steps=cfg.get('local_steps', 0), total_clients=len(task.train_data.client_ids),
-      client_weighting=_weighting(cfg), model_aggregator=model_aggregator(cfg),
+      task.model_fn, client_sgd(settings.client), server_optimizer('scaffold', settings),
+      local_steps=settings.client.local_steps, total_clients=len(task.train_data.client_ids),
+      client_weighting=_weighting(settings), model_aggregator=model_aggregator(settings),
       fb_flops_per_example=fb_flops_per_example(task), **options)

@@ -6,12 +6,17 @@ its uploads, is personalised, keeps client state, measures client drift, runs
 as a cohort, and its defaults. Validation (`check`), bin/train's --help
 (`having`) and the README's table (workflow/algorithm_table.py) are derived
 from the entries. The algorithm itself lives in its own module of
-tff_adaptive/algorithms/; workflow/algorithm_builders.py turns the flags into
-its builder's arguments. Adding an algorithm = its module and one entry here
-(with `builders.standard` when its builder has the package's usual signature).
+tff_adaptive/algorithms/; workflow/algorithm_builders.py turns the typed
+settings (`workflow.config.Settings`) into its builder's arguments. Adding an
+algorithm = its module and one entry here, its defaults included (with
+`builders.standard` when its builder has the package's usual signature).
+
+Run names and plot legends compare a run's flags with its algorithm's
+defaults, so they import this module, and with it TensorFlow.
 """
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
@@ -23,12 +28,14 @@ from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.rounds import cohort
 from workflow import algorithm_builders as builders
-from workflow import algorithm_defaults as algorithm_defaults_table
+from workflow import config
 from workflow import library_flags
 
 ConfigError = builders.ConfigError
 Builder = builders.Builder
-Defaults = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+Settings = config.Settings
+# settings -> {flag: value}: the algorithm's defaults, given the other flags.
+Defaults = Callable[[Settings], Mapping[str, Any]]
 # Re-exported: callers read them as the registry's.
 AGGREGATORS = builders.AGGREGATORS
 UPLOAD_COMPRESSIONS = builders.UPLOAD_COMPRESSIONS
@@ -51,9 +58,14 @@ _TFF_TEMPLATE = "built by TFF's own template"
 _PERSONALISED = 'personalised round with private client state'
 
 
-def _no_defaults(cfg):
-  del cfg
+def _no_defaults(settings):
+  del settings
   return {}
+
+
+def _fixed(**flags) -> Defaults:
+  """Defaults that do not depend on the other flags."""
+  return lambda settings: dict(flags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +73,7 @@ class AlgorithmEntry:
   """An algorithm of `--algorithm`: how to build it and what it supports.
 
   Attributes:
-    build: (task, config, **round options) -> learning process; the round
+    build: (task, settings, **round options) -> learning process; the round
       options are `composer.RoundOptions`' `measure_client_drift` and
       `execution` (workflow/algorithm_builders.py).
     doc: one line for --help and the README table.
@@ -78,9 +90,13 @@ class AlgorithmEntry:
     personalized: a personalised round (private client state, user accuracy).
     keeps_client_state: its clients keep state between rounds (a store,
       --client_state_dir).
-    defaults: config -> {flag: value}, the algorithm's paper defaults for
+    defaults: settings -> {flag: value}, the algorithm's paper defaults for
       flags that were not given (`apply_defaults`); with only `--algorithm`
-      given, the algorithm runs with them.
+      given, the algorithm runs with them. The paper's setting where its
+      paper fixes one (optimiser kind, K, the upload compression, a
+      batch-norm model for MTFL); where a paper only tunes a value per task
+      (learning rates), a value chosen here, marked "chosen", with where it
+      comes from. Explicit flags always win.
   """
   build: Builder
   doc: str = ''
@@ -111,19 +127,48 @@ def _tff_template(build, doc, **fields) -> AlgorithmEntry:
                         cohort=No("built by TFF's template"), **fields)
 
 
-_DEFAULTS = algorithm_defaults_table.DEFAULTS
+# chosen: seed 003 tunes η_s per task (FedAdam/FedYogi/FedAdagrad need one far
+# below FedAvg's 1, τ = 1e-3); 0.01 is the demo's value on digits.
+_ADAPTIVE_SERVER = _fixed(server_learning_rate=0.01)
+_ADAPTIVE_SERVER_OPTIMIZERS = ('adagrad', 'adam', 'yogi')
+# MTFL keeps a batch-norm patch private (thesis ch. 4): per task, the model flag and a model with
+# batch normalisation.
+MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
+               'cifar10': ('cifar10_model', 'mtfl_cnn')}
 
+
+def _fedada2_defaults(settings: Settings) -> dict[str, Any]:
+  """Seed 002: SM3-Adam clients, Adam server, K = 10 (dense Adam clients with
+  --preconditioner=dja, which SM3 cannot start from)."""
+  dense = settings.algorithm.preconditioner == 'dja'
+  # chosen: the learning rates selected on digits in reports/fedada2.md (seed 002 tunes per task).
+  return {'client_optimizer': 'adam' if dense else 'sm3_adam', 'local_steps': 10,
+          'client_learning_rate': 0.01, 'server_learning_rate': 0.03}
+
+
+def _mtfl_defaults(settings: Settings) -> dict[str, Any]:
+  flag, model = MTFL_MODELS.get(settings.task.task, (None, None))
+  out = {flag: model} if flag else {}
+  if settings.personalized.mtfl_strategy == 'fedavg_adam':
+    out['client_optimizer'] = 'adam'
+  return out
+
+
+# Seed 000 (FedGBO, MFL, MimeXlite) runs Adam clients with K = 10; thesis ch. 3
+# (CE-FedAvg) top-k + 8-bit quantised uploads of Adam clients.
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     **{name: AlgorithmEntry(builders.fedopt_family(name), f'FedOpt, server {opt} (seed 003)',
-                            defaults=_DEFAULTS[name])
+                            defaults=(_ADAPTIVE_SERVER if opt in _ADAPTIVE_SERVER_OPTIMIZERS
+                                      else _no_defaults))
        for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()},
     'fedgbo': AlgorithmEntry(builders.build_fedgbo,
                              'global biased optimiser, fixed on clients (seed 000)',
                              builders.BIASED_FLAG_OPTIMIZERS, needs_local_steps=True,
-                             server_optimizer='', defaults=_DEFAULTS['fedgbo']),
+                             server_optimizer='',
+                             defaults=_fixed(client_optimizer='adam', local_steps=10)),
     'mfl': AlgorithmEntry(builders.build_mfl, 'locally moving optimiser state, averaged (seed 000)',
                           builders.BIASED_FLAG_OPTIMIZERS, server_optimizer='',
-                          defaults=_DEFAULTS['mfl']),
+                          defaults=_fixed(client_optimizer='adam')),
     'mimelite': _tff_template(builders.build_mimelite, "TFF's Mimelite",
                               client_optimizers=builders.MIME_OPTIMIZERS),
     'mimexlite': AlgorithmEntry(builders.build_mimexlite,
@@ -131,7 +176,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                                 builders.MIME_OPTIMIZERS, needs_local_steps=True,
                                 compressible=No("its upload is aggregated inside TFF's own "
                                                 'builder'),
-                                defaults=_DEFAULTS['mimexlite']),
+                                defaults=_fixed(local_steps=10)),
     'fedprox': _tff_template(builders.build_fedprox, "TFF's FedProx"),
     'fedmax': AlgorithmEntry(builders.build_fedmax, 'max-entropy activation penalty'),
     'ce_fedavg': AlgorithmEntry(builders.build_ce_fedavg,
@@ -139,26 +184,28 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                                 server_optimizer='',
                                 aggregator=No('its compressed upload is its own aggregator'),
                                 cohort=No('upload_compression is applied per client'),
-                                defaults=_DEFAULTS['ce_fedavg']),
+                                defaults=_fixed(client_optimizer='adam',
+                                                upload_compression='topk_uniq')),
     'fedada2': AlgorithmEntry(builders.build_fedada2,
                               'joint client+server adaptivity, SM3 clients (seed 002)',
                               fedada2.CLIENT_OPTIMIZERS, server_optimizer='fedada2',
-                              defaults=_DEFAULTS['fedada2']),
+                              defaults=_fedada2_defaults),
     'mtfl': _personalised(builders.build_mtfl,
                           'private batch-norm patches, per-client state (thesis ch. 4)',
-                          client_optimizers=('sgd', 'adam'), defaults=_DEFAULTS['mtfl']),
+                          client_optimizers=('sgd', 'adam'), defaults=_mtfl_defaults),
     'perfedavg': _personalised(builders.build_perfedavg,
                                'Per-FedAvg, first order (thesis ch. 4)'),
     'pfedme': _personalised(builders.build_pfedme, 'pFedMe, Moreau envelopes (thesis ch. 4)',
                             server_optimizer=''),
+    # The paper's server step (SGD, η_g = 1: --server_learning_rate's default)
+    # and unweighted means (the builder's default weighting): no defaults.
     'scaffold': AlgorithmEntry(builders.build_scaffold,
                                'control variates c, c_i kept by clients (seed 003 baseline)',
                                keeps_client_state=True,
                                compressible=No('its control-variate upload is summed, not '
                                                'compressed'),
                                cohort=No('its clients keep state between rounds, which the '
-                                         'cohort program does not carry'),
-                               defaults=_DEFAULTS['scaffold']),
+                                         'cohort program does not carry')),
 }
 
 
@@ -194,25 +241,26 @@ def _refuse(name: str, flag: str, feature: Feature) -> None:
     raise ConfigError(f'--{flag} is not available for --algorithm={name} ({feature.why})')
 
 
-def check_aggregation(name: str, cfg: Mapping[str, Any]) -> None:
+def check_aggregation(settings: Settings) -> None:
   """--upload_compression, --dp and --aggregator against each other and the algorithm."""
+  name, aggregation = settings.server.algorithm, settings.aggregation
   entry = ALGORITHMS[name]
-  compression_name = cfg.get('upload_compression') or 'none'
+  compression_name = aggregation.upload_compression or 'none'
   if compression_name != 'none':
     if compression_name not in UPLOAD_COMPRESSIONS:
       raise ConfigError(f'--upload_compression must be one of {", ".join(UPLOAD_COMPRESSIONS)}; '
                         f'got {compression_name!r}')
     _refuse(name, 'upload_compression', entry.compressible)
-    if uses_dp(cfg):
+    if uses_dp(settings):
       raise ConfigError('--upload_compression cannot be combined with --dp')
-  if uses_dp(cfg):
+  if uses_dp(settings):
     _refuse(name, 'dp', entry.aggregator)
-  aggregator = cfg.get('aggregator') or 'mean'
+  aggregator = aggregation.aggregator or 'mean'
   if aggregator not in AGGREGATORS:
     raise ConfigError(f'--aggregator must be one of {", ".join(AGGREGATORS)}; got {aggregator!r}')
   if aggregator != 'mean':
     _refuse(name, 'aggregator', entry.aggregator)
-    if uses_dp(cfg):
+    if uses_dp(settings):
       raise ConfigError(f'--aggregator={aggregator} cannot be combined with --dp (DP is its own '
                         'aggregator)')
     if compression_name != 'none':
@@ -225,60 +273,72 @@ def check_known(name: str) -> None:
     raise ConfigError(f'--algorithm must be one of {", ".join(sorted(ALGORITHMS))}; got {name!r}')
 
 
-def check_algorithm(name: str, cfg: Mapping[str, Any]) -> None:
+def check_algorithm(settings: Settings) -> None:
   """The algorithm is known and takes --client_optimizer, --local_steps, --measure_client_drift."""
+  name = settings.server.algorithm
   check_known(name)
   entry = ALGORITHMS[name]
-  client_opt = cfg.get('client_optimizer', 'sgd')
+  client_opt = settings.client.client_optimizer
   if client_opt not in entry.client_optimizers:
     raise ConfigError(f'--client_optimizer={client_opt} is not supported by --algorithm={name}; '
                       f'it takes {", ".join(entry.client_optimizers)}')
-  if entry.needs_local_steps and not cfg.get('local_steps'):
+  if entry.needs_local_steps and not settings.client.local_steps:
     raise ConfigError(f'--algorithm={name} needs exactly K local steps: set --local_steps')
-  if cfg.get('measure_client_drift', False):
+  if settings.diagnostics.measure_client_drift:
     _refuse(name, 'measure_client_drift', entry.measures_client_drift)
 
 
-def check(name: str, cfg: Mapping[str, Any]) -> None:
-  """Every flag of `cfg` the algorithm's entry refuses (ConfigError naming the flag)."""
-  check_algorithm(name, cfg)
-  check_aggregation(name, cfg)
+def check(settings: Settings) -> None:
+  """Every setting the algorithm's entry refuses (ConfigError naming the flag)."""
+  check_algorithm(settings)
+  check_aggregation(settings)
 
 
-def upload_compression(cfg: Mapping[str, Any]):
-  """The --upload_compression factory of `cfg['algorithm']` (None: none), once it may have one."""
-  check_aggregation(cfg['algorithm'], cfg)
-  return builders.upload_compression(cfg)
+def upload_compression(settings: Settings):
+  """The --upload_compression factory of the settings (None: none), once the algorithm may
+  have one."""
+  check_aggregation(settings)
+  return builders.upload_compression(settings)
 
 
 # ---- defaults ----
 
-algorithm_defaults = algorithm_defaults_table.algorithm_defaults
-MTFL_MODELS = algorithm_defaults_table.MTFL_MODELS
+
+def algorithm_defaults(settings: Settings) -> dict[str, Any]:
+  """The entry's defaults of `settings.server.algorithm`, given the other settings ({} if
+  unknown)."""
+  entry = ALGORITHMS.get(settings.server.algorithm)
+  return dict(entry.defaults(settings)) if entry else {}
 
 
-def apply_defaults(cfg: Mapping[str, Any], explicit) -> tuple[dict[str, Any], list[str]]:
-  """`cfg` with the algorithm's defaults for the flags not in `explicit`.
+def apply_defaults(settings: Settings, explicit) -> tuple[Settings, list[str]]:
+  """`settings` with the algorithm's defaults for the flags not in `explicit`.
 
-  Returns (config, the applied defaults as `--flag=value` strings). Explicit
+  Returns (settings, the applied defaults as `--flag=value` strings). Explicit
   flags (the command line, a preset) always win; a default that equals the
   value already set is not reported.
   """
-  out = dict(cfg)
-  applied = []
-  for flag, value in algorithm_defaults(cfg).items():
-    if flag in explicit or out.get(flag) == value:
+  current = settings.flag_values()
+  changed = {}
+  for flag, value in algorithm_defaults(settings).items():
+    if flag in explicit or current[flag] == value:
       continue
-    out[flag] = value
-    applied.append(f'--{flag}={value}')
-  return out, applied
+    changed[flag] = value
+  applied = [f'--{flag}={value}' for flag, value in changed.items()]
+  return (settings.replace(**changed) if changed else settings), applied
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_defaults(name: str) -> dict[str, Any]:
+  """The defaults of `--algorithm=name` given alone (the task: digits, bin/train's default)."""
+  return dict(ALGORITHMS[name].defaults(config.from_flags({'algorithm': name})))
 
 
 def documented_defaults(flag: str) -> dict[str, str]:
   """{algorithm: its default of `flag`} for --help (conditions spelled out)."""
   out = {}
   for name in ALGORITHMS:
-    plain = algorithm_defaults({'algorithm': name, 'task': 'digits'})
+    plain = _plain_defaults(name)
     if flag not in plain:
       continue
     text = str(plain[flag])
@@ -297,22 +357,22 @@ def documented_defaults(flag: str) -> dict[str, str]:
 # ---- building ----
 
 
-def build(name: str, task: task_base.FederatedTask,
-          cfg: Mapping[str, Any]) -> tff.learning.templates.LearningProcess:
-  """The learning process of algorithm `name` with the flags of `cfg` (ConfigError naming a flag).
+def build(task: task_base.FederatedTask,
+          settings: Settings) -> tff.learning.templates.LearningProcess:
+  """The learning process of `settings.server.algorithm` (ConfigError naming a flag).
 
   The round options (`measure_client_drift`, `execution`) go to the entry's
   build as keywords; `process.execution_line` says how rounds run and why.
   """
-  check(name, cfg)
-  execution, reason = _execution(name, cfg)
-  options = dict(measure_client_drift=bool(cfg.get('measure_client_drift', False)),
+  check(settings)
+  execution, reason = _execution(settings)
+  options = dict(measure_client_drift=bool(settings.diagnostics.measure_client_drift),
                  execution=execution)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
-    # The library names its arguments; the task's name picks the model flag to suggest.
-    with library_flags.named_by_flags({'task': getattr(task, 'name', None), **cfg}, ConfigError):
-      process = ALGORITHMS[name].build(task, cfg, **options)
+    # The library names its arguments; the settings name the flags.
+    with library_flags.named_by_flags(settings, ConfigError):
+      process = ALGORITHMS[settings.server.algorithm].build(task, settings, **options)
   for warning in caught:
     text = str(warning.message)
     if 'the cohort execution does not apply' in text:
@@ -325,18 +385,17 @@ def build(name: str, task: task_base.FederatedTask,
   return process
 
 
-def _execution(name: str, cfg: Mapping[str, Any]):
+def _execution(settings: Settings):
   """(execution for the builders, why per client or None) from --execution and the setup."""
-  # bin/train's flag defaults to cohort; a config without it (a library
-  # caller's dict that passes datasets to `process.next`) keeps per client.
-  if cfg.get('execution', 'per_client') == 'per_client':
+  name, execution = settings.server.algorithm, settings.execution
+  if execution.execution == 'per_client':
     return 'per_client', '--execution=per_client'
   if not ALGORITHMS[name].cohort:
     return 'per_client', f'--algorithm={name}: {ALGORITHMS[name].cohort.why}'
-  if cfg.get('workers') or cfg.get('data_on_workers'):
+  if execution.workers or execution.data_on_workers:
     return 'per_client', '--workers/--data_on_workers: TFF workers run each client as a call'
-  return cohort.CohortExecution(mode=cfg.get('cohort_mode', 'auto'),
-                                jit_compile=bool(cfg.get('cohort_jit_compile'))), None
+  return cohort.CohortExecution(mode=execution.cohort_mode,
+                                jit_compile=bool(execution.cohort_jit_compile)), None
 
 
 def execution_line(process, reason: Optional[str]) -> str:

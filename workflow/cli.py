@@ -17,6 +17,7 @@ from typing import Any
 from absl import flags
 from absl import logging
 
+from workflow import config
 from workflow import errors
 from workflow import experiment
 from workflow import library_flags
@@ -75,7 +76,8 @@ def resolve_flags(flag_values: flags.FlagValues) -> tuple[dict[str, Any], list[s
     notes.append(f'--preset={name} sets {" ".join(applied) or "nothing (all given)"}')
     explicit |= {a[2:].split('=', 1)[0] for a in applied}
   cfg = train_flags.config_from_flags(flag_values)
-  cfg, applied = algorithm_registry.apply_defaults(cfg, explicit)
+  settings, applied = algorithm_registry.apply_defaults(config.from_flags(cfg), explicit)  # adapter (issue 25 merge)
+  cfg = settings.flag_values()  # adapter (issue 25 merge)
   notes += [f'{cfg["algorithm"]}: {a} (this algorithm\'s default)' for a in applied]
   return cfg, notes
 
@@ -260,7 +262,8 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
         num_epochs=config.num_epochs(settings), seed=settings.loop.seed,
         run_dir=experiment_dir(cfg))
     check_task_counts(cfg, task)
-    process = algorithm_registry.build(cfg['algorithm'], task, cfg)
+    # adapter (issue 25 merge): a flag dict without --execution ran per client (tests' dicts)
+    process = algorithm_registry.build(task, config.from_flags({'execution': 'per_client', **cfg}))
     schedules = _round_schedules(cfg, task, process)
     client_data_fn = None
     if cfg.get('data_on_workers'):
@@ -277,17 +280,19 @@ def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
     # Personalised algorithms: noisy clients, the per-client state store
     # (a ClientStateError, a ValueError, names a foreign directory).
     from workflow import personalization  # pylint: disable=g-import-not-at-top
-    task, client_state = personalization.setup(cfg, task, process, out, RESUMABLE_CHANGES)
+    task, client_state = personalization.setup(config.from_flags(cfg), task, process, out,  # adapter (issue 25 merge)
+                                               RESUMABLE_CHANGES)
   except UsageError:
     raise
   except ValueError as e:  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
-    raise UsageError(library_flags.flag_message(str(e), cfg)) from e
+    raise UsageError(library_flags.flag_message(str(e), config.from_flags(cfg))) from e  # adapter (issue 25 merge)
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
     raise UsageError(f'cannot write {e.filename or experiment_dir(cfg)}: {e.strerror}') from e
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
     runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0),
-                                  secure_intrinsics=algorithm_registry.needs_secure_context(cfg))
+                                  secure_intrinsics=algorithm_registry.needs_secure_context(
+                                      config.from_flags(cfg)))  # adapter (issue 25 merge)
   divergence_factor = cfg.get('divergence_factor')
   loop = program.LoopConfig(
       total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],

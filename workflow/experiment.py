@@ -48,8 +48,9 @@ def run_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
   A flag's default is the algorithm's default where it has one
   (`workflow.algorithms`), else bin/train's. Sorted by flag name.
   """
-  from workflow import algorithm_defaults  # pylint: disable=g-import-not-at-top
-  defaults = {**train_flags.DEFAULTS, **algorithm_defaults.algorithm_defaults(cfg)}
+  from workflow import algorithms  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
+  from workflow import config  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
+  defaults = {**train_flags.DEFAULTS, **algorithms.algorithm_defaults(config.from_flags(cfg))}  # adapter (issue 25 merge)
   return {k: cfg[k] for k in sorted(cfg)
           if k not in NOT_IN_NAME and k in defaults and cfg[k] != defaults[k]}
 

@@ -11,10 +11,10 @@ message of another shape, or of an argument no flag sets, is left as it is.
 
 import contextlib
 import re
-from collections.abc import Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
-from workflow import algorithm_defaults
+if TYPE_CHECKING:  # cli imports this module before it may import TensorFlow
+  from workflow import config
 
 # (owner, argument) → the bin/train flag that sets the argument. Owner None:
 # the argument means that flag whoever checks it.
@@ -43,6 +43,7 @@ ARGUMENT_FLAGS = {
     ('pfedme', 'beta'): 'pfedme_beta',
     ('patch_layout', 'private'): 'private',
     ('mtfl', 'strategy'): 'mtfl_strategy',
+    ('ErrorDrivenDecay', 'window'): 'schedule_window',
 }
 # Callables that one flag turns on: their whole message is about that flag.
 OWNER_FLAGS = {'parse_addresses': 'workers', 'compose_data_on_workers': 'data_on_workers'}
@@ -56,16 +57,22 @@ def _flag(owner: str, argument: str) -> Optional[str]:
   return ARGUMENT_FLAGS.get((owner, argument)) or ARGUMENT_FLAGS.get((None, argument))
 
 
-def _hint(owner: str, message: str, cfg: Mapping[str, Any]) -> str:
+def _hint(owner: str, message: str, settings: Optional['config.Settings']) -> str:
   """What only bin/train can name: the model flag of the task that has batch norm."""
-  if owner != 'patch_layout' or 'BatchNormalization' not in message:
+  if owner != 'patch_layout' or 'BatchNormalization' not in message or settings is None:
     return ''
-  flag, model = algorithm_defaults.MTFL_MODELS.get(cfg.get('task'), (None, None))
+  # Here, not at the top: the registry imports TensorFlow, which MTFL's build has loaded.
+  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  flag, model = algorithms.MTFL_MODELS.get(settings.task.task, (None, None))
   return f'; --{flag}={model} has batch norm' if flag else ''
 
 
-def flag_message(message: str, cfg: Optional[Mapping[str, Any]] = None) -> str:
-  """`message` with the argument it is about, and any `argument='value'`, named by their flags."""
+def flag_message(message: str, settings: Optional['config.Settings'] = None) -> str:
+  """`message` with the argument it is about, and any `argument='value'`, named by their flags.
+
+  `settings` (the run's) adds what only they can say, e.g. the model flag to
+  change of their task.
+  """
   match = _MESSAGE.match(message)
   if not match:
     return message
@@ -82,17 +89,17 @@ def flag_message(message: str, cfg: Optional[Mapping[str, Any]] = None) -> str:
 
   flagged = _ARGUMENT.sub(f'--{_flag(owner, first.group("argument"))}',
                           _ASSIGNMENT.sub(assignment, rest), count=1)
-  return flagged + _hint(owner, rest, cfg or {})
+  return flagged + _hint(owner, rest, settings)
 
 
 @contextlib.contextmanager
-def named_by_flags(cfg: Optional[Mapping[str, Any]] = None, error=ValueError):
+def named_by_flags(settings: Optional['config.Settings'] = None, error=ValueError):
   """Within the block, a library ValueError about a flag's argument is re-raised as
   `error(flag_message(...))` (from it); any other ValueError passes unchanged."""
   try:
     yield
   except ValueError as e:
-    flagged = flag_message(str(e), cfg)
+    flagged = flag_message(str(e), settings)
     if flagged == str(e):
       raise
     raise error(flagged) from e

@@ -44,6 +44,7 @@ import tensorflow_federated as tff
 from tasks import base as task_base
 from tff_adaptive.personalization import client_state
 from workflow import algorithms
+from workflow import config
 from workflow import program
 from tff_adaptive.personalization import process as personalized
 from tff_adaptive.rounds import stateful
@@ -242,38 +243,41 @@ def is_personalized(process) -> bool:
   return isinstance(process, personalized.PersonalizedProcess)
 
 
-def validate(cfg: Mapping[str, Any]) -> None:
+def validate(settings: config.Settings) -> None:
   """Raises ValueError naming the flag (cli turns it into a usage error)."""
-  fraction = cfg.get('noisy_client_fraction') or 0.0
-  personal = cfg.get('algorithm') in PERSONALIZED_ALGORITHMS
-  if fraction and not personal:
+  personalized, algorithm = settings.personalized, settings.server.algorithm
+  fraction = personalized.noisy_client_fraction or 0.0
+  if fraction and algorithm not in PERSONALIZED_ALGORITHMS:
     raise ValueError(f'--noisy_client_fraction needs a personalised algorithm '
                      f'({", ".join(PERSONALIZED_ALGORITHMS)}) that reports user accuracy')
   if not 0.0 <= fraction < 1.0:
     raise ValueError(f'--noisy_client_fraction must be in [0, 1); got {fraction}')
-  if fraction and not (cfg.get('noise_stddev') or 0) > 0:
-    raise ValueError(f'--noise_stddev must be positive; got {cfg.get("noise_stddev")}')
-  stateful_clients = cfg.get('algorithm') in CLIENT_STATE_ALGORITHMS
-  if stateful_clients and cfg.get('data_on_workers'):
-    raise ValueError(f'--data_on_workers is not available for --algorithm={cfg["algorithm"]} '
+  if fraction and not (personalized.noise_stddev or 0) > 0:
+    raise ValueError(f'--noise_stddev must be positive; got {personalized.noise_stddev}')
+  stateful_clients = algorithm in CLIENT_STATE_ALGORITHMS
+  if stateful_clients and settings.execution.data_on_workers:
+    raise ValueError(f'--data_on_workers is not available for --algorithm={algorithm} '
                      '(its clients also need their own state from the store)')
-  if cfg.get('client_state_dir') and not stateful_clients:
+  if personalized.client_state_dir and not stateful_clients:
     raise ValueError('--client_state_dir is only used by algorithms whose clients keep state '
                      f'({", ".join(CLIENT_STATE_ALGORITHMS)})')
 
 
-def experiment_fingerprint(cfg: Mapping[str, Any], ignored: Iterable[str]) -> str:
+def experiment_fingerprint(settings: config.Settings, ignored: Iterable[str]) -> str:
   """A hash of the flags that define the computation (resumable ones left out)."""
   ignored = set(ignored) | {'client_state_dir', 'experiment_name'}
-  defining = {k: v for k, v in sorted(cfg.items()) if k not in ignored}
+  # The flat {flag: value} is the data here: the hash is kept in the store's
+  # directory and must equal the one of runs that hashed bin/train's flag dict.
+  flags = settings.flag_values()
+  defining = {k: v for k, v in sorted(flags.items()) if k not in ignored}
   return hashlib.sha256(json.dumps(defining, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _store(cfg, task, process, output_dir, ignored_flags) -> client_state.ClientStateStore:
-  directory = cfg.get('client_state_dir') or os.path.join(output_dir, 'client_state')
+def _store(settings, task, process, output_dir, ignored_flags) -> client_state.ClientStateStore:
+  directory = settings.personalized.client_state_dir or os.path.join(output_dir, 'client_state')
   fingerprint = dict(process.fingerprint)
   fingerprint['task'] = task.name
-  fingerprint['experiment'] = experiment_fingerprint(cfg, ignored_flags)
+  fingerprint['experiment'] = experiment_fingerprint(settings, ignored_flags)
   initial = (process.private_initial if is_personalized(process)
              else process.client_state_initial)
   try:
@@ -284,22 +288,24 @@ def _store(cfg, task, process, output_dir, ignored_flags) -> client_state.Client
         e.problem, 'use a new --experiment_name, --root_output_dir or --client_state_dir') from None
 
 
-def setup(cfg: Mapping[str, Any], task: task_base.FederatedTask, process, output_dir: str,
+def setup(settings: config.Settings, task: task_base.FederatedTask, process, output_dir: str,
           ignored_flags: Iterable[str] = ()) -> tuple[task_base.FederatedTask,
                                                        Optional[ClientStateHook]]:
   """(task with noisy clients, hook) for a process with per-client state; (task, None) else."""
   if isinstance(process, stateful.StatefulClientsProcess):
-    return task, ClientStateHook(process, _store(cfg, task, process, output_dir, ignored_flags))
+    return task, ClientStateHook(process, _store(settings, task, process, output_dir,
+                                                 ignored_flags))
   if not is_personalized(process):
     return task, None
   noisy = []
-  fraction = cfg.get('noisy_client_fraction') or 0.0
+  fraction = settings.personalized.noisy_client_fraction or 0.0
   if fraction:
-    noisy = noisy_client_ids(list(task.train_data.client_ids), fraction, cfg.get('seed', 0))
-    task = add_input_noise(task, noisy, cfg['noise_stddev'], cfg.get('seed', 0))
+    seed = settings.loop.seed
+    noisy = noisy_client_ids(list(task.train_data.client_ids), fraction, seed)
+    task = add_input_noise(task, noisy, settings.personalized.noise_stddev, seed)
   store = None
   if process.has_private_state:
-    store = _store(cfg, task, process, output_dir, ignored_flags)
+    store = _store(settings, task, process, output_dir, ignored_flags)
   return task, PersonalizationHook(process, task, store=store, noisy_clients=noisy)
 
 

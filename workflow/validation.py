@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from workflow import config
 from workflow import errors
 from workflow import library_flags
 
@@ -110,7 +111,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
   # What the algorithm supports: its registry entry's checks (also run by
   # `algorithms.build`, for callers that skip this validation).
   try:
-    algorithm_registry.check(cfg['algorithm'], cfg)
+    algorithm_registry.check(config.from_flags(cfg))  # adapter (issue 25 merge)
   except algorithm_registry.ConfigError as e:
     raise UsageError(str(e)) from None
   if cfg.get('workers') and (cfg.get('aggregator') or 'mean') == 'secure':
@@ -124,7 +125,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
   try:
     addresses = worker_process.parse_addresses(cfg.get('workers') or '')
   except ValueError as e:
-    raise UsageError(library_flags.flag_message(str(e), cfg)) from None
+    raise UsageError(library_flags.flag_message(str(e), config.from_flags(cfg))) from None  # adapter (issue 25 merge)
   if (cfg.get('workers') or '').strip() and not addresses:
     raise UsageError(f'--workers lists no address (host:port,...); got {cfg["workers"]!r} '
                      '(leave the flag out to run locally)')
@@ -132,7 +133,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
     raise UsageError('--worker_retry needs at least two --workers')
   from workflow import personalization  # pylint: disable=g-import-not-at-top
   try:
-    personalization.validate(cfg)
+    personalization.validate(config.from_flags(cfg))  # adapter (issue 25 merge)
   except ValueError as e:
     raise UsageError(str(e)) from None
 

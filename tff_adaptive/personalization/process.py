@@ -38,6 +38,7 @@ around them (types, server update, costs, the federated computations).
 """
 
 import collections
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Optional
 
@@ -106,6 +107,242 @@ class PersonalizedProcess(stateful.ClientStateProcess):
     return bool(self.private_initial)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Model:
+  """What the computations need to know of the model and of the private split."""
+  model_fn: Callable[[], tff.learning.models.VariableModel]
+  metrics_aggregation_fn: Any
+  fb_flops_per_example: Optional[float]
+  weights_type: Any
+  trainable_specs: list
+  split: Any  # client_work.split_private's result
+  private_type: Any
+  hparams_type: Any
+  client_data_type: Any
+
+
+def _describe_model(model_fn, name: str, layout: PatchLayout, local: LocalRecipe,
+                    fb_flops_per_example: Optional[float]) -> _Model:
+  """The model's types, metrics and FLOPs, and which of its values are private."""
+  with tf.Graph().as_default():
+    model = model_fn()
+    metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(model.metric_finalizers())
+    if fb_flops_per_example is None:
+      fb_flops_per_example = costs.count_fb_flops(model, name)
+  data_type = tff.SequenceType(tff.types.tensorflow_to_type(model.input_spec))
+  weights_type = tff.learning.models.weights_type_from_model(model)
+  trainable_specs = list(tf.nest.flatten(tff.types.type_to_tf_tensor_specs(weights_type.trainable)))
+  non_trainable_specs = list(tf.nest.flatten(
+      tff.types.type_to_tf_tensor_specs(weights_type.non_trainable)))
+  split = client_work.split_private(layout, local, model_fn, trainable_specs,
+                                   non_trainable_specs)
+  private_type = tff.StructWithPythonType(
+      [(k, tff.TensorType(v.dtype, v.shape)) for k, v in split.private_initial.items()],
+      collections.OrderedDict)
+  hparams_type = tff.StructWithPythonType(
+      [('learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
+  members = [('train', data_type), ('test', data_type)]
+  if split.has_private:
+    members.append(('private', private_type))
+  client_data_type = tff.StructWithPythonType(members, collections.OrderedDict)
+  return _Model(model_fn, metrics_aggregation_fn, fb_flops_per_example, weights_type,
+                trainable_specs, split, private_type, hparams_type, client_data_type)
+
+
+def _broadcast_computations(m: _Model, local: LocalRecipe, server_optimizer):
+  """(init_stats, broadcast_fn): the server statistics' initial value, and what is broadcast."""
+  split = m.split
+
+  def split_weights(weights):
+    """ModelWeights → the shared part that is broadcast."""
+    t = list(tf.nest.flatten(weights.trainable))
+    n = list(tf.nest.flatten(weights.non_trainable))
+    return collections.OrderedDict(trainable=tuple(t[i] for i in split.shared_t),
+                                   non_trainable=tuple(n[i] for i in split.shared_n))
+
+  @tff.tensorflow.computation
+  def init_stats():
+    server_state = server_optimizer.initialize(
+        tuple(tf.TensorSpec(m.trainable_specs[i].shape, m.trainable_specs[i].dtype)
+              for i in split.shared_t))
+    client_state = (tf.nest.map_structure(tf.constant, split.shared_opt(split.opt_initial))
+                    if local.share_optimizer_state else collections.OrderedDict())
+    return collections.OrderedDict(server=server_state, client_optimizer=client_state)
+
+  @tff.tensorflow.computation(m.weights_type, init_stats.type_signature.result)
+  def broadcast_fn(weights, stats):
+    return collections.OrderedDict(weights=split_weights(weights),
+                                   optimizer=stats['client_optimizer'])
+
+  return init_stats, broadcast_fn
+
+
+def _client_computations(m: _Model, local: LocalRecipe, client_weighting, broadcast_type):
+  """(client_update_fn, client_eval_fn): a client's round (client_work), and its UA alone."""
+  split, model_fn = m.split, m.model_fn
+
+  @tff.tensorflow.computation(broadcast_type, m.hparams_type, m.client_data_type)
+  def client_update_fn(broadcast, hparams, data):
+    # Variables (model, counters) must be created outside the tf.function.
+    model, counters = model_fn(), recipe_lib.Counters()
+    return tf.function(lambda *args: client_work.client_update(
+        split, local, client_weighting, model, counters, *args))(broadcast, hparams, data)
+
+  @tff.tensorflow.computation(broadcast_type, m.hparams_type, m.client_data_type)
+  def client_eval_fn(broadcast, hparams, data):
+    model, counters = model_fn(), recipe_lib.Counters()
+
+    @tf.function
+    def evaluate(broadcast, hparams, data):
+      trainable, non_trainable, _ = client_work.assemble(split, local, model, broadcast, data)
+      return collections.OrderedDict(ua=client_work.user_accuracy(
+          local, model, trainable, non_trainable, data, hparams['learning_rate'], counters))
+
+    return evaluate(broadcast, hparams, data)
+
+  return client_update_fn, client_eval_fn
+
+
+def _server_update_computation(m: _Model, local: LocalRecipe, server_optimizer, stats_type,
+                               upload_type):
+  """The server's step: the optimiser on shared trainable weights, the mean on the others."""
+  split = m.split
+
+  @tff.tensorflow.computation(m.weights_type, stats_type, upload_type)
+  def server_update_fn(weights, stats, mean_upload):
+    t = [tf.identity(w) for w in tf.nest.flatten(weights.trainable)]
+    n = [tf.identity(w) for w in tf.nest.flatten(weights.non_trainable)]
+    shared = tuple(t[i] for i in split.shared_t)
+    server_state, new_shared = server_optimizer.next(stats['server'], shared,
+                                                     tuple(mean_upload['trainable']))
+    for i, value in zip(split.shared_t, new_shared):
+      t[i] = value
+    for i, d in zip(split.shared_n, mean_upload['non_trainable']):
+      n[i] = n[i] - d  # the weighted average of the clients' final values
+    client_state = (mean_upload['optimizer'] if local.share_optimizer_state
+                    else stats['client_optimizer'])
+    new_weights = tff.learning.models.ModelWeights(
+        trainable=tf.nest.pack_sequence_as(weights.trainable, t),
+        non_trainable=tf.nest.pack_sequence_as(weights.non_trainable, n))
+    new_stats = collections.OrderedDict(server=server_state, client_optimizer=client_state)
+    # Same containers as the initial state: checkpoints restore into it.
+    return new_weights, tf.nest.pack_sequence_as(stats, tf.nest.flatten(new_stats))
+
+  return server_update_fn
+
+
+def _cost_computation(m: _Model, local: LocalRecipe, down_bits: int, upload_bits: int):
+  """(grad examples, steps, clients) → the round's cost metrics (SPEC §8)."""
+  split, fb_flops_per_example = m.split, m.fb_flops_per_example
+  num_params = sum(int(np.prod(s.shape)) for s in m.trainable_specs)
+  opt_floats = sum(int(np.prod(np.shape(v))) for key in split.opt_lists
+                   for v in split.opt_initial[key])
+  private_floats = sum(int(np.size(v)) for v in split.private_initial.values())
+  optimizer_flops_per_step = local.optimizer_ops_per_param * num_params
+
+  @tff.tensorflow.computation(tff.TensorType(np.int64), tff.TensorType(np.int32),
+                              tff.TensorType(np.int32))
+  def cost_fn(grad_examples, steps, clients):
+    clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
+    cost = collections.OrderedDict(
+        download_bits_per_client=tf.constant(float(down_bits), tf.float64),
+        upload_bits_per_client=tf.constant(float(upload_bits), tf.float64),
+        download_bits=tf.constant(float(down_bits), tf.float64) * clients,
+        upload_bits=tf.constant(float(upload_bits), tf.float64) * clients,
+        client_steps=tf.cast(steps, tf.float64))
+    if fb_flops_per_example is not None:
+      flops = (tf.cast(grad_examples, tf.float64) * fb_flops_per_example +
+               tf.cast(steps, tf.float64) * optimizer_flops_per_step)
+      cost['client_flops'] = flops
+      cost['client_flops_per_client'] = flops / clients
+    cost['client_optimizer_state_floats'] = tf.constant(float(opt_floats), tf.float64)
+    cost['client_private_state_floats'] = tf.constant(float(private_floats), tf.float64)
+    return cost
+
+  return cost_fn
+
+
+def _next_computation(m: _Model, state_type, broadcast_fn, client_update_fn, aggregator,
+                      server_update_fn, cost_fn):
+  """The round: broadcast, client work, mean of the uploads, server step, metrics."""
+
+  @tff.tensorflow.computation(np.int32)
+  def one_client(n):
+    del n
+    return np.int32(1)
+
+  @tff.federated_computation(state_type, tff.FederatedType(m.client_data_type, tff.CLIENTS))
+  def next_fn(state, client_data):
+    broadcast = tff.federated_broadcast(
+        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
+    hparams = tff.federated_broadcast(state.client_work)
+    upload, weight, local_metrics, client_stats, client_out = tff.federated_map(
+        client_update_fn, (broadcast, hparams, client_data))
+    agg = aggregator.next(state.aggregator, upload, weight)
+    new_weights, new_stats = tff.federated_map(
+        server_update_fn, (state.global_model_weights, state.finalizer, agg.result))
+    num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
+    cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.grad_examples),
+                                       tff.federated_sum(client_stats.local_steps), num_clients))
+    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=new_weights, distributor=state.distributor,
+        client_work=state.client_work, aggregator=agg.state, finalizer=new_stats))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        distributor=tff.federated_value((), tff.SERVER),
+        client_work=tff.federated_zip(collections.OrderedDict(
+            train=m.metrics_aggregation_fn(local_metrics),
+            first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss))),
+        aggregator=agg.measurements,
+        finalizer=tff.federated_value((), tff.SERVER),
+        cost=cost))
+    return PersonalizedOutput(new_state, metrics, client_out)
+
+  return next_fn
+
+
+def _evaluate_computation(m: _Model, state_type, broadcast_fn, client_eval_fn):
+  """(state, per-client data) → each client's UA, without training."""
+
+  @tff.federated_computation(state_type, tff.FederatedType(m.client_data_type, tff.CLIENTS))
+  def evaluate_fn(state, client_data):
+    broadcast = tff.federated_broadcast(
+        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
+    return tff.federated_map(client_eval_fn,
+                             (broadcast, tff.federated_broadcast(state.client_work), client_data))
+
+  return evaluate_fn
+
+
+def _hparams_computations(state_type, server_optimizer):
+  """(get_hparams_fn, set_hparams_fn) of the state: client work's and the server optimiser's."""
+
+  @tff.tensorflow.computation(state_type.member)
+  def get_hparams_fn(state):
+    return collections.OrderedDict(client_work=state.client_work,
+                                   server=server_optimizer.get_hparams(state.finalizer['server']))
+
+  @tff.tensorflow.computation(state_type.member, get_hparams_fn.type_signature.result)
+  def set_hparams_fn(state, hparams):
+    finalizer = collections.OrderedDict(state.finalizer)
+    finalizer['server'] = server_optimizer.set_hparams(finalizer['server'], hparams['server'])
+    finalizer = tf.nest.pack_sequence_as(state.finalizer, tf.nest.flatten(finalizer))
+    return state._replace(client_work=hparams['client_work'], finalizer=finalizer)
+
+  return get_hparams_fn, set_hparams_fn
+
+
+def _identity(name: str, local: LocalRecipe, layout: PatchLayout, private_initial,
+              fingerprint: Optional[Mapping[str, Any]]) -> collections.OrderedDict:
+  """What the client-state store checks a directory against."""
+  identity = collections.OrderedDict(
+      algorithm=name, local=local.name,
+      private=[[key, list(np.shape(v)), np.asarray(v).dtype.str]
+               for key, v in private_initial.items()],
+      patches=list(layout.description))
+  identity.update(fingerprint or {})
+  return identity
+
+
 def build_personalized_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     *,
@@ -141,193 +378,30 @@ def build_personalized_process(
   model_fn = validation.returning_a_model(model_fn, name)
   validation.check_client_weighting(client_weighting, name)
   client_weighting = client_weighting or tff.learning.ClientWeighting.NUM_EXAMPLES
-  with tf.Graph().as_default():
-    model = model_fn()
-    metrics_aggregation_fn = tff.learning.metrics.sum_then_finalize(model.metric_finalizers())
-    if fb_flops_per_example is None:
-      fb_flops_per_example = costs.count_fb_flops(model, name)
-  element_type = tff.types.tensorflow_to_type(model.input_spec)
-  data_type = tff.SequenceType(element_type)
-  weights_type = tff.learning.models.weights_type_from_model(model)
-  trainable_specs = list(tf.nest.flatten(tff.types.type_to_tf_tensor_specs(weights_type.trainable)))
-  non_trainable_specs = list(tf.nest.flatten(
-      tff.types.type_to_tf_tensor_specs(weights_type.non_trainable)))
-  split = client_work.split_private(layout, local, model_fn, trainable_specs,
-                                   non_trainable_specs)
-  private_initial = split.private_initial
-  private_type = tff.StructWithPythonType(
-      [(k, tff.TensorType(v.dtype, v.shape)) for k, v in private_initial.items()],
-      collections.OrderedDict)
-
-  hparams_type = tff.StructWithPythonType(
-      [('learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
-  members = [('train', data_type), ('test', data_type)]
-  if split.has_private:
-    members.append(('private', private_type))
-  client_data_type = tff.StructWithPythonType(members, collections.OrderedDict)
-
-  def split_weights(weights):
-    """ModelWeights → the shared part that is broadcast."""
-    t = list(tf.nest.flatten(weights.trainable))
-    n = list(tf.nest.flatten(weights.non_trainable))
-    return collections.OrderedDict(trainable=tuple(t[i] for i in split.shared_t),
-                                   non_trainable=tuple(n[i] for i in split.shared_n))
-
-  @tff.tensorflow.computation
-  def init_stats():
-    server_state = server_optimizer.initialize(
-        tuple(tf.TensorSpec(trainable_specs[i].shape, trainable_specs[i].dtype)
-              for i in split.shared_t))
-    client_state = (tf.nest.map_structure(tf.constant, split.shared_opt(split.opt_initial))
-                    if local.share_optimizer_state else collections.OrderedDict())
-    return collections.OrderedDict(server=server_state, client_optimizer=client_state)
-
-  stats_type = init_stats.type_signature.result
-
-  @tff.tensorflow.computation(weights_type, stats_type)
-  def broadcast_fn(weights, stats):
-    return collections.OrderedDict(weights=split_weights(weights),
-                                   optimizer=stats['client_optimizer'])
-
+  m = _describe_model(model_fn, name, layout, local, fb_flops_per_example)
+  init_stats, broadcast_fn = _broadcast_computations(m, local, server_optimizer)
   broadcast_type = broadcast_fn.type_signature.result
-
-  # ---- client (client_work) ----
-  @tff.tensorflow.computation(broadcast_type, hparams_type, client_data_type)
-  def client_update_fn(broadcast, hparams, data):
-    # Variables (model, counters) must be created outside the tf.function.
-    model, counters = model_fn(), recipe_lib.Counters()
-    return tf.function(lambda *args: client_work.client_update(
-        split, local, client_weighting, model, counters, *args))(broadcast, hparams, data)
-
-  @tff.tensorflow.computation(broadcast_type, hparams_type, client_data_type)
-  def client_eval_fn(broadcast, hparams, data):
-    model, counters = model_fn(), recipe_lib.Counters()
-
-    @tf.function
-    def evaluate(broadcast, hparams, data):
-      trainable, non_trainable, _ = client_work.assemble(split, local, model, broadcast, data)
-      return collections.OrderedDict(ua=client_work.user_accuracy(
-          local, model, trainable, non_trainable, data, hparams['learning_rate'], counters))
-
-    return evaluate(broadcast, hparams, data)
-
+  client_update_fn, client_eval_fn = _client_computations(m, local, client_weighting,
+                                                          broadcast_type)
   upload_type = client_update_fn.type_signature.result[0]
   aggregator = tff.aggregators.MeanFactory().create(upload_type, tff.TensorType(np.float32))
-
-  # ---- server ----
-  @tff.tensorflow.computation(weights_type, stats_type, upload_type)
-  def server_update_fn(weights, stats, mean_upload):
-    t = [tf.identity(w) for w in tf.nest.flatten(weights.trainable)]
-    n = [tf.identity(w) for w in tf.nest.flatten(weights.non_trainable)]
-    shared = tuple(t[i] for i in split.shared_t)
-    server_state, new_shared = server_optimizer.next(stats['server'], shared,
-                                                     tuple(mean_upload['trainable']))
-    for i, value in zip(split.shared_t, new_shared):
-      t[i] = value
-    for i, d in zip(split.shared_n, mean_upload['non_trainable']):
-      n[i] = n[i] - d  # the weighted average of the clients' final values
-    client_state = mean_upload['optimizer'] if local.share_optimizer_state else stats['client_optimizer']
-    new_weights = tff.learning.models.ModelWeights(
-        trainable=tf.nest.pack_sequence_as(weights.trainable, t),
-        non_trainable=tf.nest.pack_sequence_as(weights.non_trainable, n))
-    new_stats = collections.OrderedDict(server=server_state, client_optimizer=client_state)
-    # Same containers as the initial state: checkpoints restore into it.
-    return new_weights, tf.nest.pack_sequence_as(stats, tf.nest.flatten(new_stats))
-
-  down_bits = round_layout.num_bits(broadcast_type) + round_layout.num_bits(hparams_type)
+  server_update_fn = _server_update_computation(m, local, server_optimizer,
+                                                init_stats.type_signature.result, upload_type)
+  down_bits = round_layout.num_bits(broadcast_type) + round_layout.num_bits(m.hparams_type)
   upload_bits = round_layout.num_bits(upload_type)
-  num_params = sum(int(np.prod(s.shape)) for s in trainable_specs)
-  opt_floats = sum(int(np.prod(np.shape(v))) for key in split.opt_lists
-                   for v in split.opt_initial[key])
-  private_floats = sum(int(np.size(v)) for v in private_initial.values())
-  optimizer_flops_per_step = local.optimizer_ops_per_param * num_params
-
-  @tff.tensorflow.computation(tff.TensorType(np.int64), tff.TensorType(np.int32),
-                              tff.TensorType(np.int32))
-  def cost_fn(grad_examples, steps, clients):
-    clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
-    cost = collections.OrderedDict(
-        download_bits_per_client=tf.constant(float(down_bits), tf.float64),
-        upload_bits_per_client=tf.constant(float(upload_bits), tf.float64),
-        download_bits=tf.constant(float(down_bits), tf.float64) * clients,
-        upload_bits=tf.constant(float(upload_bits), tf.float64) * clients,
-        client_steps=tf.cast(steps, tf.float64))
-    if fb_flops_per_example is not None:
-      flops = (tf.cast(grad_examples, tf.float64) * fb_flops_per_example +
-               tf.cast(steps, tf.float64) * optimizer_flops_per_step)
-      cost['client_flops'] = flops
-      cost['client_flops_per_client'] = flops / clients
-    cost['client_optimizer_state_floats'] = tf.constant(float(opt_floats), tf.float64)
-    cost['client_private_state_floats'] = tf.constant(float(private_floats), tf.float64)
-    return cost
-
+  cost_fn = _cost_computation(m, local, down_bits, upload_bits)
   initialize_fn = composer.initial_state_computation(model_fn, client_learning_rate, local_steps,
                                                      aggregator, init_stats)
-
   state_type = initialize_fn.type_signature.result
-
-  @tff.tensorflow.computation(np.int32)
-  def one_client(n):
-    del n
-    return np.int32(1)
-
-  federated_data_type = tff.FederatedType(client_data_type, tff.CLIENTS)
-
-  @tff.federated_computation(state_type, federated_data_type)
-  def next_fn(state, client_data):
-    broadcast = tff.federated_broadcast(
-        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
-    hparams = tff.federated_broadcast(state.client_work)
-    upload, weight, local_metrics, client_stats, client_out = tff.federated_map(
-        client_update_fn, (broadcast, hparams, client_data))
-    agg = aggregator.next(state.aggregator, upload, weight)
-    new_weights, new_stats = tff.federated_map(
-        server_update_fn, (state.global_model_weights, state.finalizer, agg.result))
-    num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
-    cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.grad_examples),
-                                       tff.federated_sum(client_stats.local_steps), num_clients))
-    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-        global_model_weights=new_weights, distributor=state.distributor,
-        client_work=state.client_work, aggregator=agg.state, finalizer=new_stats))
-    metrics = tff.federated_zip(collections.OrderedDict(
-        distributor=tff.federated_value((), tff.SERVER),
-        client_work=tff.federated_zip(collections.OrderedDict(
-            train=metrics_aggregation_fn(local_metrics),
-            first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss))),
-        aggregator=agg.measurements,
-        finalizer=tff.federated_value((), tff.SERVER),
-        cost=cost))
-    return PersonalizedOutput(new_state, metrics, client_out)
-
-  @tff.federated_computation(state_type, federated_data_type)
-  def evaluate_fn(state, client_data):
-    broadcast = tff.federated_broadcast(
-        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
-    return tff.federated_map(client_eval_fn,
-                             (broadcast, tff.federated_broadcast(state.client_work), client_data))
-
+  next_fn = _next_computation(m, state_type, broadcast_fn, client_update_fn, aggregator,
+                              server_update_fn, cost_fn)
+  evaluate_fn = _evaluate_computation(m, state_type, broadcast_fn, client_eval_fn)
   get_model_weights, set_model_weights = composer.model_weights_fns(state_type.member,
-                                                                    weights_type)
-
-  @tff.tensorflow.computation(state_type.member)
-  def get_hparams_fn(state):
-    return collections.OrderedDict(client_work=state.client_work,
-                                   server=server_optimizer.get_hparams(state.finalizer['server']))
-
-  @tff.tensorflow.computation(state_type.member, get_hparams_fn.type_signature.result)
-  def set_hparams_fn(state, hparams):
-    finalizer = collections.OrderedDict(state.finalizer)
-    finalizer['server'] = server_optimizer.set_hparams(finalizer['server'], hparams['server'])
-    finalizer = tf.nest.pack_sequence_as(state.finalizer, tf.nest.flatten(finalizer))
-    return state._replace(client_work=hparams['client_work'], finalizer=finalizer)
-
-  identity = collections.OrderedDict(
-      algorithm=name, local=local.name,
-      private=[[key, list(np.shape(v)), np.asarray(v).dtype.str]
-               for key, v in private_initial.items()],
-      patches=list(layout.description))
-  identity.update(fingerprint or {})
+                                                                    m.weights_type)
+  get_hparams_fn, set_hparams_fn = _hparams_computations(state_type, server_optimizer)
+  private_initial = m.split.private_initial
   return PersonalizedProcess(
       initialize_fn, next_fn, evaluate_fn, get_model_weights, set_model_weights,
       private_initial=private_initial, upload_type=upload_type, upload_bits=upload_bits,
-      fingerprint=identity, name=name, get_hparams=get_hparams_fn, set_hparams=set_hparams_fn)
+      fingerprint=_identity(name, local, layout, private_initial, fingerprint), name=name,
+      get_hparams=get_hparams_fn, set_hparams=set_hparams_fn)
