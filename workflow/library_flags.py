@@ -43,6 +43,7 @@ ARGUMENT_FLAGS = {
     ('pfedme', 'beta'): 'pfedme_beta',
     ('patch_layout', 'private'): 'private',
     ('mtfl', 'strategy'): 'mtfl_strategy',
+    ('CohortExecution', 'mode'): 'cohort_mode',
     ('ErrorDrivenDecay', 'window'): 'schedule_window',
 }
 # Callables that one flag turns on: their whole message is about that flag.
