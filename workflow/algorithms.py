@@ -26,6 +26,7 @@ import tensorflow_federated as tff
 from tasks import base as task_base
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.execution import worker_process
 from tff_adaptive.rounds import cohort
 from workflow import algorithm_builders as builders
 from workflow import config
@@ -392,15 +393,22 @@ def _execution(settings: Settings):
     return 'per_client', '--execution=per_client'
   if not ALGORITHMS[name].cohort:
     return 'per_client', f'--algorithm={name}: {ALGORITHMS[name].cohort.why}'
-  if execution.workers or execution.data_on_workers:
-    return 'per_client', '--workers/--data_on_workers: TFF workers run each client as a call'
-  return cohort.CohortExecution(mode=execution.cohort_mode,
-                                jit_compile=bool(execution.cohort_jit_compile)), None
+  if execution.data_on_workers:
+    return 'per_client', "--data_on_workers: each worker builds its clients' datasets from ids"
+  options = dict(mode=execution.cohort_mode, jit_compile=bool(execution.cohort_jit_compile))
+  if execution.workers:
+    # One padded shard per worker, sent as the CLIENTS value: each worker returns
+    # its shard's weighted sums, summed once (tests/test_cohort_workers.py).
+    options.update(in_process=False,
+                   num_shards=len(worker_process.parse_addresses(execution.workers)))
+  return cohort.CohortExecution(**options), None
 
 
 def execution_line(process, reason: Optional[str]) -> str:
   """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
   if isinstance(process, cohort.CohortProcess):
     how = 'clients vectorised' if process.vectorized else 'clients in sequence'
+    if not process.execution.in_process:
+      how += ', one shard per TFF worker'
     return f'execution: cohort (one compiled program per round, {how})'
   return f'execution: per_client ({reason})' if reason else 'execution: per_client'
