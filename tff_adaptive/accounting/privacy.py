@@ -14,14 +14,34 @@ import tensorflow_federated as tff
 RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [128, 256, 512]
 
 
+class GaussianFixedFactory(tff.aggregators.DifferentiallyPrivateFactory):
+  """TFF's `gaussian_fixed` DP factory that also keeps its three parameters.
+
+  It IS TFF's factory (the per-client round aggregates through it unchanged);
+  the attributes let the cohort program recognise it and apply the same
+  clipping, noise and normalisation inside its compiled round
+  (`rounds/cohort_aggregation.py`), which it cannot do from the opaque query.
+  """
+  noise_multiplier: float
+  clip_norm: float
+  clients_per_round: float
+
+
 def dp_aggregator(noise_multiplier: float, clip_norm: float,
-                  clients_per_round: int) -> tff.aggregators.UnweightedAggregationFactory:
+                  clients_per_round: int) -> GaussianFixedFactory:
   if noise_multiplier is None or noise_multiplier < 0:
     raise ValueError(f'dp_aggregator: noise_multiplier must be ≥ 0; got {noise_multiplier}')
   if clip_norm is None or not clip_norm > 0:
     raise ValueError(f'dp_aggregator: clip_norm must be > 0; got {clip_norm}')
-  return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+  # `gaussian_fixed` is a classmethod building `cls(query)`: an instance of the subclass.
+  factory = GaussianFixedFactory.gaussian_fixed(
       noise_multiplier=noise_multiplier, clients_per_round=clients_per_round, clip=clip_norm)
+  factory.noise_multiplier = noise_multiplier
+  factory.clip_norm = clip_norm
+  # (as gaussian_fixed converts it, for the same float32 denominator)
+  factory.clients_per_round = (float(clients_per_round) if isinstance(clients_per_round, int)
+                               else clients_per_round)
+  return factory
 
 
 def epsilon(noise_multiplier: float, sampling_rate: float, rounds: int, delta: float) -> float:

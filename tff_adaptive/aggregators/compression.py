@@ -43,7 +43,14 @@ class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
     self._sparsity = float(sparsity)
     self._quantize = bool(quantize)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def encoder(self, value_type):
+    """One client's encode-then-decode as a TF function of a `value_type` value:
+    value → (what the server decodes, float64 bits of the encoded message).
+
+    `create` runs it per client through `federated_map`; the cohort program
+    calls it per client inside its compiled round (`rounds/cohort_aggregation.py`),
+    so both executions encode with the same code.
+    """
     joint = isinstance(value_type, tff.StructType) and _names(value_type) == ['delta', 'extra']
     delta_type = value_type['delta'] if joint else value_type
     delta_shapes = _shapes(_members(delta_type))
@@ -56,7 +63,6 @@ class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
           shared_keys.append(name)
     sparsity, quantize = self._sparsity, self._quantize
 
-    @tff.tensorflow.computation(value_type)
     def encode_decode(value):
       delta = list(tf.nest.flatten(value['delta'] if joint else value))
       extra = value['extra'] if joint else None
@@ -76,6 +82,11 @@ class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
       decoded = collections.OrderedDict(
           delta=tf.nest.pack_sequence_as(value['delta'], upload.weights), extra=new_extra)
       return decoded, bits
+
+    return encode_decode
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    encode_decode = tff.tensorflow.computation(self.encoder(value_type), value_type)
 
     mean = tff.aggregators.MeanFactory().create(value_type, weight_type)
 

@@ -24,13 +24,16 @@ machines: one shard per worker) run it. In one process, `in_process=True`
 serialising the data through TFF's executor (which costs more than the
 round's arithmetic for small models: docs/performance.md).
 
-Supported: the example-weighted or uniform mean (fused, as per client).
+Aggregation (`cohort_aggregation.py`): the example-weighted or uniform mean
+(fused, as per client), fixed-clip Gaussian DP (`privacy.dp_aggregator`) and
+CE-FedAvg upload compression, each applied per client inside the program.
 Other aggregators, metrics aggregators and models without a functional view
 run per client (`build_or_explain` warns once, naming the reason).
 """
 
 import collections
 import dataclasses
+import functools
 import warnings
 from typing import Optional, Union
 
@@ -39,6 +42,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.rounds import cohort_aggregation
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import functional
 from tff_adaptive.rounds import layout
@@ -102,10 +106,9 @@ def execution_of(options: options_lib.RoundOptions) -> CohortExecution:
 
 def unsupported_reason(options: options_lib.RoundOptions, model_fn) -> Optional[str]:
   """Why this round cannot run as a cohort program (None: it can)."""
-  if options.upload_compression is not None:
-    return 'upload_compression is applied per client'
-  if options.model_aggregator is not None:
-    return f'the aggregator {type(options.model_aggregator).__name__} runs per client'
+  reason = cohort_aggregation.supported(options)
+  if reason is not None:
+    return reason
   if options.metrics_aggregator not in (None, tff.learning.metrics.sum_then_finalize):
     return 'a metrics_aggregator runs per client'
   try:
@@ -141,8 +144,10 @@ class CohortProgram:
   """The shard program: Σ over a shard's clients of their round sums."""
 
   def __init__(self, view: functional.FunctionalView, loop: client_lib.ClientLoop,
-               vectorized: bool, trainable_structure, jit_compile: bool = False):
+               vectorized: bool, trainable_structure, jit_compile: bool = False,
+               aggregation=None):
     self.view = view
+    self.aggregation = aggregation or cohort_aggregation.Mean(loop.recipe.sum_extra)
     self.loop = loop
     self.vectorized = vectorized
     self.jit_compile = jit_compile
@@ -193,9 +198,7 @@ class CohortProgram:
     _, carry, metrics = tf.while_loop(lambda s, *_: s < tf.shape(mask)[0], body,
                                       (tf.constant(0), carry, metrics))
     result = self.loop.final(carry, x_t)
-    sums, _ = client_lib.client_sums(result, metrics, fused_mean=True,
-                                     delta_structure=self._trainable_structure)
-    return sums
+    return self.aggregation.client_sums(result, metrics, self._trainable_structure)
 
 
 def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
@@ -213,8 +216,10 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                 (execution.mode == 'auto' and not view.has_conv_or_rnn))
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)
   trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
+  aggregation = cohort_aggregation.for_options(options, recipe)
   program = CohortProgram(view, loop, vectorized, trainable_structure,
-                          jit_compile=execution.jit_compile in (True, 'step'))
+                          jit_compile=execution.jit_compile in (True, 'step'),
+                          aggregation=aggregation)
   data_type = shard_type(info.element_type)
   # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
   # computation calls this graph, and in process it runs as is. Tracing the
@@ -237,14 +242,14 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
 
   @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE, sums_type)
   def server_round_fn(model_weights, stats, hparams, sums):
-    return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
+    return aggregation.server(server_round, model_weights, stats, hparams, sums)
 
-  mean = tff.aggregators.MeanFactory().create(sums_type.weighted_delta,
-                                              tff.TensorType(np.float32))
+  # The process the per-client round would aggregate with: its `initialize`
+  # gives both executions the same state.
+  process = aggregation.create(sums_type)
   initialize_fn = layout.initial_state_computation(
-      info.model_fn, client_learning_rate, local_steps, mean, info.init_stats)
+      info.model_fn, client_learning_rate, local_steps, process, info.init_stats)
   state_type = initialize_fn.type_signature.result
-  no_measurements = layout.tensor_free_value(mean.next.type_signature.result.measurements)
 
   @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, shards):
@@ -253,8 +258,8 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
     sums = tff.federated_sum(tff.federated_map(shard_fn, (message, shards)))
     server = tff.federated_map(server_round_fn, (
         state.global_model_weights, state.finalizer, state.client_work, sums))
-    return per_client.output(state, server, state.aggregator,
-                             tff.federated_value(no_measurements, tff.SERVER), None,
+    return per_client.output(state, server, aggregation.next_state(state.aggregator),
+                             aggregation.measurements(process, server[2]), None,
                              options.measure_client_drift)
 
   # Keras metric finalizers build metrics (variables) when called: in-process,
@@ -262,7 +267,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   unfinalized = server_lib.ServerRound(recipe, server_round.costs, None,
                                        options.measure_client_drift)
   in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info,
-                              no_measurements, options.measure_client_drift)
+                              process, options.measure_client_drift)
   return per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=CohortProcess,
       execution=execution, in_process_next=in_process if execution.in_process else None,
@@ -303,10 +308,11 @@ class _InProcessNext:
   """`process.next` as `tf.function`s in this process: same programs, no executor."""
 
   def __init__(self, tff_next, recipe, program, traced_shard, server_round, info,
-               no_measurements, measure_client_drift):
+               process, measure_client_drift):
     self.type_signature = tff_next.type_signature
     self._recipe = recipe
-    self._no_measurements = no_measurements
+    self._process = process
+    self._aggregation = program.aggregation
     self._measure_client_drift = measure_client_drift
     self._shard = traced_shard  # relaxed shapes: one trace for every cohort
     self._server_round = server_round
@@ -324,17 +330,19 @@ class _InProcessNext:
       shard_sums = self._shard(message, shard)
       sums = shard_sums if sums is None else tf.nest.map_structure(tf.add, sums, shard_sums)
     if self._server is None:
-      self._server = tf.function(self._server_round.from_weighted_sums)
+      self._server = tf.function(functools.partial(self._aggregation.server, self._server_round))
     new_weights, new_stats, metrics = self._server(weights, stats, hparams, sums)
     metrics['train'] = self._view.finalize(sums['metrics'])
     new_state = state._replace(
         global_model_weights=_numpy_like(state.global_model_weights, new_weights),
-        finalizer=_numpy_like(state.finalizer, new_stats))
+        finalizer=_numpy_like(state.finalizer, new_stats),
+        aggregator=self._aggregation.next_state_in_process(state.aggregator))
     metrics = tf.nest.map_structure(np.asarray, metrics)
     out = collections.OrderedDict(
         distributor=(), client_work=collections.OrderedDict(
             train=metrics['train'], first_minibatch_loss=metrics['first_minibatch_loss']),
-        aggregator=self._no_measurements, finalizer=(), cost=metrics['cost'])
+        aggregator=self._aggregation.measurements_in_process(self._process, metrics),
+        finalizer=(), cost=metrics['cost'])
     if self._measure_client_drift:
       out['client_drift'] = metrics['client_drift']
     return tff.learning.templates.LearningProcessOutput(new_state, out)

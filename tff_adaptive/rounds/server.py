@@ -103,12 +103,16 @@ class ServerRound:
     A recipe's summed extra upload (`Recipe.sum_extra`) is passed on as Σ extra_i.
     """
     mean = lambda t: tf.math.divide_no_nan(t, sums['weight'])
-    extra = sums['weighted_extra']
-    if not self.recipe.sum_extra:
-      extra = tf.nest.map_structure(mean, extra)
     return self(model_weights, stats, hparams, sums,
-                tf.nest.map_structure(mean, sums['weighted_delta']), extra,
+                tf.nest.map_structure(mean, sums['weighted_delta']), self.mean_extra(sums),
                 tf.constant(-1.0, tf.float64))
+
+  def mean_extra(self, sums):
+    """Σ w·extra / Σ w, or Σ extra_i for a recipe whose extra upload is summed."""
+    if self.recipe.sum_extra:
+      return sums['weighted_extra']
+    return tf.nest.map_structure(lambda t: tf.math.divide_no_nan(t, sums['weight']),
+                                 sums['weighted_extra'])
 
   def _checks(self, sums):
     if not self.recipe.equal_local_steps:

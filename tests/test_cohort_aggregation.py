@@ -1,0 +1,116 @@
+"""The cohort program's aggregators equal the per-client round's (issue 23 item 4).
+
+Fixed-clip DP with noise 0 and CE-FedAvg compression: cohort and per-client
+rounds equal within 1e-5 over 3 rounds on clients of unequal sizes (weights,
+server state, the DP state, metrics, measured bits). With noise: the noise
+the cohort adds has TFF's distribution, N(0, (σC / clients_per_round)²) on
+the mean. Other aggregators run per client (test_cohort.py).
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import test_cohort as tc
+from tff_adaptive.accounting import privacy
+from tff_adaptive.aggregators import compression
+from tff_adaptive.algorithms import fedopt
+from tff_adaptive.rounds import cohort
+from tff_adaptive.rounds import cohort_aggregation
+
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
+
+
+def test_dp_aggregator_is_tff_gaussian_fixed_and_keeps_its_parameters():
+  factory = privacy.dp_aggregator(0.5, 0.1, 4)
+  assert isinstance(factory, tff.aggregators.DifferentiallyPrivateFactory)
+  assert (factory.noise_multiplier, factory.clip_norm, factory.clients_per_round) == (0.5, 0.1, 4.0)
+
+
+@pytest.mark.parametrize('mode', ['vectorized', 'sequential'])
+def test_dp_without_noise_equals_per_client(mode):
+  clients = len(tc.SIZES)
+  # clip 0.1: the larger clients' updates are clipped, so clipping is exercised
+  dp = privacy.dp_aggregator(0.0, 0.1, clients + 1)  # not the cohort size: TFF's denominator
+  tc._compare('fedavg', 3, cohort.CohortExecution(mode=mode), model_aggregator=dp)
+
+
+def test_dp_through_tff_executor_keeps_the_dp_state():
+  dp = privacy.dp_aggregator(0.0, 0.1, len(tc.SIZES))
+  tc._compare('fedadam', 2, cohort.CohortExecution(in_process=False, num_shards=2), rounds=2,
+              model_aggregator=dp)
+
+
+def _wide_model_fn(hidden=600):
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(tc.D,)),
+      tf.keras.layers.Dense(hidden, activation='tanh'), tf.keras.layers.Dense(tc.C)])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=tc._SPEC)
+
+
+@pytest.mark.parametrize('execution', ['per_client', 'cohort'])
+def test_dp_noise_has_tffs_distribution(execution):
+  # Client learning rate 0: every Δ_i is 0, so x_{t+1} − x_t is the noise on the
+  # mean (server SGD step 1): N(0, (σC / clients_per_round)²) per coordinate.
+  noise, clip, per_round = 2.0, 0.3, 3
+  process = fedopt.build_fedavg(
+      _wide_model_fn, tff.learning.optimizers.build_sgdm(0.0), local_steps=1,
+      model_aggregator=privacy.dp_aggregator(noise, clip, per_round), execution=execution)
+  datasets = tc.client_datasets()
+  state = process.initialize()
+  before = np.concatenate([np.ravel(w) for w in process.get_model_weights(state).trainable])
+  data = tc._shards(process, datasets, 1) if execution == 'cohort' else datasets
+  state = process.next(state, data).state
+  after = np.concatenate([np.ravel(w) for w in process.get_model_weights(state).trainable])
+  sample = after - before
+  assert sample.size > 4000  # std estimated within ~1.1% (one standard error)
+  want = noise * clip / per_round
+  assert abs(np.std(sample) / want - 1.0) < 0.05
+  assert abs(np.mean(sample)) < 5 * want / np.sqrt(sample.size)
+
+
+@pytest.mark.parametrize('name,mode', [('fedavg', 'vectorized'), ('mfl', 'vectorized'),
+                                       ('mfl', 'sequential')])
+def test_compression_equals_per_client(name, mode):
+  # MFL uploads Adam's Δm, Δv: sparsified at Δω's indices (CE-FedAvg).
+  factory = compression.SharedIndexCompressionFactory(0.5, quantize=True)
+  tc._compare(name, 3, cohort.CohortExecution(mode=mode), upload_compression=factory)
+
+
+def test_compression_encodes_each_client_as_the_per_client_computation_bit_for_bit():
+  # Same Δ, extra in: the cohort's per-client encoding (under vectorized_map)
+  # decodes to the very bits the factory's TFF computation does.
+  rng = np.random.default_rng(0)
+  shapes = [(6, 5), (5,), (5, 3)]
+  clients = [collections.OrderedDict(
+      delta=[rng.normal(size=s).astype(np.float32) for s in shapes],
+      extra=collections.OrderedDict(
+          m=[rng.normal(size=s).astype(np.float32) for s in shapes],
+          v=[rng.exponential(size=s).astype(np.float32) for s in shapes],
+          step=np.float32(3.0))) for _ in range(3)]
+  factory = compression.SharedIndexCompressionFactory(0.6, quantize=True)
+  value_type = tff.types.tensorflow_to_type(tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, tf.float32), clients[0]))
+  per_client = tff.tensorflow.computation(factory.encoder(value_type), value_type)
+  stacked = tf.nest.map_structure(lambda *t: np.stack(t), *clients)
+  program = tf.function(lambda v: tf.vectorized_map(factory.encoder(value_type), v,
+                                                    fallback_to_while_loop=True))
+  decoded, bits = program(stacked)
+  for i, value in enumerate(clients):
+    want, want_bits = per_client(value)
+    got = tf.nest.map_structure(lambda t: np.asarray(t)[i], decoded)
+    assert float(bits[i]) == float(want_bits)
+    for u, v in zip(tf.nest.flatten(want), tf.nest.flatten(got)):
+      np.testing.assert_array_equal(np.asarray(v), np.asarray(u))
+
+
+def test_other_aggregators_are_named_in_the_reason():
+  robust = tff.learning.robust_aggregator(zeroing=True, clipping=True)
+  reason = cohort_aggregation.supported(
+      cohort.options_lib.RoundOptions(model_aggregator=robust))
+  assert reason == f'the aggregator {type(robust).__name__} runs per client'
