@@ -5,6 +5,13 @@ rounds equal within 1e-5 over 3 rounds on clients of unequal sizes (weights,
 server state, the DP state, metrics, measured bits). With noise: the noise
 the cohort adds has TFF's distribution, N(0, (σC / clients_per_round)²) on
 the mean. Other aggregators run per client (test_cohort.py).
+
+Compression is bit-identical per client given the same (Δ, extra) (the
+cohort calls the factory's own encoder); end to end the rounds are not, as
+Δ itself is not: the functional view's gradients round differently from the
+model's variables (plain FedAvg: max |Δx| 6e-8 after 3 rounds). Measured
+with compression (s = 0.5, UniQ/ExpQ): max |Δx| 1.2e-7 (FedAvg), 3e-8 (MFL),
+upload bits equal in every round.
 """
 
 import collections
@@ -33,8 +40,8 @@ def test_dp_aggregator_is_tff_gaussian_fixed_and_keeps_its_parameters():
 @pytest.mark.parametrize('mode', ['vectorized', 'sequential'])
 def test_dp_without_noise_equals_per_client(mode):
   clients = len(tc.SIZES)
-  # clip 0.1: the larger clients' updates are clipped, so clipping is exercised
-  dp = privacy.dp_aggregator(0.0, 0.1, clients + 1)  # not the cohort size: TFF's denominator
+  # Round 1's ‖Δ_i‖ are 0.21, 0.31, 0.41, 0.46 (measured): clip 0.3 clips three of four.
+  dp = privacy.dp_aggregator(0.0, 0.3, clients + 1)  # not the cohort size: TFF's denominator
   tc._compare('fedavg', 3, cohort.CohortExecution(mode=mode), model_aggregator=dp)
 
 

@@ -20,6 +20,10 @@ with the same arithmetic as the TFF process the per-client round uses, whose
                (aggregators.compression.SharedIndexCompressionFactory)
 
 Any other aggregator runs per client (`cohort.unsupported_reason`).
+
+Under `tf.vectorized_map` the compression encoder's TopKV2 and ScatterNd have
+no vectorising converter: pfor runs them in a while loop, client by client,
+inside the vectorised program (same results, tests/test_cohort_aggregation.py).
 """
 
 import collections
