@@ -89,6 +89,13 @@ def test_compression_equals_per_client(name, mode):
   tc._compare(name, 3, cohort.CohortExecution(mode=mode), upload_compression=factory)
 
 
+def test_compression_through_tff_executor_measures_the_same_bits():
+  # (the TFF computation's own server step and measurements, not the in-process ones)
+  factory = compression.SharedIndexCompressionFactory(0.5, quantize=True)
+  tc._compare('mfl', 2, cohort.CohortExecution(in_process=False, num_shards=2), rounds=2,
+              upload_compression=factory)
+
+
 def test_compression_encodes_each_client_as_the_per_client_computation_bit_for_bit():
   # Same Δ, extra in: the cohort's per-client encoding (under vectorized_map)
   # decodes to the very bits the factory's TFF computation does.
