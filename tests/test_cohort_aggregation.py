@@ -128,3 +128,12 @@ def test_other_aggregators_are_named_in_the_reason():
   reason = cohort_aggregation.supported(
       cohort.options_lib.RoundOptions(model_aggregator=robust))
   assert reason == f'the aggregator {type(robust).__name__} runs per client'
+
+
+@pytest.mark.parametrize('aggregation', ['dp', 'compression'])
+def test_aggregators_in_an_xla_compiled_shard_program(aggregation):
+  kwargs = (dict(model_aggregator=privacy.dp_aggregator(0.0, 0.3, len(tc.SIZES)))
+            if aggregation == 'dp' else
+            dict(upload_compression=compression.SharedIndexCompressionFactory(0.5, True)))
+  tc._compare('mfl', 2, cohort.CohortExecution(mode='sequential', jit_compile='program'),
+              rounds=2, **kwargs)
