@@ -184,7 +184,6 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                                 'MFL-Adam with compressed uploads (thesis ch. 3)', ('adam',),
                                 server_optimizer='',
                                 aggregator=No('its compressed upload is its own aggregator'),
-                                cohort=No('upload_compression is applied per client'),
                                 defaults=_fixed(client_optimizer='adam',
                                                 upload_compression='topk_uniq')),
     'fedada2': AlgorithmEntry(builders.build_fedada2,
