@@ -266,7 +266,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   # they run eagerly on the summed values, outside the server's tf.function.
   unfinalized = server_lib.ServerRound(recipe, server_round.costs, None,
                                        options.measure_client_drift)
-  in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info,
+  in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info, sums_type,
                               process, options.measure_client_drift)
   return per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=CohortProcess,
@@ -307,7 +307,7 @@ class CohortProcess(tff.learning.templates.LearningProcess):
 class _InProcessNext:
   """`process.next` as `tf.function`s in this process: same programs, no executor."""
 
-  def __init__(self, tff_next, recipe, program, traced_shard, server_round, info,
+  def __init__(self, tff_next, recipe, program, traced_shard, server_round, info, sums_type,
                process, measure_client_drift):
     self.type_signature = tff_next.type_signature
     self._recipe = recipe
@@ -317,8 +317,14 @@ class _InProcessNext:
     self._shard = traced_shard  # relaxed shapes: one trace for every cohort
     self._server_round = server_round
     self._view = program.view
-    self._server = None
     self._message = tf.function(lambda w, s, h: model_info_lib.server_message(recipe, w, s, h))
+    self._server = tf.function(functools.partial(self._aggregation.server, server_round))
+    # Traced now, as the TFF computations are: the first round then costs what
+    # the others do (a state of another nesting would trace again, not fail).
+    specs = [tff.types.type_to_tf_tensor_specs(t)
+             for t in (info.weights_type, info.stats_type, layout.HPARAMS_TYPE)]
+    self._message.get_concrete_function(*specs)
+    self._server.get_concrete_function(*specs, tff.types.type_to_tf_tensor_specs(sums_type))
 
   def __call__(self, state, shards):
     weights, stats, hparams = _as_tensors((state.global_model_weights, state.finalizer,
@@ -329,8 +335,6 @@ class _InProcessNext:
     for shard in shards:
       shard_sums = self._shard(message, shard)
       sums = shard_sums if sums is None else tf.nest.map_structure(tf.add, sums, shard_sums)
-    if self._server is None:
-      self._server = tf.function(functools.partial(self._aggregation.server, self._server_round))
     new_weights, new_stats, metrics = self._server(weights, stats, hparams, sums)
     metrics['train'] = self._view.finalize(sums['metrics'])
     new_state = state._replace(
