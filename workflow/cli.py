@@ -76,7 +76,8 @@ def resolve_flags(flag_values: flags.FlagValues) -> tuple[config.Settings, list[
     notes.append(f'--preset={name} sets {" ".join(applied) or "nothing (all given)"}')
     explicit |= {a[2:].split('=', 1)[0] for a in applied}
   settings = config.from_flags(train_flags.config_from_flags(flag_values))
-  # adapter (issue 25 merge): settings, applied = algorithm_registry.apply_defaults(settings, explicit)
+  # adapter (issue 25 merge): becomes
+  #   settings, applied = algorithm_registry.apply_defaults(settings, explicit)
   values, applied = algorithm_registry.apply_defaults(settings.flag_values(), explicit)
   settings = config.from_flags(values)  # adapter (issue 25 merge)
   notes += [f'{settings.server.algorithm}: {a} (this algorithm\'s default)' for a in applied]
@@ -239,7 +240,7 @@ def run_training(settings: config.Settings, notes=()):
 
 
 def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
-  """The --workers addresses, connected (before building: an unreachable worker fails in seconds)."""
+  """The --workers addresses, connected before anything is built (a dead worker fails fast)."""
   from tff_adaptive.execution import remote_context  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   addresses = worker_process.parse_addresses(execution.workers or '')
@@ -286,7 +287,8 @@ def _build(settings: config.Settings, status: dict):
     runtime.set_worker_log_dir(out)  # worker.log beside the run's other files
     # Personalised algorithms: noisy clients, the per-client state store
     # (a ClientStateError, a ValueError, names a foreign directory).
-    # adapter (issue 25 merge): personalization.setup(settings, task, process, out, RESUMABLE_CHANGES)
+    # adapter (issue 25 merge): becomes
+    #   personalization.setup(settings, task, process, out, RESUMABLE_CHANGES)
     task, client_state = personalization.setup(settings.flag_values(), task, process, out,
                                                RESUMABLE_CHANGES)
   except UsageError:
