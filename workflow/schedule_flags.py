@@ -20,7 +20,6 @@ from tff_adaptive.schedules import core
 from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import learning_rate
 from tff_adaptive.schedules import local_steps
-from workflow import config
 
 # Flag errors of `from_settings` are the driver's error type.
 ScheduleError = round_schedules.ScheduleError
@@ -222,7 +221,9 @@ def make_lr_schedule(name: str, base: float, *, decay_rate: Optional[float] = No
   return schedule
 
 
-def from_settings(settings: config.Settings) -> round_schedules.RoundSchedules:
+# `settings` below is a `workflow.config.Settings`, not imported: workflow.config
+# reads the flag table (train_flags), which imports this module.
+def from_settings(settings) -> round_schedules.RoundSchedules:
   """Builds the driver from bin/train's settings; ValueError names the bad flag."""
   sched = settings.schedules
   total = settings.loop.total_rounds
@@ -257,7 +258,7 @@ def from_settings(settings: config.Settings) -> round_schedules.RoundSchedules:
       rounds_per_eval=settings.loop.rounds_per_eval)
 
 
-def _local_steps(settings: config.Settings, k_name: str, total: int,
+def _local_steps(settings, k_name: str, total: int,
                  feedback: Mapping[str, Any]) -> Optional[core.Schedule]:
   """The K schedule (None: the algorithm's own epochs or constant K)."""
   sched = settings.schedules
