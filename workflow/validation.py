@@ -35,6 +35,15 @@ UNIT_INTERVAL = ('server_beta_1', 'server_beta_2', 'client_beta_1', 'client_beta
                  'sparsity')  # [0, 1)
 CLOSED_UNIT_INTERVAL = ('noisy_client_fraction',)  # [0, 1]
 MAX_SEED = 2**32 - 1  # NumPy's and TF's seeds
+# Upper (and lower) bounds beyond which a flag only hangs or overflows (issue 26).
+# Dirichlet(α) sampling (NumPy's) takes time ~1/α: 0.1 ms per draw of 50 shares at
+# α = 1e-4, 0.5 s at 1e-9, no end at 1e-30; below ~1e-3 every client holds one label anyway.
+MIN_DIRICHLET_ALPHA = 1e-4
+# The RDP accountant fails numerically above σ ≈ 1e4 (and overflows at 1e154);
+# ε is already ≈ 0 at σ = 1000.
+MAX_DP_NOISE_MULTIPLIER = 1e3
+# The papers use K of tens to hundreds; 2·10⁹ steps is a round that never ends.
+MAX_LOCAL_STEPS = 100_000
 
 # (flag names, what a value must satisfy, how the message says it), checked in this order.
 _TABLES = (
@@ -59,10 +68,9 @@ def validate(settings: config.Settings) -> None:
   _check_task(settings.task, settings.client)
   _check_client(settings.client)
   _check_server(settings.server)
-  _check_aggregation(settings.aggregation, settings.execution)
+  _check_aggregation(settings.aggregation)
   _check_loop(settings.loop)
   _check_reliability(settings.reliability)
-  _check_execution(settings.execution)
   # What the algorithm supports: its registry entry's checks (also run by
   # `algorithms.build`, for callers that skip this validation).
   try:
@@ -70,6 +78,7 @@ def validate(settings: config.Settings) -> None:
     algorithm_registry.check(settings.server.algorithm, settings.flag_values())
   except algorithm_registry.ConfigError as e:
     raise UsageError(str(e)) from None
+  _check_execution(settings.execution, settings.aggregation)
   _check_schedules(settings)
   from workflow import personalization  # pylint: disable=g-import-not-at-top
   try:
@@ -110,17 +119,18 @@ def _check_generic(settings: config.Settings) -> None:
 
 
 def _check_task(task: TaskSettings, client: config.ClientSettings) -> None:
-  if 0 < task.dirichlet_alpha < MIN_DIRICHLET_ALPHA:
+  if task.dirichlet_alpha is not None and 0 < task.dirichlet_alpha < MIN_DIRICHLET_ALPHA:
     raise UsageError(f'--dirichlet_alpha must be at least {MIN_DIRICHLET_ALPHA:g} (smaller values '
                      'give every client one label, and sampling them takes ~1/α time); '
                      f'got {task.dirichlet_alpha}')
-  if task.num_clients and client.clients_per_round > task.num_clients:
+  per_round = client.clients_per_round
+  if task.num_clients and per_round and per_round > task.num_clients:
     raise UsageError(f'--clients_per_round must be in [1, --num_clients={task.num_clients}]; '
-                     f'got {client.clients_per_round}')
+                     f'got {per_round}')
 
 
 def _check_client(client: config.ClientSettings) -> None:
-  if client.local_steps > MAX_LOCAL_STEPS:
+  if client.local_steps is not None and client.local_steps > MAX_LOCAL_STEPS:
     raise UsageError(f'--local_steps must be at most {MAX_LOCAL_STEPS} per round; '
                      f'got {client.local_steps}')
 
@@ -132,8 +142,7 @@ def _check_server(server: config.ServerSettings) -> None:
                      f'got {server.server_optimizer!r}')
 
 
-def _check_aggregation(aggregation: config.AggregationSettings,
-                       execution: config.ExecutionSettings) -> None:
+def _check_aggregation(aggregation: config.AggregationSettings) -> None:
   sigma = aggregation.dp_noise_multiplier
   if sigma is not None and sigma > MAX_DP_NOISE_MULTIPLIER:
     raise UsageError(f'--dp_noise_multiplier must be at most {MAX_DP_NOISE_MULTIPLIER:g} (ε is '
@@ -147,8 +156,6 @@ def _check_aggregation(aggregation: config.AggregationSettings,
   if aggregation.dp_delta is not None and not 0 <= aggregation.dp_delta < 1:
     raise UsageError(f'--dp_delta must be in [0, 1) (0: 1 / number of clients); '
                      f'got {aggregation.dp_delta}')
-  if execution.workers and (aggregation.aggregator or 'mean') == 'secure':
-    raise UsageError('--aggregator=secure runs on TFF\'s local test context, not on --workers')
 
 
 def _check_loop(loop: config.LoopSettings) -> None:
@@ -163,7 +170,10 @@ def _check_reliability(reliability: config.ReliabilitySettings) -> None:
                      f'{reliability.divergence_factor}')
 
 
-def _check_execution(execution: config.ExecutionSettings) -> None:
+def _check_execution(execution: config.ExecutionSettings,
+                     aggregation: config.AggregationSettings) -> None:
+  if execution.workers and (aggregation.aggregator or 'mean') == 'secure':
+    raise UsageError('--aggregator=secure runs on TFF\'s local test context, not on --workers')
   if execution.execution_concurrency is not None and execution.execution_concurrency < -1:
     raise UsageError('--execution_concurrency must be -1 (unlimited), 0 (default) or a positive '
                      f'integer; got {execution.execution_concurrency}')
@@ -188,17 +198,6 @@ def _check_schedules(settings: config.Settings) -> None:
     schedule_flags.from_settings(settings)
   except ValueError as e:
     raise UsageError(str(e)) from None
-
-
-# Upper (and lower) bounds beyond which a flag only hangs or overflows (issue 26).
-# Dirichlet(α) sampling (NumPy's) takes time ~1/α: 0.1 ms per draw of 50 shares at
-# α = 1e-4, 0.5 s at 1e-9, no end at 1e-30; below ~1e-3 every client holds one label anyway.
-MIN_DIRICHLET_ALPHA = 1e-4
-# The RDP accountant fails numerically above σ ≈ 1e4 (and overflows at 1e154);
-# ε is already ≈ 0 at σ = 1000.
-MAX_DP_NOISE_MULTIPLIER = 1e3
-# The papers use K of tens to hundreds; 2·10⁹ steps is a round that never ends.
-MAX_LOCAL_STEPS = 100_000
 
 
 def _check_text(name: str, value: Any) -> None:
