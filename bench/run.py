@@ -198,7 +198,7 @@ def build_process(name: str, setting: Setting):
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(LEARNING_RATE),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
   algorithm, _ = ALGORITHMS[name]
-  return registry.build(setting.task(), _config(name, setting))  # adapter (issue 25 merge)
+  return registry.build(setting.task(), _config(name, setting))
 
 
 def _config(name: str, setting: Setting):

@@ -51,8 +51,8 @@ def main(argv):
   try:
     if len(argv) > 1:
       raise cli.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-    cfg, notes = cli.resolve_flags(FLAGS)
-    cli.run_training(cfg, notes)
+    settings, notes = cli.resolve_flags(FLAGS)
+    cli.run_training(settings, notes)
   except cli.RunError as e:
     sys.exit(cli.report(e))
 

@@ -69,6 +69,8 @@ def _complete(path):
 
 def run(runs_dir):
   from workflow import cli  # pylint: disable=g-import-not-at-top
+  from workflow import config  # pylint: disable=g-import-not-at-top
+  from workflow import train_flags  # pylint: disable=g-import-not-at-top
   flag_values = None
   for name, _, extra in METHODS:
     args = _args(runs_dir, name, extra)
@@ -79,9 +81,10 @@ def run(runs_dir):
     flag_values = flag_values or _flags()
     flag_values.unparse_flags()
     flag_values(['bin/train.py', *args])
-    cfg = {k: flag_values[k].value for k in cli.TRAIN_FLAG_NAMES if k in flag_values}
+    # The flags as given (no preset, no algorithm defaults): the runs these figures were made of.
+    settings = config.from_flags(train_flags.config_from_flags(flag_values))
     started, cpu = time.monotonic(), time.process_time()
-    cli.run_training(cfg)
+    cli.run_training(settings)
     print(f'  {time.monotonic() - started:.0f}s wall, {time.process_time() - cpu:.0f}s CPU',
           flush=True)
 

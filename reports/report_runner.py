@@ -39,8 +39,8 @@ def _train(args: Sequence[str]):
   _FLAGS(['bin/train.py', *args])
   started, cpu = time.monotonic(), time.process_time()
   try:  # what bin/train's main() does: presets and algorithm defaults, then the run
-    cfg, notes = cli.resolve_flags(_FLAGS)
-    cli.run_training(cfg, notes)
+    settings, notes = cli.resolve_flags(_FLAGS)
+    cli.run_training(settings, notes)
     status = 'ok'
   except cli.RunError as e:  # exit status 1: diverged or failed; 2: bad flags or files
     cli.report(e)

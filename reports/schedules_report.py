@@ -101,11 +101,14 @@ def _load_train_flags():
 def train(flag_values, args) -> str:
   """Exactly `bin/train.py args`, in this process (TF/TFF imported once)."""
   from workflow import cli  # pylint: disable=g-import-not-at-top
+  from workflow import config  # pylint: disable=g-import-not-at-top
+  from workflow import train_flags  # pylint: disable=g-import-not-at-top
   flag_values.unparse_flags()
   flag_values(['bin/train.py', *args])
-  cfg = {k: flag_values[k].value for k in cli.TRAIN_FLAG_NAMES}
+  # The flags as given (no preset, no algorithm defaults), as this report always ran them.
+  settings = config.from_flags(train_flags.config_from_flags(flag_values))
   try:
-    cli.run_training(cfg)
+    cli.run_training(settings)
   except SystemExit as e:
     return f'exit {e.code}'
   return 'ok'

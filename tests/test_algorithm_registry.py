@@ -61,12 +61,11 @@ def test_lists_are_derived_from_the_entries():
     (['--algorithm=fedprox', '--measure_client_drift'], '--measure_client_drift'),
 ])
 def test_one_check_refuses_in_validation_and_in_build(args, flag):
-  cfg, _ = cli.config_from_args(args)
+  settings, _ = cli.config_from_args(args)
   with pytest.raises(cli.UsageError) as usage:
-    cli.validate(cfg)
+    cli.validate(settings)
   with pytest.raises(algorithms.ConfigError) as refused:
-    # refused before the task is used
-    algorithms.build(None, config.from_flags(cfg))  # adapter (issue 25 merge)
+    algorithms.build(None, settings)  # refused before the task is used
   assert str(usage.value) == str(refused.value)
   assert flag in str(usage.value) and '\n' not in str(usage.value)
 

@@ -18,6 +18,7 @@ import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
 from workflow import cli
+from workflow import config
 from tff_adaptive.accounting import flops
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
@@ -334,7 +335,7 @@ def _config(args):
 @pytest.mark.parametrize('args, flag', BAD_FLAGS)
 def test_validate_names_the_flag(args, flag):
   with pytest.raises(cli.UsageError) as error:
-    cli.validate(_config(args))
+    cli.validate(config.from_flags(_config(args)))
   message = str(error.value)
   assert flag in message and '\n' not in message
 

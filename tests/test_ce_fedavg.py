@@ -25,6 +25,7 @@ import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
 from workflow import cli
+from workflow import config
 from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
@@ -247,7 +248,7 @@ def test_validate_names_the_flag(args, flag):
     name, value = arg[2:].split('=')
     cfg[name] = float(value) if name == 'sparsity' else value
   with pytest.raises(cli.UsageError, match=flag):
-    cli.validate(cfg)
+    cli.validate(config.from_flags(cfg))
 
 
 def test_builders_name_the_argument_and_the_registry_the_flag():

@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from workflow import cli
+from workflow import config
 from tff_adaptive.accounting import privacy
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.optimizers import sm3
@@ -367,7 +368,7 @@ def _config(args):
 @pytest.mark.parametrize('args, flag', BAD[:3])  # BAD[3] fails in the flag parser
 def test_validate_names_the_flag(args, flag):
   with pytest.raises(cli.UsageError, match=flag):
-    cli.validate(_config(args))
+    cli.validate(config.from_flags(_config(args)))
 
 
 def test_builders_name_the_argument():

@@ -1,4 +1,5 @@
-"""The package layering (issue 16): who may import whom, no cycles, no import side effects.
+"""The package layering (issue 16): who may import whom, no cycles, no import side effects;
+and below bin/, settings, not bin/train's flag dict (issue 25).
 
   bin/ → workflow/ → tasks/ → tff_adaptive/ (the installed library)
 
@@ -10,8 +11,10 @@ and compares the TFF attributes that the package knows how to patch, the exit
 handlers, the signal handlers and the temp directory before and after.
 """
 
+import ast
 import importlib.util
 import os
+import re
 import pkgutil
 import subprocess
 import sys
@@ -197,3 +200,54 @@ def test_pkgutil_walk_matches_files():
                                                   'tff_adaptive.')}
   files = {m for m in ALL_MODULES if m.startswith('tff_adaptive.')}
   assert names == files
+
+
+# Issue 25: below the binaries, functions take `workflow.config.Settings`, one
+# of its groups or plain keyword arguments. workflow/config.py alone turns the
+# flat {flag: value} into settings (and back, for flags.json).
+FLAG_DICT_EXEMPT = {'workflow/config.py'}
+_FLAG_DICT_TEXT = re.compile(r'(?<![\w.])cfg(\[|\.get\()')
+
+
+def flag_dict_uses(source: str, path: str) -> list[str]:
+  """`path:line: what` for each `cfg[`, `cfg.get(` (anywhere in the text) and parameter `cfg`."""
+  found = [f'{path}:{source.count(chr(10), 0, m.start()) + 1}: {m.group(0)}'
+           for m in _FLAG_DICT_TEXT.finditer(source)]
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      arguments = node.args
+      for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                  arguments.vararg, arguments.kwarg]:
+        if arg is not None and arg.arg == 'cfg':
+          found.append(f'{path}:{arg.lineno}: parameter cfg of '
+                       f'{getattr(node, "name", "lambda")}')
+  return sorted(found)
+
+
+def test_no_flag_dict_below_the_binaries():
+  found = []
+  for module, path in sorted(ALL_MODULES.items()):
+    relative = os.path.relpath(path, ROOT)
+    if relative in FLAG_DICT_EXEMPT:
+      continue
+    with open(path, encoding='utf-8') as f:
+      found += flag_dict_uses(f.read(), relative)
+  assert not found, ('bin/train\'s flags reach the code below bin/ as config.Settings (or a '
+                     'group of it, or keyword arguments), not as the flag dict:\n' +
+                     '\n'.join(found))
+
+
+def test_flag_dict_check_can_fail():
+  """The check above sees every shape of the flag dict, and not names that merely contain cfg."""
+  planted = textwrap.dedent('''
+      def build(task, cfg):
+        return cfg['algorithm'], cfg.get('seed')
+      DEFAULTS = {'fedavg': lambda cfg: {}}
+      def run(*, cfg=None):
+        pass
+      def fine(settings, my_cfg, cfgs):
+        return my_cfg['x'], settings.cfg[0], cfgs.get('y')
+  ''')
+  found = flag_dict_uses(planted, 'workflow/planted.py')
+  assert [int(line.split(':')[1]) for line in found] == [2, 3, 3, 4, 5], found
+  assert 'workflow/config.py' in {os.path.relpath(p, ROOT) for p in ALL_MODULES.values()}

@@ -12,6 +12,7 @@ import pytest
 
 from tasks import fixtures
 from workflow import cli
+from workflow import config
 from workflow import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,4 +105,4 @@ def test_every_preset_validates(name):
     values.unparse_flags()
   for flag, value in presets.PRESETS[name].items():
     assert str(cfg[flag]) == value or cfg[flag] == type(cfg[flag])(value), flag
-  cli.validate(cfg)
+  cli.validate(config.from_flags(cfg))

@@ -32,13 +32,13 @@ from workflow import program
 NAME = 'run'
 
 
-def _cfg(root, **overrides):
-  """bin/train's flag dict for a 4-round digits run, checkpoint every round."""
+def _settings(root, **overrides):
+  """bin/train's settings for a 4-round digits run, checkpoint every round."""
   return train_config.small_run(root, NAME, **{'total_rounds': 4, 'rounds_per_eval': 2,
                                                'rounds_per_checkpoint': 1, **overrides})
 
 
-def _train(cfg):
+def _train(settings):
   """(exit code, stderr lines) of an in-process bin/train run."""
   import contextlib  # pylint: disable=g-import-not-at-top
   import io  # pylint: disable=g-import-not-at-top
@@ -46,7 +46,7 @@ def _train(cfg):
   code = 0
   with contextlib.redirect_stderr(err):
     try:
-      cli.run_training(cfg)
+      cli.run_training(settings)
     except cli.RunError as e:
       code = cli.report(e)
     finally:
@@ -109,7 +109,7 @@ def _tree(path):
 def reference(tmp_path_factory):
   """An uninterrupted 4-round run (checkpoints after rounds 2, 3, 4)."""
   root = tmp_path_factory.mktemp('reference')
-  code, lines = _train(_cfg(root))
+  code, lines = _train(_settings(root))
   assert code == 0, lines
   return _run_dir(root)
 
@@ -118,7 +118,7 @@ def reference(tmp_path_factory):
 def three_rounds(tmp_path_factory):
   """The same run stopped after round 3 (checkpoints 1, 2, 3), to copy and damage."""
   root = tmp_path_factory.mktemp('three')
-  code, lines = _train(_cfg(root, total_rounds=3))
+  code, lines = _train(_settings(root, total_rounds=3))
   assert code == 0, lines
   return _run_dir(root)
 
@@ -169,7 +169,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize('overrides, flag, allowed', BAD_VALUES)
 def test_bad_values_are_rejected_naming_flag_and_range(tmp_path, overrides, flag, allowed):
   with pytest.raises(cli.UsageError) as raised:
-    cli.validate(_cfg(tmp_path / 'out', **overrides))
+    cli.validate(_settings(tmp_path / 'out', **overrides))
   message = str(raised.value)
   assert flag in message and allowed in message and '\n' not in message
 
@@ -183,7 +183,7 @@ def test_bad_values_are_rejected_naming_flag_and_range(tmp_path, overrides, flag
 ])
 def test_bad_values_exit_2_before_anything_is_written(tmp_path, overrides, flag):
   started = time.monotonic()
-  code, lines = _train(_cfg(tmp_path / 'out', **overrides))
+  code, lines = _train(_settings(tmp_path / 'out', **overrides))
   assert code == 2
   assert len(lines) == 1 and flag in lines[0], lines
   assert not os.path.exists(tmp_path / 'out') and not os.path.exists(tmp_path / 'escape')
@@ -245,7 +245,7 @@ def test_no_loadable_checkpoint_is_one_line_and_nothing_renamed(three_rounds, tm
   for version in (1, 2, 3):
     _damage(os.path.join(run, 'checkpoints', f'program_state_{version}'), 'truncated variables')
   before = _tree(os.path.join(run, 'checkpoints'))
-  code, lines = _train(_cfg(root))
+  code, lines = _train(_settings(root))
   assert code == 2
   _one_line(lines, 'none of the checkpoints', os.path.join(run, 'checkpoints'))
   assert _tree(os.path.join(run, 'checkpoints')) == before
@@ -264,7 +264,7 @@ def test_damaged_latest_checkpoint_and_stray_files_resume_bit_identically(
   os.truncate(metrics, os.path.getsize(metrics) - 25)  # round 3's row cut off
   assert _event_steps(run) == [1, 2, 3]
 
-  code, lines = _train(_cfg(root))
+  code, lines = _train(_settings(root))
   assert code == 0, lines
   assert not any('Traceback' in l for l in lines)
   assert any('partial checkpoint' in l and 'program_state_4_temp1234' in l for l in lines)
@@ -343,7 +343,7 @@ def test_damaged_flags_json_refuses_to_resume(three_rounds, tmp_path, damage):
   else:
     open(path, 'w').write('{"task": "dig' if damage == 'garbled' else '[1, 2]')
   before = _tree(run)
-  code, lines = _train(_cfg(root, client_learning_rate=0.5))
+  code, lines = _train(_settings(root, client_learning_rate=0.5))
   assert code == 2
   assert len(lines) == 1 and path in lines[0] and '--trust_command_line' in lines[0], lines
   assert _tree(run) == before  # not even a lock file changed
@@ -353,7 +353,7 @@ def test_trust_command_line_resumes_and_records_flags(reference, three_rounds, t
   root = _copy(three_rounds, tmp_path)
   run = _run_dir(root)
   os.remove(os.path.join(run, 'flags.json'))
-  code, lines = _train(_cfg(root, trust_command_line=True))
+  code, lines = _train(_settings(root, trust_command_line=True))
   assert code == 0, lines
   assert any('--trust_command_line' in l and 'flags.json' in l for l in lines)
   _assert_same_weights(reference, run)
@@ -382,7 +382,7 @@ def test_second_run_into_a_locked_directory_exits_2_naming_the_holder(three_roun
     assert holder.stdout.readline().strip() == 'locked'
     before = _tree(run)
     started = time.monotonic()
-    code, lines = _train(_cfg(root))
+    code, lines = _train(_settings(root))
     assert code == 2
     assert len(lines) == 1 and f'pid {holder.pid}' in lines[0] and run in lines[0], lines
     assert time.monotonic() - started < 10  # at once: before the task is built
@@ -393,7 +393,7 @@ def test_second_run_into_a_locked_directory_exits_2_naming_the_holder(three_roun
   # The holder is dead: its lock is taken over (the file still names it).
   with open(os.path.join(run, cli.LOCK_NAME)) as f:
     assert f.read().strip() == str(holder.pid)
-  code, lines = _train(_cfg(root))
+  code, lines = _train(_settings(root))
   assert code == 0, lines
   assert _rounds(run) == [1, 2, 3, 4]
 
@@ -412,14 +412,14 @@ def test_disk_full_while_checkpointing(reference, tmp_path, monkeypatch):
     return real_save(module, path, **kwargs)
 
   monkeypatch.setattr(tf.saved_model, 'save', full_disk)
-  code, lines = _train(_cfg(tmp_path))
+  code, lines = _train(_settings(tmp_path))
   run = _run_dir(tmp_path)
   assert code == 1
   _one_line(lines, 'round 3', 'No space left on device', 'program_state_2', 'rerun')
   assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == [
       'program_state_1', 'program_state_2']
   monkeypatch.setattr(tf.saved_model, 'save', real_save)
-  code, lines = _train(_cfg(tmp_path))
+  code, lines = _train(_settings(tmp_path))
   assert code == 0, lines
   _assert_same_weights(reference, run)
   assert _rounds(run) == [1, 2, 3, 4] and _event_steps(run) == [1, 2, 3, 4]
@@ -428,19 +428,19 @@ def test_disk_full_while_checkpointing(reference, tmp_path, monkeypatch):
 # ---- Divergence ----
 
 def test_finite_blow_up_stops_and_off_switch(tmp_path):
-  code, lines = _train(_cfg(tmp_path, client_learning_rate=1e6, total_rounds=5))
+  code, lines = _train(_settings(tmp_path, client_learning_rate=1e6, total_rounds=5))
   assert code == 1
   _one_line(lines, 'diverged at round 3', 'train/client_work/train/loss', '--divergence_factor=0',
             'no checkpoint was kept')
   assert not os.listdir(os.path.join(_run_dir(tmp_path), 'checkpoints'))
   # Off: the run goes on (to a useless model, as asked).
-  code, lines = _train(_cfg(tmp_path / 'off', client_learning_rate=1e6, total_rounds=3,
-                            divergence_factor=0.0))
+  code, lines = _train(_settings(tmp_path / 'off', client_learning_rate=1e6, total_rounds=3,
+                                 divergence_factor=0.0))
   assert code == 0, lines
 
 
 def test_non_finite_loss_cites_only_an_existing_checkpoint(tmp_path):
-  code, lines = _train(_cfg(tmp_path, client_learning_rate=1e30, total_rounds=3))
+  code, lines = _train(_settings(tmp_path, client_learning_rate=1e30, total_rounds=3))
   assert code == 1
   _one_line(lines, 'diverged at round', 'non-finite')
   run = _run_dir(tmp_path)
@@ -465,14 +465,14 @@ def test_signal_stops_with_one_line_and_resumes(reference, tmp_path, signum, cod
     os.kill(os.getpid(), signum)
 
   threading.Thread(target=send, daemon=True).start()
-  got, lines = _train(_cfg(tmp_path))
+  got, lines = _train(_settings(tmp_path))
   assert got == code, lines
   _one_line(lines, signal.Signals(signum).name, 'stopped at round', 'resume with the same command')
   assert len([l for l in lines if 'stopped' in l]) == 1
   assert not glob.glob(os.path.join(run, 'checkpoints', '*_temp*'))
   # The checkpoint named is the newest one there (issue 26: the loop's note of it could lag).
   assert f'program_state_{program.newest_checkpoint(run)}' in lines[-1], lines
-  got, lines = _train(_cfg(tmp_path))
+  got, lines = _train(_settings(tmp_path))
   assert got == 0, lines
   _assert_same_weights(reference, run)
   assert _rounds(run) == [1, 2, 3, 4] and _event_steps(run) == [1, 2, 3, 4]
@@ -598,13 +598,12 @@ DATA_CASES = ['mnist missing key', 'mnist length mismatch', 'mnist bad labels', 
 @pytest.mark.parametrize('case', DATA_CASES)
 def test_malformed_data_file_is_one_line_naming_it(tmp_path, case):
   from tasks import registry  # pylint: disable=g-import-not-at-top
-  from tasks.settings import TaskSettings  # pylint: disable=g-import-not-at-top
   task, path = _data_case(case, tmp_path / 'data')
-  settings = TaskSettings(task=task, data_dir=str(tmp_path / 'data'), num_clients=2,
-                          partition='iid')
+  settings = _settings(tmp_path / 'out', task=task, data_dir=str(tmp_path / 'data'),
+                       num_clients=2, clients_per_round=1, partition='iid')
   with pytest.raises(ValueError) as raised:
-    registry.create_task(settings, batch_size=train_config.BASE['client_batch_size'],
-                         num_epochs=1, seed=train_config.BASE['seed'])
+    registry.create_task(settings.task, batch_size=settings.client.client_batch_size,
+                         num_epochs=1, seed=settings.loop.seed)
   message = str(raised.value)
   assert path in message and '\n' not in message, message
   if case == 'cifar10 planted code':
@@ -616,8 +615,8 @@ def test_malformed_data_file_is_one_line_naming_it(tmp_path, case):
 
 def test_malformed_data_file_exits_2_before_output(tmp_path):
   task, path = _data_case('mnist length mismatch', tmp_path / 'data')
-  code, lines = _train(_cfg(tmp_path / 'out', task=task, data_dir=str(tmp_path / 'data'),
-                            num_clients=2, clients_per_round=1, partition='iid'))
+  code, lines = _train(_settings(tmp_path / 'out', task=task, data_dir=str(tmp_path / 'data'),
+                                 num_clients=2, clients_per_round=1, partition='iid'))
   assert code == 2
   assert len(lines) == 1 and path in lines[0], lines
   assert not os.path.exists(tmp_path / 'out')

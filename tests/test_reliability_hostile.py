@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 # three_rounds: a digits run of 3 rounds (checkpoints 1-3), to copy and plant links or files in.
-from test_reliability import NAME, _cfg, _copy, _one_line, _rounds, _run_dir, _train
+from test_reliability import NAME, _settings, _copy, _one_line, _rounds, _run_dir, _train
 from test_reliability import three_rounds  # pylint: disable=unused-import  (a fixture)
 from workflow import cli
 from workflow import errors
@@ -47,10 +47,10 @@ def _snapshot(path):
   return out
 
 
-def _rejected(tmp_path, cfg, *needles):
-  """Runs `cfg`: exit 2, one line naming every needle, nothing under tmp_path changed."""
+def _rejected(tmp_path, settings, *needles):
+  """Runs `settings`: exit 2, one line naming every needle, nothing under tmp_path changed."""
   before = _snapshot(tmp_path)
-  code, lines = _train(cfg)
+  code, lines = _train(settings)
   assert code == 2, lines
   assert len(lines) == 1, lines
   _one_line(lines, *needles)
@@ -65,11 +65,11 @@ def test_run_directory_linked_outside_the_root_is_refused(tmp_path):
   outside.mkdir()
   (tmp_path / 'root').mkdir()
   os.symlink(outside, tmp_path / 'root' / NAME)
-  _rejected(tmp_path, _cfg(tmp_path / 'root'), str(tmp_path / 'root' / NAME), 'symbolic link',
-            '--root_output_dir')
+  _rejected(tmp_path, _settings(tmp_path / 'root'), str(tmp_path / 'root' / NAME),
+            'symbolic link', '--root_output_dir')
   # A link on the way (a nested --experiment_name) is named too.
   os.symlink(outside, tmp_path / 'root' / 'sub')
-  _rejected(tmp_path, _cfg(tmp_path / 'root', experiment_name='sub/run'),
+  _rejected(tmp_path, _settings(tmp_path / 'root', experiment_name='sub/run'),
             str(tmp_path / 'root' / 'sub'), 'symbolic link')
   assert not os.listdir(outside)
 
@@ -92,7 +92,7 @@ def test_a_link_planted_in_the_run_directory_is_refused(three_rounds, tmp_path, 
   else:
     target.mkdir() if entry == 'client_state' else target.write_text('victim\n')
   os.symlink(target, planted)
-  line = _rejected(tmp_path, _cfg(root), planted, 'symbolic link')
+  line = _rejected(tmp_path, _settings(root), planted, 'symbolic link')
   assert '--experiment_name' in line
 
 
@@ -128,7 +128,7 @@ def test_run_entry_of_the_wrong_kind_is_one_line(three_rounds, tmp_path, entry, 
   else:
     os.remove(path)
     os.mkdir(path)
-  _rejected(tmp_path, _cfg(root), path, needle)
+  _rejected(tmp_path, _settings(root), path, needle)
 
 
 def test_read_only_tensorboard_directory_is_one_line(three_rounds, tmp_path, monkeypatch):
@@ -140,7 +140,7 @@ def test_read_only_tensorboard_directory_is_one_line(three_rounds, tmp_path, mon
     monkeypatch.setattr(os, 'access', lambda p, mode: False if os.fspath(p) == path
                         else real_access(p, mode))
   try:
-    _rejected(tmp_path, _cfg(root), path, 'read-only')
+    _rejected(tmp_path, _settings(root), path, 'read-only')
   finally:
     os.chmod(path, 0o755)
 
@@ -148,8 +148,8 @@ def test_read_only_tensorboard_directory_is_one_line(three_rounds, tmp_path, mon
 def test_client_state_dir_naming_a_file_is_one_line(tmp_path):
   state_file = tmp_path / 'state'
   state_file.write_text('not a directory')
-  _rejected(tmp_path, _cfg(tmp_path / 'out', algorithm='perfedavg',
-                           client_state_dir=str(state_file)),
+  _rejected(tmp_path, _settings(tmp_path / 'out', algorithm='perfedavg',
+                                client_state_dir=str(state_file)),
             f'--client_state_dir={state_file}', 'is a file')
 
 
@@ -158,7 +158,7 @@ def test_lock_replaced_by_a_directory_is_named_as_such(three_rounds, tmp_path):
   lock = os.path.join(_run_dir(root), cli.LOCK_NAME)
   os.remove(lock)
   os.mkdir(lock)
-  line = _rejected(tmp_path, _cfg(root), lock, 'is a directory')
+  line = _rejected(tmp_path, _settings(root), lock, 'is a directory')
   assert 'not writable' not in line
 
 
@@ -177,12 +177,12 @@ def test_task_code_that_raises_is_one_line_naming_task(tmp_path, monkeypatch, ca
     monkeypatch.syspath_prepend(str(tmp_path / 'code'))
     task = f'{module}:make_task'
     needles = [f'--task={task}', 'SyntaxError' if case == 'syntax' else 'boom at import']
-  cfg = _cfg(tmp_path / 'out', task=task, num_clients=0, clients_per_round=2)
-  _rejected(tmp_path, cfg, *needles, 'TFF_ADAPTIVE_TRACEBACK=1')
+  settings = _settings(tmp_path / 'out', task=task, num_clients=0, clients_per_round=2)
+  _rejected(tmp_path, settings, *needles, 'TFF_ADAPTIVE_TRACEBACK=1')
   sys.modules.pop(module, None)
   # The traceback on request: the user's frames, then the same last line.
   monkeypatch.setenv(errors.TRACEBACK_ENV, '1')
-  code, lines = _train(cfg)
+  code, lines = _train(settings)
   assert code == 2 and any(l.startswith('Traceback') for l in lines), lines
   assert needles[0] in lines[-1]
   assert not os.path.exists(tmp_path / 'out')
@@ -207,8 +207,8 @@ BOUNDS = [
 def test_values_that_hung_or_overflowed_are_rejected_before_anything_is_written(
     tmp_path, overrides, flag, needle):
   started = time.monotonic()
-  cfg = _cfg(tmp_path / 'out', **overrides)
-  _rejected(tmp_path, cfg, flag, needle)
+  settings = _settings(tmp_path / 'out', **overrides)
+  _rejected(tmp_path, settings, flag, needle)
   assert time.monotonic() - started < 30
 
 
@@ -226,14 +226,14 @@ def test_the_bounds_keep_their_computations_finite():
 
 @pytest.mark.parametrize('name', ['/'.join(['x' * 200] * 25), 'y' * 300])
 def test_an_experiment_name_too_long_for_the_system_leaves_nothing(tmp_path, name):
-  _rejected(tmp_path, _cfg(tmp_path / 'out', experiment_name=name), '--experiment_name')
+  _rejected(tmp_path, _settings(tmp_path / 'out', experiment_name=name), '--experiment_name')
   assert not os.path.exists(tmp_path / 'out')
 
 
 def test_an_experiment_name_through_a_file_names_the_flag(tmp_path):
   (tmp_path / 'out').mkdir()
   (tmp_path / 'out' / 'a').write_text('a file')
-  _rejected(tmp_path, _cfg(tmp_path / 'out', experiment_name='a/b'), 'is a file',
+  _rejected(tmp_path, _settings(tmp_path / 'out', experiment_name='a/b'), 'is a file',
             '--experiment_name')
 
 
@@ -265,9 +265,9 @@ def test_binary_flagfile_is_one_line_naming_it(tmp_path):
 
 
 def test_non_finite_evaluation_metrics_warn_once_and_the_run_goes_on(tmp_path):
-  cfg = _cfg(tmp_path, task='tests.hostile_task_fixture:nan_test_data', num_clients=0,
-             clients_per_round=2, total_rounds=3, rounds_per_eval=1)
-  code, lines = _train(cfg)
+  settings = _settings(tmp_path, task='tests.hostile_task_fixture:nan_test_data',
+                       num_clients=0, clients_per_round=2, total_rounds=3, rounds_per_eval=1)
+  code, lines = _train(settings)
   assert code == 0, lines
   warnings = [l for l in lines if 'not finite' in l]
   assert len(warnings) == 1 and 'eval/loss=nan' in warnings[0] and 'round 1' in warnings[0], lines
@@ -321,11 +321,11 @@ def test_trust_command_line_runs_what_it_records(three_rounds, tmp_path):
   root = _copy(three_rounds, tmp_path)
   run = _run_dir(root)
   os.remove(os.path.join(run, 'flags.json'))
-  cfg = _cfg(root, trust_command_line=True, client_learning_rate=0.5)
+  settings = _settings(root, trust_command_line=True, client_learning_rate=0.5)
   err = io.StringIO()
   with contextlib.redirect_stderr(err):
     try:
-      state, _ = cli.run_training(cfg)
+      state, _ = cli.run_training(settings)
     finally:
       signal.signal(signal.SIGINT, signal.default_int_handler)
       signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -335,7 +335,7 @@ def test_trust_command_line_runs_what_it_records(three_rounds, tmp_path):
     assert json.load(f)['client_learning_rate'] == 0.5
   assert _rounds(run) == [1, 2, 3, 4]
   # ... and the record is what a rerun is checked against.
-  code, lines = _train(_cfg(root, total_rounds=5))
+  code, lines = _train(_settings(root, total_rounds=5))
   assert code == 2 and 'client_learning_rate' in lines[-1], lines
 
 

@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import cli
+from workflow import config
 from workflow import schedule_flags
 from tff_adaptive.schedules import core as schedules
 from tff_adaptive.schedules import driver as round_schedules
@@ -35,8 +36,8 @@ TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 CLIENTS = 3
 
 
-def _cfg(tmp_path, name, **overrides):
-  """bin/train's flag dict (defaults), small digits run."""
+def _settings(tmp_path, name, **overrides):
+  """bin/train's settings (defaults), small digits run."""
   return train_config.small_run(tmp_path, name, **{'clients_per_round': CLIENTS, **overrides})
 
 
@@ -60,9 +61,9 @@ def _composer_state(k=50, lr=0.3, server_lr=1.0):
 # The driver on its own.
 
 def test_rounds_schedule_decays_k_and_client_lr_together():
-  driver = schedule_flags.from_config(dict(
+  driver = schedule_flags.from_settings(config.from_flags(dict(
       local_steps=50, local_steps_schedule='rounds', client_learning_rate=0.3,
-      client_lr_schedule='rounds', total_rounds=2000))
+      client_lr_schedule='rounds', total_rounds=2000)))
   state = _composer_state()
   for r, k in ((1, 50), (2, 40), (8, 25), (125, 10), (1000, 5)):  # 1000: the ∛ trap
     state, data_k, row = driver.apply(state, r)
@@ -74,9 +75,9 @@ def test_rounds_schedule_decays_k_and_client_lr_together():
 
 
 def test_step_schedule_watches_only_regular_evaluation_rounds():
-  driver = schedule_flags.from_config(dict(
+  driver = schedule_flags.from_settings(config.from_flags(dict(
       local_steps=20, local_steps_schedule='step', plateau_patience=1, rounds_per_eval=4,
-      total_rounds=20))
+      total_rounds=20)))
   state = _composer_state(k=20)
   evals = {4: 0.5, 6: 0.1, 8: 0.5}  # round 6: the extra evaluation after a cut run's last round
   ks = []
@@ -92,9 +93,9 @@ def test_step_schedule_watches_only_regular_evaluation_rounds():
 
 
 def test_step_schedule_without_accuracy_watches_the_loss():
-  driver = schedule_flags.from_config(dict(
+  driver = schedule_flags.from_settings(config.from_flags(dict(
       local_steps=10, local_steps_schedule='step', plateau_patience=1, rounds_per_eval=1,
-      total_rounds=5))
+      total_rounds=5)))
   state = _composer_state(k=10)
   ks = []
   for r, loss in zip(range(1, 6), (2.0, 1.0, 1.5, 0.5, 0.4)):
@@ -105,10 +106,10 @@ def test_step_schedule_without_accuracy_watches_the_loss():
 
 
 def test_learning_rates_are_found_in_every_kind_of_state():
-  driver = schedule_flags.from_config(dict(
+  driver = schedule_flags.from_settings(config.from_flags(dict(
       local_steps=4, local_steps_schedule='exp', local_steps_decay=0.5, client_learning_rate=0.2,
       client_lr_schedule='exp', client_lr_decay_rate=0.5, server_learning_rate=2.0,
-      server_lr_schedule='exp', server_lr_decay_rate=0.1, total_rounds=3))
+      server_lr_schedule='exp', server_lr_decay_rate=0.1, total_rounds=3)))
   # MimeXlite: the server optimiser state sits under finalizer['server'].
   mimexlite = _composer_state(k=4, lr=0.2)._replace(finalizer=collections.OrderedDict(
       base=collections.OrderedDict(learning_rate=np.float32(0.2)),
@@ -137,9 +138,9 @@ def test_learning_rates_are_found_in_every_kind_of_state():
 
 
 def test_driver_state_round_trips_through_json():
-  driver = schedule_flags.from_config(dict(
+  driver = schedule_flags.from_settings(config.from_flags(dict(
       local_steps=8, local_steps_schedule='error', schedule_window=2, total_rounds=10,
-      step_time_seconds=0.25))
+      step_time_seconds=0.25)))
   state = _composer_state(k=8)
   for r, loss in zip(range(1, 5), (2.0, 2.0, 1.0, 0.5)):
     state, _, row = driver.apply(state, r)
@@ -147,8 +148,8 @@ def test_driver_state_round_trips_through_json():
                        'cost/download_bits_per_client': 2e6, 'cost/upload_bits_per_client': 1e6},
                    CLIENTS)
   saved = driver.to_json()
-  other = schedule_flags.from_config(dict(
-      local_steps=8, local_steps_schedule='error', schedule_window=2, total_rounds=10))
+  other = schedule_flags.from_settings(config.from_flags(dict(
+      local_steps=8, local_steps_schedule='error', schedule_window=2, total_rounds=10)))
   other.restore(saved)
   assert other.to_json() == saved and other.step_seconds == 0.25
   # F_0 = 2, window (1.0, 0.5): K = ⌈∛(0.375)·8⌉ = ⌈5.77⌉ = 6, in both.
@@ -167,9 +168,10 @@ def test_driver_state_round_trips_through_json():
                      server_learning_rate=0.01, client_lr_schedule='rounds')),
 ])
 def test_clients_run_exactly_k_t_steps(tmp_path, algorithm, extra):
-  cfg = _cfg(tmp_path, algorithm, algorithm=algorithm, local_steps=6, local_steps_schedule='exp',
-             local_steps_decay=0.6, step_time_seconds=0.01, **extra)
-  state, _ = cli.run_training(cfg)
+  settings = _settings(tmp_path, algorithm, algorithm=algorithm, local_steps=6,
+                       local_steps_schedule='exp', local_steps_decay=0.6, step_time_seconds=0.01,
+                       **extra)
+  state, _ = cli.run_training(settings)
   rows = _read_csv(tmp_path / algorithm / 'metrics.csv')
   k = [math.ceil(6 * 0.6**t - 1e-9) for t in range(5)]
   assert k == [6, 4, 3, 2, 1]
@@ -208,10 +210,11 @@ def _final_weights(out_dir):
 
 def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
   rounds = 8
-  cfg = _cfg(tmp_path, 'whole', local_steps=20, local_steps_schedule='error', schedule_window=2,
-             client_learning_rate=0.3, total_rounds=rounds, rounds_per_eval=4,
-             rounds_per_checkpoint=2, execution='cohort')  # bin/train's default, as below
-  cli.run_training(cfg)
+  settings = _settings(tmp_path, 'whole', local_steps=20, local_steps_schedule='error',
+                       schedule_window=2, client_learning_rate=0.3, total_rounds=rounds,
+                       rounds_per_eval=4, rounds_per_checkpoint=2,
+                       execution='cohort')  # bin/train's default, as below
+  cli.run_training(settings)
   flags = ['--task=digits', '--num_clients=6', f'--clients_per_round={CLIENTS}',
            '--client_batch_size=20', '--local_steps=20', '--local_steps_schedule=error',
            '--schedule_window=2', '--client_learning_rate=0.3', '--rounds_per_eval=4',
@@ -308,7 +311,7 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
 ])
 def test_bad_schedule_flags_exit_2_with_one_line(tmp_path, capsys, overrides, flag):
   with pytest.raises(cli.UsageError) as raised:
-    cli.run_training(_cfg(tmp_path / 'out', 'bad', **overrides))
+    cli.run_training(_settings(tmp_path / 'out', 'bad', **overrides))
   assert cli.report(raised.value) == 2  # what bin/train prints, its exit status
   lines = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
   assert len(lines) == 1, lines

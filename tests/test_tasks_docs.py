@@ -113,7 +113,7 @@ def _first_trainable_command(task):
 def test_table_command_runs_on_fixtures(fixture_root, tmp_path, task, index, command):
   cfg = _parse(command)
   assert cfg['task'] == task
-  cli.validate(cfg)  # the documented flags are valid as written
+  cli.validate(config.from_flags(cfg))  # the documented flags are valid as written
   if task in FIXTURE:
     subdir, clients = FIXTURE[task]
     cfg['data_dir'] = str(fixture_root / subdir)
@@ -134,7 +134,7 @@ def test_table_command_runs_on_fixtures(fixture_root, tmp_path, task, index, com
   if task not in FIXTURE or index != _first_trainable_command(task):
     assert built.keras_model_fn().count_params() > 0
     return
-  _, row = cli.run_training(cfg)
+  _, row = cli.run_training(config.from_flags(cfg))
   evaluated = {k: v for k, v in row.items() if k.startswith('eval/')}
   assert 'eval/loss' in evaluated and all(math.isfinite(v) for v in evaluated.values())
   with open(os.path.join(tmp_path, 'row', 'metrics.csv')) as f:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from workflow import cli
+from workflow import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
@@ -168,6 +169,6 @@ def test_divergence_stops_with_message_and_keeps_last_checkpoint(tmp_path):
 def test_validate_accepts_defaults():
   base = dict(task='digits', algorithm='fedavg', client_optimizer='sgd', clients_per_round=10,
               client_learning_rate=0.1, server_learning_rate=1.0)
-  cli.validate(base)
+  cli.validate(config.from_flags(base))
   with pytest.raises(cli.UsageError, match='--clients_per_round'):
-    cli.validate({**base, 'clients_per_round': -3})
+    cli.validate(config.from_flags({**base, 'clients_per_round': -3}))

@@ -34,9 +34,9 @@ TINY = ['--task=digits', '--num_clients=4', '--clients_per_round=2', '--client_b
 
 
 def _run(tmp_path, *args):
-  cfg, notes = cli.config_from_args([*TINY, f'--root_output_dir={tmp_path}', *args])
-  _, row = cli.run_training(cfg, notes)
-  return cfg, notes, row
+  settings, notes = cli.config_from_args([*TINY, f'--root_output_dir={tmp_path}', *args])
+  _, row = cli.run_training(settings, notes)
+  return settings, notes, row
 
 
 def _rounds(run_dir):
@@ -69,15 +69,15 @@ def test_every_algorithm_has_defaults():
 
 @pytest.mark.parametrize('case', sorted(ONLY_ITS_NAME))
 def test_every_algorithm_runs_with_only_its_name(case, tmp_path, capsys):
-  cfg, _, row = _run(tmp_path, *ONLY_ITS_NAME[case], '--total_rounds=1')
+  settings, _, row = _run(tmp_path, *ONLY_ITS_NAME[case], '--total_rounds=1')
   assert np.isfinite(row['eval/loss'])
-  assert _rounds(cli.experiment_dir(cfg)) == ['1']
+  assert _rounds(cli.experiment_dir(settings)) == ['1']
   err = capsys.readouterr().err
   for line in DEFAULT_LINES.get(case, ()):
     assert line in err
   if case == 'fedgbo':  # the run's flags as a TensorBoard HParams session, beside its scalars
     hparams = tensorboard_hparams.read_hparams(
-        os.path.join(cli.experiment_dir(cfg), 'tensorboard'))
+        os.path.join(cli.experiment_dir(settings), 'tensorboard'))
     assert hparams['algorithm'] == 'fedgbo' and hparams['client_optimizer'] == 'adam'
     assert hparams['local_steps'] == 10 and 'root_output_dir' not in hparams
 
@@ -98,25 +98,25 @@ def test_demo_plot_of_one_round_runs(tmp_path):
 
 
 def test_explicit_flags_win_and_contradictions_fail_in_one_line():
-  cfg, notes = cli.config_from_args(['--algorithm=fedgbo', '--client_optimizer=rmsprop'])
-  assert cfg['client_optimizer'] == 'rmsprop' and cfg['local_steps'] == 10
+  settings, notes = cli.config_from_args(['--algorithm=fedgbo', '--client_optimizer=rmsprop'])
+  assert settings.client.client_optimizer == 'rmsprop' and settings.client.local_steps == 10
   assert notes == ["fedgbo: --local_steps=10 (this algorithm's default)"]
-  cfg, _ = cli.config_from_args(['--algorithm=fedadam', '--server_learning_rate=0.5'])
-  assert cfg['server_learning_rate'] == 0.5
-  cfg, notes = cli.config_from_args(['--algorithm=fedadam'])
-  assert cfg['server_learning_rate'] == 0.01 and len(notes) == 1
+  settings, _ = cli.config_from_args(['--algorithm=fedadam', '--server_learning_rate=0.5'])
+  assert settings.server.server_learning_rate == 0.5
+  settings, notes = cli.config_from_args(['--algorithm=fedadam'])
+  assert settings.server.server_learning_rate == 0.01 and len(notes) == 1
   for args, flag in ((['--algorithm=fedgbo', '--local_steps=0'], '--local_steps'),
                      (['--algorithm=mfl', '--client_optimizer=sgd'], '--client_optimizer'),
                      (['--algorithm=ce_fedavg', '--upload_compression=none'],
                       '--upload_compression')):
-    cfg, _ = cli.config_from_args(args)
+    settings, _ = cli.config_from_args(args)
     with pytest.raises((cli.UsageError, algorithms.ConfigError)) as error:
-      cli.validate(cfg)
-      algorithms.build(None, config.from_flags(cfg))  # adapter (issue 25 merge)
+      cli.validate(settings)
+      algorithms.build(None, settings)
     assert flag in str(error.value) and '\n' not in str(error.value)
   # A preset's flags count as given: the algorithm's default does not override them.
-  cfg, notes = cli.config_from_args(['--preset=fedgbo:femnist', '--algorithm=fedgbo'])
-  assert cfg['local_steps'] == 10 and cfg['client_optimizer'] == 'adam'
+  settings, notes = cli.config_from_args(['--preset=fedgbo:femnist', '--algorithm=fedgbo'])
+  assert settings.client.local_steps == 10 and settings.client.client_optimizer == 'adam'
   assert notes[0].startswith('--preset=fedgbo:femnist sets')
 
 
@@ -144,55 +144,56 @@ def test_help_is_grouped_with_values_defaults_and_readers():
 
 
 def test_run_names_differ_by_setting_and_reruns_resume(tmp_path, capsys):
-  cfg_a, _, _ = _run(tmp_path, '--total_rounds=1')
-  cfg_b, _, _ = _run(tmp_path, '--total_rounds=1', '--client_learning_rate=0.05')
-  dir_a, dir_b = cli.experiment_dir(cfg_a), cli.experiment_dir(cfg_b)
+  settings_a, _, _ = _run(tmp_path, '--total_rounds=1')
+  settings_b, _, _ = _run(tmp_path, '--total_rounds=1', '--client_learning_rate=0.05')
+  dir_a, dir_b = cli.experiment_dir(settings_a), cli.experiment_dir(settings_b)
   assert dir_a != dir_b
   assert os.path.basename(dir_b) == (
       'digits_fedavg-client_batch_size=32-client_learning_rate=0.05-clients_per_round=2-'
       'num_clients=4')
   capsys.readouterr()
   # The same commands again (with more rounds, a loop flag): each resumes its own run.
-  for cfg, args in ((cfg_a, ()), (cfg_b, ('--client_learning_rate=0.05',))):
+  for settings, args in ((settings_a, ()), (settings_b, ('--client_learning_rate=0.05',))):
     again, _, _ = _run(tmp_path, '--total_rounds=2', *args)
-    assert cli.experiment_dir(again) == cli.experiment_dir(cfg)
+    assert cli.experiment_dir(again) == cli.experiment_dir(settings)
     assert 'Resuming from the checkpoint after round 1' in capsys.readouterr().err
-    assert _rounds(cli.experiment_dir(cfg)) == ['1', '2']
+    assert _rounds(cli.experiment_dir(settings)) == ['1', '2']
   # An algorithm's defaults are not part of its name; long suffixes end in a hash.
   assert cli.default_experiment_name(cli.config_from_args(['--algorithm=fedgbo'])[0]) == (
       'digits_fedgbo')
-  long_cfg, _ = cli.config_from_args([
+  long_settings, _ = cli.config_from_args([
       '--algorithm=fedadam', '--client_learning_rate=0.3', '--server_beta_1=0.5',
       '--server_beta_2=0.9', '--server_epsilon=0.01', '--client_batch_size=7', '--seed=3'])
-  name = cli.default_experiment_name(long_cfg)
+  name = cli.default_experiment_name(long_settings)
   assert name.startswith('digits_fedadam-client_batch_size=7') and len(name) < 110
-  other = cli.default_experiment_name({**long_cfg, 'seed': 4})
+  other = cli.default_experiment_name(long_settings.replace(seed=4))
   assert other != name
 
 
 def test_user_defined_task_from_outside_tasks(tmp_path):
   from tests import custom_task_fixture  # pylint: disable=g-import-not-at-top,unused-import
-  cfg, _, row = _run(tmp_path, '--task=tests.custom_task_fixture:make_task', '--total_rounds=2',
-                     '--algorithm=fedadam')
-  assert os.path.basename(cli.experiment_dir(cfg)).startswith(
+  settings, _, row = _run(tmp_path, '--task=tests.custom_task_fixture:make_task',
+                          '--total_rounds=2', '--algorithm=fedadam')
+  assert os.path.basename(cli.experiment_dir(settings)).startswith(
       'tests.custom_task_fixture.make_task_fedadam')
-  assert _rounds(cli.experiment_dir(cfg)) == ['1', '2']
+  assert _rounds(cli.experiment_dir(settings)) == ['1', '2']
   assert 0.0 <= row['eval/accuracy'] <= 1.0
   with pytest.raises(cli.UsageError, match='--task=tests.nothing_here:make_task'):
-    cli.validate({**cfg, 'task': 'tests.nothing_here:make_task'})
+    cli.validate(settings.replace(task='tests.nothing_here:make_task'))
   with pytest.raises(cli.UsageError, match='no function'):
-    cli.validate({**cfg, 'task': 'tests.custom_task_fixture:missing'})
+    cli.validate(settings.replace(task='tests.custom_task_fixture:missing'))
 
 
 def test_robust_and_secure_aggregators_train(tmp_path):
   plain = ['--total_rounds=2', '--algorithm=fedavg', '--aggregator_zeroing=false',
            '--aggregator_clipping=false']
-  mean_cfg, _, mean_row = _run(tmp_path, *plain)
-  secure_cfg, _, secure_row = _run(tmp_path, *plain, '--aggregator=secure')
-  robust_cfg, _, robust_row = _run(tmp_path, '--total_rounds=2', '--algorithm=fedavgm',
-                                   '--aggregator=robust')
+  mean_settings, _, mean_row = _run(tmp_path, *plain)
+  secure_settings, _, secure_row = _run(tmp_path, *plain, '--aggregator=secure')
+  robust_settings, _, robust_row = _run(tmp_path, '--total_rounds=2', '--algorithm=fedavgm',
+                                        '--aggregator=robust')
   assert np.isfinite(robust_row['eval/loss'])
-  assert len({cli.experiment_dir(c) for c in (mean_cfg, secure_cfg, robust_cfg)}) == 3
+  runs = (mean_settings, secure_settings, robust_settings)
+  assert len({cli.experiment_dir(s) for s in runs}) == 3
   # Secure sums quantise to 32-bit integers: the same model as the mean, to float tolerance,
   # after two rounds (the second trains from the first's aggregate).
   compared = [k for k in mean_row if k.startswith(('eval/', 'train/')) and k in secure_row]
@@ -200,15 +201,16 @@ def test_robust_and_secure_aggregators_train(tmp_path):
   for key in compared:
     assert secure_row[key] == pytest.approx(mean_row[key], rel=1e-4, abs=1e-5), key
   with pytest.raises(cli.UsageError, match='--aggregator=robust cannot be combined with --dp'):
-    cli.validate({**robust_cfg, 'dp': True, 'dp_clip_norm': 1.0, 'dp_noise_multiplier': 0.1})
+    cli.validate(robust_settings.replace(dp=True, dp_clip_norm=1.0, dp_noise_multiplier=0.1))
 
 
 def test_plot_legend_names_differing_settings_and_metric_words(tmp_path):
   runs = []
   for lr in ('0.05', '0.2'):
-    cfg, _ = cli.config_from_args([*TINY, '--algorithm=fedadam', f'--client_learning_rate={lr}',
-                                   f'--root_output_dir={tmp_path}'])
-    run = cli.prepare_output_dir(cfg)
+    settings, _ = cli.config_from_args([*TINY, '--algorithm=fedadam',
+                                        f'--client_learning_rate={lr}',
+                                        f'--root_output_dir={tmp_path}'])
+    run = cli.prepare_output_dir(settings)
     with open(os.path.join(run, 'metrics.csv'), 'w') as f:  # four rounds, one evaluation
       f.write('round,train/client_work/train/loss,cost/cumulative_upload_bits,eval/accuracy\n'
               '1,2.0,100,\n2,1.5,200,\n3,1.2,300,\n4,1.0,400,0.5\n')

@@ -28,6 +28,7 @@ from tasks.settings import TaskSettings
 from tasks import vit_fixtures
 from tasks import vit_tasks
 from workflow import cli
+from workflow import config
 
 
 @pytest.fixture(scope='module')
@@ -145,7 +146,7 @@ def test_documented_commands_parse_and_validate():
       cfg = {name: values[name].value for name in cli.TRAIN_FLAG_NAMES if name in values}
     finally:
       values.unparse_flags()
-    cli.validate(cfg)
+    cli.validate(config.from_flags(cfg))
     assert cfg['task'] in registry.TASKS
     seen.add((cfg['task'], cfg.get('cifar100_image_model') if cfg['task'] == 'cifar100_image'
               else cfg.get('partition') if cfg['task'] == 'cifar10' else cfg.get('finetune')))

@@ -171,7 +171,7 @@ def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(remote_context, 'create_workers_context',
                       functools.partial(remote_context.create_workers_context, connect_timeout=1.0))
   with pytest.raises(cli.RunFailed) as raised:
-    cli.run_training(_train_cfg(tmp_path, 'unreachable', workers=dead))
+    cli.run_training(_train_settings(tmp_path, 'unreachable', workers=dead))
   assert cli.report(raised.value) == 1  # what bin/train prints, its exit status
   err = capsys.readouterr().err
   assert f'error: TFF worker {dead} not reachable' in err
@@ -179,7 +179,7 @@ def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
   assert not os.path.exists(tmp_path / 'unreachable')
 
 
-def _train_cfg(tmp_path, name, **overrides):
+def _train_settings(tmp_path, name, **overrides):
   return train_config.small_run(tmp_path, name, **{
       'num_clients': 8, 'clients_per_round': CLIENTS_PER_ROUND, 'total_rounds': 6,
       'rounds_per_eval': 3, 'rounds_per_checkpoint': 2, **overrides})
@@ -210,14 +210,14 @@ def _kill_after_round(worker, metrics_csv, round_num):
 
 def test_killed_worker_fails_round_and_rerun_resumes_exactly(live_pool, tmp_path, capsys):
   addresses = ','.join(w.address for w in live_pool)
-  reference, _ = cli.run_training(_train_cfg(tmp_path, 'reference', workers=addresses))
+  reference, _ = cli.run_training(_train_settings(tmp_path, 'reference', workers=addresses))
   capsys.readouterr()
 
-  cfg = _train_cfg(tmp_path, 'crashed', workers=addresses, data_on_workers=True)
+  settings = _train_settings(tmp_path, 'crashed', workers=addresses, data_on_workers=True)
   metrics = tmp_path / 'crashed' / 'metrics.csv'
   watcher = _kill_after_round(live_pool[1], metrics, 3)
   with pytest.raises(cli.RunFailed) as raised:
-    cli.run_training(cfg)
+    cli.run_training(settings)
   watcher.join(5)
   assert cli.report(raised.value) == 1  # what bin/train prints, its exit status
   err = capsys.readouterr().err
@@ -228,7 +228,7 @@ def test_killed_worker_fails_round_and_rerun_resumes_exactly(live_pool, tmp_path
   assert _rounds(metrics) == list(range(1, failed_round))
 
   live_pool[1].start()  # the worker is back on the same port
-  resumed, _ = cli.run_training(cfg)
+  resumed, _ = cli.run_training(settings)
   err = capsys.readouterr().err
   assert 'Resuming from the checkpoint after round' in err
   assert _rounds(metrics) == list(range(1, 7))  # none lost, none twice
@@ -245,9 +245,9 @@ def test_persistent_client_state_on_workers_matches_local(live_pool, tmp_path, c
               partition='shards', num_clients=6, clients_per_round=CLIENTS_PER_ROUND,
               local_steps=3, total_rounds=3, rounds_per_eval=3, rounds_per_checkpoint=3,
               noisy_client_fraction=0.0, noise_stddev=0.2, client_state_dir='')
-  local, _ = cli.run_training(_train_cfg(tmp_path, 'local', **mtfl))
+  local, _ = cli.run_training(_train_settings(tmp_path, 'local', **mtfl))
   addresses = ','.join(w.address for w in live_pool)
-  remote, _ = cli.run_training(_train_cfg(tmp_path, 'remote', workers=addresses, **mtfl))
+  remote, _ = cli.run_training(_train_settings(tmp_path, 'remote', workers=addresses, **mtfl))
   capsys.readouterr()
   flat_local, flat_remote = tf.nest.flatten(local), tf.nest.flatten(remote)
   assert len(flat_local) == len(flat_remote)

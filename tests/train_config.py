@@ -1,4 +1,4 @@
-"""bin/train for the tests: the flag dict of small in-process `digits` runs, and refused runs.
+"""bin/train for the tests: the settings of small in-process `digits` runs, and refused runs.
 
 `small_run`'s values are bin/train's defaults except where a short test run
 needs others (a few clients and rounds, unlimited concurrency, no progress
@@ -9,6 +9,8 @@ import concurrent.futures
 import os
 import subprocess
 import sys
+
+from workflow import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,9 +30,10 @@ BASE = dict(
     divergence_factor=10.0, divergence_rounds=3, trust_command_line=False)
 
 
-def small_run(root, name: str, **overrides) -> dict:
-  """The flag dict of a run named `name` under `root`, with `overrides`."""
-  return {**BASE, 'root_output_dir': str(root), 'experiment_name': name, **overrides}
+def small_run(root, name: str, **overrides) -> config.Settings:
+  """The settings of a run named `name` under `root`, with `overrides` (by flag name)."""
+  return config.from_flags({**BASE, 'root_output_dir': str(root), 'experiment_name': name,
+                            **overrides})
 
 
 def refused_runs(tmp_path, arg_lists):

@@ -1,7 +1,8 @@
 """What `bin/train` does with its flags: resolve, validate, prepare the output, run.
 
 Kept out of the binary so that tests (and users' own scripts) can call
-`run_training(config)` in-process with a plain dict. It returns the result or
+`run_training(settings)` in-process with `config.from_flags({...})` or the
+settings of `config_from_args([...])`. It returns the result or
 raises a `RunError` (a usage error, a failed run, a stop by signal) that says
 what to print and with which status to exit; only bin/train exits. The flag
 checks are workflow/validation.py's, the run's name and directory
@@ -12,7 +13,6 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 from absl import flags
 from absl import logging
@@ -54,13 +54,13 @@ def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
                      f'{e.start} is not UTF-8)') from None
 
 
-def resolve_flags(flag_values: flags.FlagValues) -> tuple[dict[str, Any], list[str]]:
-  """The run config of parsed bin/train flags: --preset, then the algorithm's defaults.
+def resolve_flags(flag_values: flags.FlagValues) -> tuple[config.Settings, list[str]]:
+  """The settings of parsed bin/train flags: --preset, then the algorithm's defaults.
 
   Flags given on the command line win over the preset, and both over the
   algorithm's defaults (`workflow.algorithms.AlgorithmEntry.defaults`).
-  Returns (config, notes): what the preset and the defaults set, one line
-  each, for `run_training` to print once the config is known to be valid.
+  Returns (settings, notes): what the preset and the defaults set, one line
+  each, for `run_training` to print once the settings are known to be valid.
   Raises UsageError for an unknown preset.
   """
   from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
@@ -75,14 +75,13 @@ def resolve_flags(flag_values: flags.FlagValues) -> tuple[dict[str, Any], list[s
       raise UsageError(str(e)) from None
     notes.append(f'--preset={name} sets {" ".join(applied) or "nothing (all given)"}')
     explicit |= {a[2:].split('=', 1)[0] for a in applied}
-  cfg = train_flags.config_from_flags(flag_values)
-  settings, applied = algorithm_registry.apply_defaults(config.from_flags(cfg), explicit)  # adapter (issue 25 merge)
-  cfg = settings.flag_values()  # adapter (issue 25 merge)
-  notes += [f'{cfg["algorithm"]}: {a} (this algorithm\'s default)' for a in applied]
-  return cfg, notes
+  settings = config.from_flags(train_flags.config_from_flags(flag_values))
+  settings, applied = algorithm_registry.apply_defaults(settings, explicit)
+  notes += [f'{settings.server.algorithm}: {a} (this algorithm\'s default)' for a in applied]
+  return settings, notes
 
 
-def config_from_args(args, program: str = 'bin/train.py') -> tuple[dict[str, Any], list[str]]:
+def config_from_args(args, program: str = 'bin/train.py') -> tuple[config.Settings, list[str]]:
   """`resolve_flags` of a bin/train command line (without the program), parsed on its own
   FlagValues: what bin/train would run, for tests and scripts that run in-process."""
   values = flags.FlagValues()
@@ -116,16 +115,16 @@ unlock_run_dir = experiment.unlock_run_dir
 prepare_output_dir = experiment.prepare_output_dir
 
 
-def _round_schedules(cfg, task, process):
+def _round_schedules(settings: config.Settings, task, process):
   """The K/η/η_s schedule driver; UsageError (naming the flag) if `process` cannot follow it."""
   from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
   from workflow import schedule_flags  # pylint: disable=g-import-not-at-top
-  driver = schedule_flags.from_config(cfg)
+  driver = schedule_flags.from_settings(settings)
   try:
-    driver.check_process(process, data_on_workers=bool(cfg.get('data_on_workers')))
+    driver.check_process(process, data_on_workers=settings.execution.data_on_workers)
   except round_schedules.ScheduleError as e:
     raise UsageError(schedule_flags.flag_error(e)) from None
-  if cfg.get('measure_step_time'):
+  if settings.schedules.measure_step_time:
     driver.step_seconds = measure_step_seconds(task)
     print(f'Measured β = {driver.step_seconds * 1e3:.2f} ms per minibatch step', file=sys.stderr)
   return driver
@@ -157,17 +156,18 @@ def measure_step_seconds(task, repeats: int = 30) -> float:
   return (time.perf_counter() - start) / repeats
 
 
-def _dp_metrics_fn(cfg, task):
+def _dp_metrics_fn(settings: config.Settings, task):
   """ε spent so far (RDP accountant), added to each round's metrics."""
-  if not cfg.get('dp'):
+  aggregation = settings.aggregation
+  if not aggregation.dp:
     return None
   from tff_adaptive.accounting import privacy  # pylint: disable=g-import-not-at-top
   population = len(task.train_data.client_ids)
-  rate = min(1.0, cfg['clients_per_round'] / population)
-  delta = cfg.get('dp_delta') or 1.0 / population
+  rate = min(1.0, settings.client.clients_per_round / population)
+  delta = aggregation.dp_delta or 1.0 / population
+  sigma = aggregation.dp_noise_multiplier
   return lambda round_num, output: {
-      'dp/epsilon': privacy.epsilon(cfg['dp_noise_multiplier'], rate, round_num, delta),
-      'dp/delta': delta}
+      'dp/epsilon': privacy.epsilon(sigma, rate, round_num, delta), 'dp/delta': delta}
 
 
 def _raise_interrupted(signum, frame):
@@ -202,8 +202,8 @@ def _stopped(signum: int, out, progress) -> Stopped:
   return Stopped(signum, where)
 
 
-def run_training(cfg: Mapping[str, Any], notes=()):
-  """Validates `cfg`, builds task and algorithm, trains; returns (state, last metrics).
+def run_training(settings: config.Settings, notes=()):
+  """Validates `settings`, builds task and algorithm, trains; returns (state, last metrics).
 
   `notes` (from `resolve_flags`: what a preset and the algorithm's defaults
   set) are printed once the run is known to start.
@@ -218,15 +218,15 @@ def run_training(cfg: Mapping[str, Any], notes=()):
   # values serialise without TFF's nested copies, and TFF's exit-time noise is
   # disarmed even when the command is refused (tff_adaptive.execution.runtime).
   runtime.track_tff_workers()
-  validate(cfg)
-  check_data_dir(cfg)
-  check_output_paths(cfg)
-  check_not_busy(experiment_dir(cfg))
+  validate(settings)
+  check_data_dir(settings)
+  check_output_paths(settings)
+  check_not_busy(experiment_dir(settings))
   from workflow import program  # pylint: disable=g-import-not-at-top
   install_signal_handlers()
   state = {'out': None, 'progress': None}
   try:
-    return _run_training(cfg, state, notes)
+    return _run_training(settings, state, notes)
   except program.Interrupted as e:
     raise _stopped(e.signum, state['out'], state['progress']) from None
   except KeyboardInterrupt:
@@ -236,80 +236,100 @@ def run_training(cfg: Mapping[str, Any], notes=()):
       unlock_run_dir(state['out'])
 
 
-def _run_training(cfg: Mapping[str, Any], status: dict[str, Any], notes=()):
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from workflow import program  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
+def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
+  """The --workers addresses, connected before anything is built (a dead worker fails fast)."""
   from tff_adaptive.execution import remote_context  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
-  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
-  addresses = worker_process.parse_addresses(cfg.get('workers') or '')
+  addresses = worker_process.parse_addresses(execution.workers or '')
   if addresses:
-    # Before building anything: an unreachable worker should fail in seconds.
     try:
-      remote_context.set_workers_context(addresses, retry=cfg.get('worker_retry', False))
+      remote_context.set_workers_context(addresses, retry=execution.worker_retry)
     except worker_process.WorkerError as e:
       raise RunFailed(str(e)) from None
-  # Before building: TFF logs at INFO while it wraps Keras models, which would
-  # bury the one-line error of a flag that only the built process can refute.
-  logging.set_verbosity(logging.WARNING)
+  return addresses
+
+
+def _build(settings: config.Settings, status: dict):
+  """Task, process, schedules and client set-up, and the prepared run directory.
+
+  Returns (task, process, schedules, client_data_fn, client_state, out).
+  """
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow import personalization  # pylint: disable=g-import-not-at-top
+  run_dir = experiment_dir(settings)
   try:
-    from workflow import config  # adapter (issue 25 merge)  pylint: disable=g-import-not-at-top
-    settings = config.from_flags({k: v for k, v in cfg.items() if k in TRAIN_FLAG_NAMES})  # adapter (issue 25 merge)
-    task = task_registry.create_task(  # adapter (issue 25 merge)
+    task = task_registry.create_task(
         settings.task, batch_size=settings.client.client_batch_size,
-        num_epochs=config.num_epochs(settings), seed=settings.loop.seed,
-        run_dir=experiment_dir(cfg))
-    check_task_counts(cfg, task)
-    # adapter (issue 25 merge): a flag dict without --execution ran per client (tests' dicts)
-    process = algorithm_registry.build(task, config.from_flags({'execution': 'per_client', **cfg}))
-    schedules = _round_schedules(cfg, task, process)
+        num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
+    check_task_counts(settings, task)
+    process = algorithm_registry.build(task, settings)
+    schedules = _round_schedules(settings, task, process)
     client_data_fn = None
-    if cfg.get('data_on_workers'):
+    if settings.execution.data_on_workers:
       process, data_steps = data_on_workers.compose_data_on_workers(
-          process, task, cfg.get('local_steps') or None)
+          process, task, settings.client.local_steps or None)
       client_data_fn = data_on_workers.client_ids_fn(data_steps)
-    fresh = not os.path.exists(os.path.join(experiment_dir(cfg), 'flags.json'))
-    out = prepare_output_dir(cfg)
+    fresh = not os.path.exists(os.path.join(run_dir, 'flags.json'))
+    out = prepare_output_dir(settings)
     status['out'] = out
     if fresh:  # the run's settings in TensorBoard's HParams table (once per run)
       from workflow import tensorboard_hparams  # pylint: disable=g-import-not-at-top
-      tensorboard_hparams.write_hparams(out, cfg)
+      tensorboard_hparams.write_hparams(out, settings)
     runtime.set_worker_log_dir(out)  # worker.log beside the run's other files
     # Personalised algorithms: noisy clients, the per-client state store
     # (a ClientStateError, a ValueError, names a foreign directory).
-    from workflow import personalization  # pylint: disable=g-import-not-at-top
-    task, client_state = personalization.setup(config.from_flags(cfg), task, process, out,  # adapter (issue 25 merge)
+    task, client_state = personalization.setup(settings, task, process, out,
                                                RESUMABLE_CHANGES)
   except UsageError:
     raise
   except ValueError as e:  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
-    raise UsageError(library_flags.flag_message(str(e), config.from_flags(cfg))) from e  # adapter (issue 25 merge)
+    raise UsageError(library_flags.flag_message(str(e), settings)) from e
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
-    raise UsageError(f'cannot write {e.filename or experiment_dir(cfg)}: {e.strerror}') from e
-  logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
-  if not addresses:
-    runtime.use_local_cpp_context(cfg.get('execution_concurrency', 0),
-                                  secure_intrinsics=algorithm_registry.needs_secure_context(
-                                      config.from_flags(cfg)))  # adapter (issue 25 merge)
-  divergence_factor = cfg.get('divergence_factor')
-  loop = program.LoopConfig(
-      total_rounds=cfg['total_rounds'], clients_per_round=cfg['clients_per_round'],
-      rounds_per_eval=cfg['rounds_per_eval'], rounds_per_checkpoint=cfg['rounds_per_checkpoint'],
-      eval_stride=cfg.get('eval_stride') or 1, output_dir=out, seed=cfg['seed'],
-      local_steps=cfg.get('local_steps') or None,
-      show_progress=cfg.get('show_progress', True),
+    raise UsageError(f'cannot write {e.filename or run_dir}: {e.strerror}') from e
+  return task, process, schedules, client_data_fn, client_state, out
+
+
+def _loop_config(settings: config.Settings, out: str, schedules, client_state):
+  from workflow import program  # pylint: disable=g-import-not-at-top
+  loop, reliability = settings.loop, settings.reliability
+  divergence_factor = reliability.divergence_factor
+  return program.LoopConfig(
+      total_rounds=loop.total_rounds, clients_per_round=settings.client.clients_per_round,
+      rounds_per_eval=loop.rounds_per_eval, rounds_per_checkpoint=loop.rounds_per_checkpoint,
+      eval_stride=loop.eval_stride or 1, output_dir=out, seed=loop.seed,
+      local_steps=settings.client.local_steps or None, show_progress=loop.show_progress,
       schedules=schedules, client_state=client_state,
       divergence_factor=10.0 if divergence_factor is None else divergence_factor,
-      divergence_rounds=cfg.get('divergence_rounds') or 3)
+      divergence_rounds=reliability.divergence_rounds or 3)
+
+
+def _run_training(settings: config.Settings, status: dict, notes=()):
+  from workflow import program  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
+  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  addresses = _connect_workers(settings.execution)
+  # Before building: TFF logs at INFO while it wraps Keras models, which would
+  # bury the one-line error of a flag that only the built process can refute.
+  logging.set_verbosity(logging.WARNING)
+  task, process, schedules, client_data_fn, client_state, out = _build(settings, status)
+  logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
+  if not addresses:
+    runtime.use_local_cpp_context(
+        settings.execution.execution_concurrency,
+        secure_intrinsics=algorithm_registry.needs_secure_context(settings))
+  loop = _loop_config(settings, out, schedules, client_state)
   status['progress'] = loop.progress
   for note in notes:
     print(note, file=sys.stderr)
   where = f' on {len(addresses)} workers ({", ".join(addresses)})' if addresses else ''
-  print(f'Training {cfg["algorithm"]} on {cfg["task"]}{where}: output in {out}', file=sys.stderr)
+  print(f'Training {settings.server.algorithm} on {settings.task.task}{where}: output in {out}',
+        file=sys.stderr)
   try:
-    result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(cfg, task),
+    result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(settings, task),
                          client_data_fn=client_data_fn)
   except (program.IncompatibleCheckpoint, program.NoIntactCheckpoint) as e:
     raise UsageError(str(e)) from None

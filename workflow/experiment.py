@@ -11,9 +11,9 @@ import fcntl
 import json
 import os
 import sys
-from collections.abc import Mapping
 from typing import Any
 
+from workflow import config
 from workflow import errors
 from workflow import train_flags
 
@@ -42,17 +42,18 @@ def _name_value(value: Any) -> str:
   return repr(value) if isinstance(value, float) else str(value)
 
 
-def run_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
-  """The flags of `cfg` that change the computation and differ from their defaults.
+def run_settings(settings: config.Settings) -> dict[str, Any]:
+  """{flag: value} of the settings that change the computation and differ from their defaults.
 
   A flag's default is the algorithm's default where it has one
   (`workflow.algorithms`), else bin/train's. Sorted by flag name.
   """
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
-  from workflow import config  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
-  defaults = {**train_flags.DEFAULTS, **algorithms.algorithm_defaults(config.from_flags(cfg))}  # adapter (issue 25 merge)
-  return {k: cfg[k] for k in sorted(cfg)
-          if k not in NOT_IN_NAME and k in defaults and cfg[k] != defaults[k]}
+  from workflow import algorithms  # pylint: disable=g-import-not-at-top  (imports TFF)
+  # A run's name lists flags by name, whatever their group: the flat view.
+  values = settings.flag_values()
+  defaults = {**train_flags.DEFAULTS, **algorithms.algorithm_defaults(settings)}
+  return {k: values[k] for k in sorted(values)
+          if k not in NOT_IN_NAME and k in defaults and values[k] != defaults[k]}
 
 
 def task_slug(task: str) -> str:
@@ -60,7 +61,7 @@ def task_slug(task: str) -> str:
   return task.replace(':', '.').replace(os.sep, '.')
 
 
-def default_experiment_name(cfg: Mapping[str, Any]) -> str:
+def default_experiment_name(settings: config.Settings) -> str:
   """`<task>_<algorithm>`, then `-flag=value` for each flag of `run_settings`.
 
   Runs whose computation differs never share a name; rerunning the same
@@ -69,11 +70,11 @@ def default_experiment_name(cfg: Mapping[str, Any]) -> str:
   made fit for a path, keeps its start and ends in a hash of all the settings.
   """
   import hashlib  # pylint: disable=g-import-not-at-top
-  base = f'{task_slug(cfg["task"])}_{cfg["algorithm"]}'
-  settings = run_settings(cfg)
-  if not settings:
+  base = f'{task_slug(settings.task.task)}_{settings.server.algorithm}'
+  differing = run_settings(settings)
+  if not differing:
     return base
-  parts = [f'{k}={_name_value(v)}' for k, v in settings.items()]
+  parts = [f'{k}={_name_value(v)}' for k, v in differing.items()]
   safe = [p.replace(os.sep, '%') for p in parts]
   suffix = '-'.join(safe)
   if len(suffix) > MAX_NAME_SUFFIX or safe != parts:
@@ -87,20 +88,22 @@ def default_experiment_name(cfg: Mapping[str, Any]) -> str:
   return f'{base}-{suffix}'
 
 
-def check_data_dir(cfg: Mapping[str, Any]) -> None:
+def check_data_dir(settings: config.Settings) -> None:
   """--data_dir, when given, must exist (a machine's state, so not in `validate`)."""
-  if cfg.get('data_dir') and not os.path.isdir(os.path.expanduser(cfg['data_dir'])):
-    raise UsageError(f'--data_dir={cfg["data_dir"]!r} is not a directory')
+  data_dir = settings.task.data_dir
+  if data_dir and not os.path.isdir(os.path.expanduser(data_dir)):
+    raise UsageError(f'--data_dir={data_dir!r} is not a directory')
 
 
-def check_output_paths(cfg: Mapping[str, Any]) -> None:
+def check_output_paths(settings: config.Settings) -> None:
   """Where the run will write: inside --root_output_dir, no links, entries of the right kind.
 
   A machine's state, so not in `validate`; checked before anything is written
   (workflow/run_dir.py says why).
   """
   from workflow import run_dir  # pylint: disable=g-import-not-at-top
-  root, out = cfg['root_output_dir'], experiment_dir(cfg)
+  root, out = settings.loop.root_output_dir, experiment_dir(settings)
+  state_dir = settings.personalized.client_state_dir
   try:
     if os.path.lexists(root) and not os.path.isdir(root):
       raise run_dir.PathError(f'--root_output_dir={root} is a file, not a directory')
@@ -108,15 +111,15 @@ def check_output_paths(cfg: Mapping[str, Any]) -> None:
     run_dir.check_confined(root, out)
     run_dir.check_writable_dir(out)
     run_dir.check_entries(out)
-    if cfg.get('client_state_dir'):
-      run_dir.check_writable_dir(cfg['client_state_dir'], flag='--client_state_dir')
+    if state_dir:
+      run_dir.check_writable_dir(state_dir, flag='--client_state_dir')
   except run_dir.PathError as e:
     raise UsageError(str(e)) from None
 
 
-def experiment_dir(cfg: Mapping[str, Any]) -> str:
-  name = cfg.get('experiment_name') or default_experiment_name(cfg)
-  return os.path.join(cfg['root_output_dir'], name)
+def experiment_dir(settings: config.Settings) -> str:
+  name = settings.loop.experiment_name or default_experiment_name(settings)
+  return os.path.join(settings.loop.root_output_dir, name)
 
 
 _NO_DEFAULT = object()
@@ -194,7 +197,7 @@ def _has_checkpoints(out: str) -> bool:
     return False
 
 
-def _read_saved_flags(out: str, cfg: Mapping[str, Any]) -> Any:
+def _read_saved_flags(out: str, trust_command_line: bool) -> Any:
   """flags.json's dict; None if absent or unusable and --trust_command_line or no checkpoints."""
   flags_path = os.path.join(out, 'flags.json')
   problem = None
@@ -214,7 +217,7 @@ def _read_saved_flags(out: str, cfg: Mapping[str, Any]) -> Any:
       print(f'warning: {flags_path} {problem}; the run has no checkpoint, so it starts over '
             'and the file is rewritten', file=sys.stderr)
     return None
-  if cfg.get('trust_command_line'):
+  if trust_command_line:
     print(f'warning: {flags_path} {problem}; --trust_command_line: resuming with this '
           'command\'s flags (its hyperparameters replace the checkpoint\'s), recorded anew',
           file=sys.stderr)
@@ -224,32 +227,36 @@ def _read_saved_flags(out: str, cfg: Mapping[str, Any]) -> Any:
                    'the run\'s flags')
 
 
-def _check_resume_flags(out: str, cfg: Mapping[str, Any]) -> None:
-  saved = _read_saved_flags(out, cfg)
+def _check_resume_flags(out: str, settings: config.Settings) -> None:
+  saved = _read_saved_flags(out, settings.reliability.trust_command_line)
   if saved is None:
     return
+  # flags.json is the flat {flag: value}: compared flag by flag with the
+  # flat view of these settings.
+  values = settings.flag_values()
   # A flag added to bin/train after the run was made is absent from its
   # flags.json: at its default it changes nothing, so the run resumes.
-  changed = sorted(k for k in set(saved) | set(cfg)
-                   if k not in RESUMABLE_CHANGES and saved.get(k) != cfg.get(k)
-                   and not (k not in saved and cfg.get(k) == _flag_default(k)))
+  changed = sorted(k for k in set(saved) | set(values)
+                   if k not in RESUMABLE_CHANGES and saved.get(k) != values.get(k)
+                   and not (k not in saved and values.get(k) == _flag_default(k)))
   if changed:
-    diffs = ', '.join(f'--{k}={cfg.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
+    diffs = ', '.join(f'--{k}={values.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
     raise UsageError(f'{out} holds a run with different flags: {diffs}; use another '
                      f'--experiment_name or --root_output_dir, or rerun with the saved flags')
 
 
-def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
+def prepare_output_dir(settings: config.Settings) -> str:
   """Checks resume compatibility and writability, locks the directory, records the flags.
 
   Nothing is written before the checks pass (bar the lock file of an existing
   directory). The lock is held until the process ends (or `unlock_run_dir`).
   """
   from workflow import run_dir  # pylint: disable=g-import-not-at-top
-  out = experiment_dir(cfg)
+  out = experiment_dir(settings)
+  root = settings.loop.root_output_dir
   flags_path = os.path.join(out, 'flags.json')
   if os.path.isdir(out):
-    _check_resume_flags(out, cfg)  # before anything is written
+    _check_resume_flags(out, settings)  # before anything is written
   created = []
   try:
     created = run_dir.make_dirs(out)
@@ -262,19 +269,18 @@ def prepare_output_dir(cfg: Mapping[str, Any]) -> str:
     raise
   except OSError as e:
     run_dir.remove_dirs(created)
-    raise UsageError(f'cannot create the run directory {out} (--root_output_dir='
-                     f'{cfg["root_output_dir"]} and --experiment_name='
-                     f'{os.path.relpath(out, cfg["root_output_dir"])}): {e.strerror}') from None
+    raise UsageError(f'cannot create the run directory {out} (--root_output_dir={root} and '
+                     f'--experiment_name={os.path.relpath(out, root)}): {e.strerror}') from None
   try:
     # Again, now that no other run can change the directory.
-    run_dir.check_confined(cfg['root_output_dir'], out)
+    run_dir.check_confined(root, out)
     run_dir.check_entries(out)
   except run_dir.PathError as e:
     raise UsageError(str(e)) from None
-  _check_resume_flags(out, cfg)
+  _check_resume_flags(out, settings)
   try:
     with run_dir.write_text(flags_path + '.tmp') as f:
-      json.dump(dict(cfg), f, indent=1, sort_keys=True)
+      json.dump(settings.flag_values(), f, indent=1, sort_keys=True)
     os.replace(flags_path + '.tmp', flags_path)
   except run_dir.PathError as e:
     raise UsageError(str(e)) from None

@@ -129,15 +129,15 @@ def describe_runs(flag_sets: Sequence[Optional[Mapping[str, Any]]]
   Shared: equal in every run and not a default. Own: differing between runs,
   unless every run has its own default (FedAdam's server lr beside FedAvg's).
   """
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
-  from workflow import config  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
+  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  from workflow import config  # pylint: disable=g-import-not-at-top
   from workflow import train_flags  # pylint: disable=g-import-not-at-top
   known = [f for f in flag_sets if f is not None]
   if not known:
     return {}, [{} for _ in flag_sets]
   # flags.json of an older run may hold flags bin/train no longer has: left out of its settings.
   defaults = [{**train_flags.DEFAULTS, **algorithms.algorithm_defaults(config.from_flags(
-      {k: v for k, v in f.items() if k in train_flags.TRAIN_FLAG_NAMES}))}  # adapter (issue 25 merge)
+      {k: v for k, v in f.items() if k in train_flags.TRAIN_FLAG_NAMES}))}
               for f in known]
   missing = object()
   ignored = cli.NOT_IN_NAME - {'algorithm', 'task'}

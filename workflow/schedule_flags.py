@@ -2,7 +2,7 @@
 
 `make_local_steps_schedule` (`--local_steps_schedule` and its parameters),
 `make_lr_schedule` (`--{client,server}_lr_schedule` and theirs) and
-`from_config` (the whole K / η / η_s driver from the flag dict) build the
+`from_settings` (the whole K / η / η_s driver from a run's settings) build the
 library's schedules (`tff_adaptive.schedules`); every ValueError they raise
 names the flag to fix. The library itself speaks in parameters:
 `flag_error` turns its `ScheduleError`s (which name `local_steps`, `client_lr`,
@@ -21,7 +21,7 @@ from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import learning_rate
 from tff_adaptive.schedules import local_steps
 
-# Flag errors of `from_config` are the driver's error type.
+# Flag errors of `from_settings` are the driver's error type.
 ScheduleError = round_schedules.ScheduleError
 
 LOCAL_STEPS_SCHEDULES = ('constant', 'exp', 'rounds', 'error', 'step', 'theory')
@@ -221,15 +221,17 @@ def make_lr_schedule(name: str, base: float, *, decay_rate: Optional[float] = No
   return schedule
 
 
-def from_config(cfg: Mapping[str, Any]) -> round_schedules.RoundSchedules:
-  """Builds the driver from bin/train flags; ValueError names the bad flag."""
-  total = cfg.get('total_rounds')
-  shared = dict(window=cfg.get('schedule_window'), patience=cfg.get('plateau_patience'),
-                min_delta=cfg.get('plateau_min_delta'))
+# `settings` below is a `workflow.config.Settings`, not imported: workflow.config
+# reads the flag table (train_flags), which imports this module.
+def from_settings(settings) -> round_schedules.RoundSchedules:
+  """Builds the driver from bin/train's settings; ValueError names the bad flag."""
+  sched = settings.schedules
+  total = settings.loop.total_rounds
+  shared = dict(window=sched.schedule_window, patience=sched.plateau_patience,
+                min_delta=sched.plateau_min_delta)
   feedback_params = {'error': ('window',), 'step': ('patience', 'min_delta')}
-  names = [cfg.get('local_steps_schedule') or 'constant',
-           cfg.get('client_lr_schedule') or 'constant',
-           cfg.get('server_lr_schedule') or 'constant']
+  names = [sched.local_steps_schedule or 'constant', sched.client_lr_schedule or 'constant',
+           sched.server_lr_schedule or 'constant']
   # --schedule_window / --plateau_* belong to whichever schedules are
   # feedback-driven; given with none of them, they are an error.
   for param, flag in (('window', '--schedule_window'), ('patience', '--plateau_patience'),
@@ -243,48 +245,56 @@ def from_config(cfg: Mapping[str, Any]) -> round_schedules.RoundSchedules:
   def only(name):
     return {k: v for k, v in shared.items() if k in feedback_params.get(name, ())}
 
-  local = None
-  k_name = names[0]
-  k0 = cfg.get('local_steps')
+  local = _local_steps(settings, names[0], total, only(names[0]))
+  lrs = {}
+  for prefix, name, base in (('client', names[1], settings.client.client_learning_rate),
+                             ('server', names[2], settings.server.server_learning_rate)):
+    lrs[prefix] = _lr(sched, prefix, name, base, total, only(name))
+  return round_schedules.RoundSchedules(
+      local_steps=local, client_lr=lrs['client'], server_lr=lrs['server'],
+      step_seconds=sched.step_time_seconds or 0.0,
+      down_mbps=sched.download_mbps or runtime_model.DEFAULT_DOWN_MBPS,
+      up_mbps=sched.upload_mbps or runtime_model.DEFAULT_UP_MBPS,
+      rounds_per_eval=settings.loop.rounds_per_eval)
+
+
+def _local_steps(settings, k_name: str, total: int,
+                 feedback: Mapping[str, Any]) -> Optional[core.Schedule]:
+  """The K schedule (None: the algorithm's own epochs or constant K)."""
+  sched = settings.schedules
+  k0 = settings.client.local_steps
   if k0 is not None and k0 < 1 and k_name != 'constant':
     raise ScheduleError(f'--local_steps (K_0) must be an integer >= 1 for '
                         f'--local_steps_schedule={k_name}; got {k0}')
   if k0:
-    local = make_local_steps_schedule(
-        k_name, k0, decay=cfg.get('local_steps_decay'),
-        b=cfg.get('local_steps_theory_b'), total_rounds=total, **only(k_name))
-  elif k_name != 'constant':
+    return make_local_steps_schedule(
+        k_name, k0, decay=sched.local_steps_decay, b=sched.local_steps_theory_b,
+        total_rounds=total, **feedback)
+  if k_name != 'constant':
     raise ScheduleError(f'--local_steps_schedule={k_name} needs --local_steps (K_0 >= 1)')
-  else:
-    for param in ('local_steps_decay', 'local_steps_theory_b'):
-      if cfg.get(param) is not None:
-        raise ScheduleError(f'--{param} is not used by --local_steps_schedule=constant; '
-                            f'got --{param}={cfg[param]!r}')
-  lrs = {}
-  for prefix, name in (('client', names[1]), ('server', names[2])):
-    if name == 'constant' and not cfg.get(f'{prefix}_lr_warmup_rounds'):
-      # Constant: nothing to write each round, but parameters for another
-      # schedule are still a mistake.
-      base = cfg.get(f'{prefix}_learning_rate')
-      make_lr_schedule(
-          'constant', 1.0 if base is None else base,
-          decay_rate=cfg.get(f'{prefix}_lr_decay_rate'),
-          decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
-          staircase=cfg.get(f'{prefix}_lr_staircase'), flag_prefix=prefix)
-      lrs[prefix] = None
-      continue
-    lrs[prefix] = make_lr_schedule(
-        name, cfg[f'{prefix}_learning_rate'], decay_rate=cfg.get(f'{prefix}_lr_decay_rate'),
-        decay_steps=cfg.get(f'{prefix}_lr_decay_steps'),
-        staircase=cfg.get(f'{prefix}_lr_staircase'),
-        warmup_rounds=cfg.get(f'{prefix}_lr_warmup_rounds'), total_rounds=total,
-        flag_prefix=prefix, **only(name))
-  return round_schedules.RoundSchedules(
-      local_steps=local, client_lr=lrs['client'], server_lr=lrs['server'],
-      step_seconds=cfg.get('step_time_seconds') or 0.0,
-      down_mbps=cfg.get('download_mbps') or runtime_model.DEFAULT_DOWN_MBPS,
-      up_mbps=cfg.get('upload_mbps') or runtime_model.DEFAULT_UP_MBPS,
-      rounds_per_eval=cfg.get('rounds_per_eval'))
+  for flag, value in (('local_steps_decay', sched.local_steps_decay),
+                      ('local_steps_theory_b', sched.local_steps_theory_b)):
+    if value is not None:
+      raise ScheduleError(f'--{flag} is not used by --local_steps_schedule=constant; '
+                          f'got --{flag}={value!r}')
+  return None
+
+
+def _lr(sched, prefix: str, name: str, base: float, total: int,
+        feedback: Mapping[str, Any]) -> Optional[core.Schedule]:
+  """The `--{prefix}_lr_schedule` (None: constant, nothing to write each round)."""
+  # The client and server schedules are one set of fields told apart by the
+  # prefix of their flag names (ScheduleSettings' fields are the flags).
+  params = dict(decay_rate=getattr(sched, f'{prefix}_lr_decay_rate'),
+                decay_steps=getattr(sched, f'{prefix}_lr_decay_steps'),
+                staircase=getattr(sched, f'{prefix}_lr_staircase'))
+  warmup = getattr(sched, f'{prefix}_lr_warmup_rounds')
+  if name == 'constant' and not warmup:
+    # Constant: parameters for another schedule are still a mistake.
+    make_lr_schedule('constant', 1.0 if base is None else base, flag_prefix=prefix, **params)
+    return None
+  return make_lr_schedule(name, base, warmup_rounds=warmup, total_rounds=total,
+                          flag_prefix=prefix, **params, **feedback)
 
 
 # The driver's schedules (and check_process's data_on_workers) → bin/train's flags.

@@ -9,8 +9,9 @@ settings beside their final `eval/*` and `train/*` metrics.
 """
 
 import os
-from collections.abc import Mapping
 from typing import Any
+
+from workflow import config
 
 # Where the run writes and how it is executed: not hyperparameters.
 NOT_HPARAMS = frozenset({'root_output_dir', 'experiment_name', 'data_dir', 'client_state_dir',
@@ -18,17 +19,18 @@ NOT_HPARAMS = frozenset({'root_output_dir', 'experiment_name', 'data_dir', 'clie
                          'execution_concurrency'})
 
 
-def hparam_values(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def hparam_values(settings: config.Settings) -> dict[str, Any]:
   """The run's flags as HParams values (bool, int, float or str; unset flags left out)."""
   values = {}
-  for name, value in sorted(cfg.items()):
+  # The HParams table has one column per flag, whatever its group: the flat view.
+  for name, value in sorted(settings.flag_values().items()):
     if name in NOT_HPARAMS or value is None:
       continue
     values[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
   return values
 
 
-def write_hparams(run_dir: str, cfg: Mapping[str, Any]) -> str:
+def write_hparams(run_dir: str, settings: config.Settings) -> str:
   """Writes the HParams session of a run into `<run_dir>/tensorboard`; returns that directory."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
@@ -36,7 +38,7 @@ def write_hparams(run_dir: str, cfg: Mapping[str, Any]) -> str:
   writer = tf.summary.create_file_writer(logdir)
   try:
     with writer.as_default():
-      hp.hparams(hparam_values(cfg), trial_id=os.path.basename(os.path.normpath(run_dir)))
+      hp.hparams(hparam_values(settings), trial_id=os.path.basename(os.path.normpath(run_dir)))
     writer.flush()
   finally:
     writer.close()

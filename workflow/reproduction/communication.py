@@ -67,7 +67,7 @@ def measure_process_costs(
   from tff_adaptive.algorithms import composer  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
-  from workflow import config  # pylint: disable=g-import-not-at-top  # adapter (issue 25 merge)
+  from workflow import config  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   task = digits.create_task(partition='iid', num_clients=4, model='mlp', batch_size=10)
   num_params = int(sum(int(w.shape.num_elements())
@@ -77,10 +77,9 @@ def measure_process_costs(
   try:
     for label in labels or PROCESSES:
       progress(label)
-      cfg = dict(PROCESSES[label], client_learning_rate=0.01, local_steps=COST_LOCAL_STEPS,
-                 clients_per_round=2)
-      # per client, as the flag dict without --execution was built
-      process = registry.build(task, config.from_flags(dict(cfg, execution='per_client')))  # adapter (issue 25 merge)
+      settings = config.from_flags(dict(PROCESSES[label], client_learning_rate=0.01,
+                                        local_steps=COST_LOCAL_STEPS, clients_per_round=2))
+      process = registry.build(task, settings)
       state = process.initialize()
       steps = None if composer.runs_local_steps(state) else COST_LOCAL_STEPS
       cost = process.next(state, program.client_datasets(task, ids, steps)).metrics['cost']
