@@ -26,6 +26,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 import tensorflow as tf
 from workflow import cli
 from workflow import train_flags
+from workflow import train_help
 from tff_adaptive.execution import runtime
 
 train_flags.define_flags()  # the table of workflow/train_flags.py, in groups
@@ -36,7 +37,7 @@ def parse_flags(argv):
   """absl's parser for bin/train: one-line errors; `--help` is the grouped help."""
   if cli.wants_help(argv):
     runtime.track_tff_workers()  # TFF's default context then exits quietly
-    sys.stdout.write(train_flags.grouped_help(os.path.basename(argv[0]), __doc__))
+    sys.stdout.write(train_help.grouped_help(os.path.basename(argv[0]), __doc__))
     sys.exit(0)
   try:
     return cli.parse_flags(argv, FLAGS)

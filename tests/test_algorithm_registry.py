@@ -19,6 +19,7 @@ from workflow import cli
 from workflow import config
 from workflow import personalization
 from workflow import train_flags
+from workflow import train_help
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,9 +42,9 @@ def test_lists_are_derived_from_the_entries():
       'mimelite', 'mimexlite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme', 'scaffold'}
   assert set(algorithms.ALGORITHMS) - set(algorithms.having('measures_client_drift')) == {
       'mimelite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme'}
-  readers = train_flags.readers(train_flags.FLAGS_BY_NAME['upload_compression'])
+  readers = train_help.readers(train_flags.FLAGS_BY_NAME['upload_compression'])
   assert readers == algorithms.having('compressible')
-  assert 'fedada2' not in train_flags.readers(
+  assert 'fedada2' not in train_help.readers(
       train_flags.FLAGS_BY_NAME['server_optimizer_semantics'])
   for entry in algorithms.ALGORITHMS.values():
     assert entry.keeps_client_state or not entry.personalized

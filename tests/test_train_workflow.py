@@ -25,6 +25,7 @@ from workflow import sweep
 from workflow import sweep_runner
 from workflow import tensorboard_hparams
 from workflow import train_flags
+from workflow import train_help
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
@@ -121,7 +122,7 @@ def test_explicit_flags_win_and_contradictions_fail_in_one_line():
 
 
 def test_help_is_grouped_with_values_defaults_and_readers():
-  text = train_flags.grouped_help()
+  text = train_help.grouped_help()
   titles = [title for _, title, _ in train_flags.GROUPS]
   positions = [text.index(f'\n{title}:\n') for title in titles]
   assert positions == sorted(positions) and len(titles) >= 9
@@ -132,7 +133,7 @@ def test_help_is_grouped_with_values_defaults_and_readers():
   assert 'fedgbo, mfl: sgdm | rmsprop | adam' in block and 'fedgbo: adam' in block
   block = text[text.index('  --aggregator ('):text.index('  --aggregator_zeroing')]
   assert 'values: mean | robust | secure' in block
-  train_flags.check_table(algorithms.ALGORITHMS)
+  train_help.check_table(algorithms.ALGORITHMS)
   # The binary: --help is this text; --helpfull has one absl section per group.
   short = subprocess.run([sys.executable, TRAIN, '--help'], capture_output=True, text=True,
                          timeout=300)

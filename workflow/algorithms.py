@@ -132,10 +132,7 @@ def _tff_template(build, doc, **fields) -> AlgorithmEntry:
 # below FedAvg's 1, τ = 1e-3); 0.01 is the demo's value on digits.
 _ADAPTIVE_SERVER = _fixed(server_learning_rate=0.01)
 _ADAPTIVE_SERVER_OPTIMIZERS = ('adagrad', 'adam', 'yogi')
-# MTFL keeps a batch-norm patch private (thesis ch. 4): per task, the model flag and a model with
-# batch normalisation.
-MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
-               'cifar10': ('cifar10_model', 'mtfl_cnn')}
+MTFL_MODELS = library_flags.MTFL_MODELS
 
 
 def _fedada2_defaults(settings: Settings) -> dict[str, Any]:

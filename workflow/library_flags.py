@@ -58,13 +58,17 @@ def _flag(owner: str, argument: str) -> Optional[str]:
   return ARGUMENT_FLAGS.get((owner, argument)) or ARGUMENT_FLAGS.get((None, argument))
 
 
+# MTFL keeps a batch-norm patch private (thesis ch. 4): per task, the model flag and a model with
+# batch normalisation (the registry's MTFL defaults and this hint read it).
+MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
+               'cifar10': ('cifar10_model', 'mtfl_cnn')}
+
+
 def _hint(owner: str, message: str, settings: Optional['config.Settings']) -> str:
   """What only bin/train can name: the model flag of the task that has batch norm."""
   if owner != 'patch_layout' or 'BatchNormalization' not in message or settings is None:
     return ''
-  # Here, not at the top: the registry imports TensorFlow, which MTFL's build has loaded.
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top
-  flag, model = algorithms.MTFL_MODELS.get(settings.task.task, (None, None))
+  flag, model = MTFL_MODELS.get(settings.task.task, (None, None))
   return f'; --{flag}={model} has batch norm' if flag else ''
 
 

@@ -2,7 +2,7 @@
 
 One table (`GROUPS`) defines every flag of bin/train. `define_flags()` turns it
 into absl flags whose "module" is the group, so `bin/train.py --helpfull`
-lists them group by group; `grouped_help()` is bin/train's `--help`: the groups
+lists them group by group; `train_help.grouped_help()` is bin/train's `--help`: the groups
 in order, each flag with its allowed values, its algorithm-specific defaults
 and the algorithms that read it. Nothing is defined at import.
 
@@ -13,8 +13,6 @@ paper presets, the training loop, workers.
 """
 
 import dataclasses
-import textwrap
-from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from absl import flags
@@ -353,68 +351,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         raise ValueError(f'unknown flag kind {f.kind!r} of --{f.name}')
 
 
-def readers(f: Flag) -> tuple[str, ...]:
-  """The algorithms that read flag `f` (empty: every algorithm)."""
-  if isinstance(f.algorithms, Having):
-    from workflow import algorithms  # pylint: disable=g-import-not-at-top
-    return algorithms.having(f.algorithms.feature)
-  return f.algorithms
-
-
-def _readers(f: Flag) -> str:
-  return ', '.join(readers(f)) or 'all algorithms'
-
-
 def _absl_help(f: Flag) -> str:
   text = f.help
   if isinstance(f.algorithms, Having):
     text += f' Read by: {f.algorithms.who} (bin/train.py --help names them).'
   elif f.algorithms:
-    text += f' Read by: {_readers(f)}.'
+    text += f' Read by: {", ".join(f.algorithms)}.'
   return text
-
-
-def _algorithm_notes(name: str) -> list[str]:
-  """Per-algorithm values and defaults of `name`, from the algorithm registry."""
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top
-  notes = []
-  if name == 'algorithm':
-    notes.append('values: ' + ' | '.join(algorithms.ALGORITHMS))
-  if name == 'task':
-    from tasks import registry  # pylint: disable=g-import-not-at-top
-    notes.append('values: ' + ' | '.join(registry.TASKS) + ' | package.module:function')
-  if name == 'client_optimizer':
-    by_values: dict[tuple[str, ...], list[str]] = {}
-    for algorithm, entry in algorithms.ALGORITHMS.items():
-      by_values.setdefault(entry.client_optimizers, []).append(algorithm)
-    notes.append('values: ' + '; '.join(f'{", ".join(names)}: {" | ".join(values)}'
-                                         for values, names in by_values.items()))
-  defaults = algorithms.documented_defaults(name)
-  if defaults:
-    notes.append('algorithm defaults: ' + '; '.join(f'{a}: {v}' for a, v in defaults.items()))
-  return notes
-
-
-def grouped_help(program: str = 'bin/train.py', doc: str = '') -> str:
-  """bin/train's --help: every group, each flag with its values, defaults and readers."""
-  lines = [doc.strip(), ''] if doc else []
-  lines += [f'Flags of {program}, by group (--helpfull: absl\'s listing, with its own flags).']
-  wrap = lambda text, indent: textwrap.fill(text, 100, initial_indent=indent,
-                                            subsequent_indent=indent)
-  for _, title, group in GROUPS:
-    lines += ['', f'{title}:']
-    for f in group:
-      default = '' if f.default in (None, '') else repr(f.default) if f.kind != 'bool' else (
-          'true' if f.default else 'false')
-      lines.append(f'  --{f.name}' + (f' (default: {default})' if default else ''))
-      lines.append(wrap(f.help, '      '))
-      if f.values:
-        lines.append(wrap('values: ' + ' | '.join(f.values), '      '))
-      for note in _algorithm_notes(f.name):
-        lines.append(wrap(note, '      '))
-      if f.algorithms:
-        lines.append(wrap(f'read by: {_readers(f)}', '      '))
-  return '\n'.join(lines) + '\n'
 
 
 def config_from_flags(flag_values: flags.FlagValues) -> dict[str, Any]:
@@ -429,11 +372,3 @@ def explicit_flags(flag_values: flags.FlagValues) -> set[str]:
 
 def flag_default(name: str) -> Optional[Any]:
   return DEFAULTS.get(name)
-
-
-def check_table(names: Mapping[str, Any]) -> None:
-  """Raises ValueError if a flag's readers name an unregistered algorithm."""
-  for f in FLAGS_BY_NAME.values():
-    unknown = set(readers(f)) - set(names)
-    if unknown:
-      raise ValueError(f'--{f.name} is read by unknown algorithms {sorted(unknown)}')
