@@ -331,9 +331,9 @@ def test_epsilon_is_monotone_in_rounds_and_noise():
 def test_bin_train_reports_epsilon_per_round():
   """`dp/epsilon` as bin/train adds it to each round's metrics (δ = 1 / population)."""
   task = types.SimpleNamespace(train_data=types.SimpleNamespace(client_ids=list(range(40))))
-  cfg = dict(dp=True, dp_noise_multiplier=1.2, dp_clip_norm=0.1, dp_delta=0.0,
-             clients_per_round=4)
-  metrics_fn = cli._dp_metrics_fn(cfg, task)  # pylint: disable=protected-access
+  settings = config.from_flags(dict(dp=True, dp_noise_multiplier=1.2, dp_clip_norm=0.1,
+                                    dp_delta=0.0, clients_per_round=4))
+  metrics_fn = cli._dp_metrics_fn(settings, task)  # pylint: disable=protected-access
   rows = [metrics_fn(t, None) for t in range(1, 6)]
   assert all(r['dp/delta'] == 1 / 40 for r in rows)
   eps = [r['dp/epsilon'] for r in rows]
