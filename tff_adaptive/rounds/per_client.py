@@ -64,28 +64,60 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
           local_steps: int, options: options_lib.RoundOptions,
           info: model_info_lib.ModelInfo) -> tff.learning.templates.LearningProcess:
   """The per-client `LearningProcess` of `recipe` (see `composer.build_process`)."""
+  del model_fn  # `info` holds the model
   metrics_aggregator = options.metrics_aggregator
   if metrics_aggregator is tff.learning.metrics.sum_then_finalize:
     metrics_aggregator = None  # what the fused sum computes
-  fused_mean = options.fused_mean and metrics_aggregator is None
-  loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)
-  iterate = (options.loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
-             ) == tff.learning.LoopImplementation.DATASET_ITERATOR
-  message_type = info.message_type
-  stateful_clients = recipe.has_client_state
-  if stateful_clients and options.upload_compression is not None:
+  if recipe.has_client_state and options.upload_compression is not None:
     raise ValueError(f'{recipe.name}: upload_compression is not available for an algorithm '
                      'whose clients keep state (its extra upload is summed, not compressed)')
-  data_type = tff.SequenceType(info.element_type)
-  if stateful_clients:
-    client_state_type = tff.tensorflow.computation(
-        lambda: recipe.init_client_state(list(info.trainable_specs))).type_signature.result
-    data_type = tff.StructWithPythonType(
-        [('train', data_type), ('private', client_state_type)], collections.OrderedDict)
+  shape = _RoundShape(recipe, options, info, metrics_aggregator)
+  client_round_fn = _client_round_computation(shape)
+  types = _ResultTypes(shape, client_round_fn.type_signature.result)
+  aggregation = _Aggregation(options, recipe, types.delta, types.extra)
+  server_round_fn = _server_round_computation(shape, types)
+  initialize_fn = layout.initial_state_computation(
+      info.model_fn, client_learning_rate, local_steps, aggregation.delta, info.init_stats)
+  state_type = initialize_fn.type_signature.result
+  next_fn = _next_computation(shape, types, state_type, client_round_fn, server_round_fn,
+                              aggregation)
+  if shape.stateful_clients:
+    return finish_process(
+        initialize_fn, next_fn, state_type, info, recipe,
+        process_class=stateful.StatefulClientsProcess,
+        client_state_initial=_initial_client_state(recipe, info),
+        client_state_structure=_client_state_structure(recipe, info), name=recipe.name)
+  return finish_process(initialize_fn, next_fn, state_type, info, recipe)
+
+
+class _RoundShape:
+  """What every part of a per-client round depends on: the recipe, its options and types."""
+
+  def __init__(self, recipe, options, info, metrics_aggregator):
+    self.recipe, self.options, self.info = recipe, options, info
+    self.metrics_aggregator = metrics_aggregator
+    self.fused_mean = options.fused_mean and metrics_aggregator is None
+    self.loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe),
+                                      options.measure_client_drift)
+    self.iterate = (options.loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
+                    ) == tff.learning.LoopImplementation.DATASET_ITERATOR
+    self.stateful_clients = recipe.has_client_state
+    self.data_type = tff.SequenceType(info.element_type)
+    if self.stateful_clients:
+      client_state_type = tff.tensorflow.computation(
+          lambda: recipe.init_client_state(list(info.trainable_specs))).type_signature.result
+      self.data_type = tff.StructWithPythonType(
+          [('train', self.data_type), ('private', client_state_type)], collections.OrderedDict)
+
+
+def _client_round_computation(shape: _RoundShape) -> tff.Computation:
+  """One client's round: its sums (fused mean), or Δ, extra, weight, sums and metrics."""
+  recipe, loop, fused_mean = shape.recipe, shape.loop, shape.fused_mean
+  metrics_aggregator, stateful_clients = shape.metrics_aggregator, shape.stateful_clients
 
   def client_round(model, message, data):
     dataset, client_state = (data['train'], data['private']) if stateful_clients else (data, ())
-    result, trainable = client_update(model, loop, message, dataset, iterate, client_state)
+    result, trainable = client_update(model, loop, message, dataset, shape.iterate, client_state)
     local_metrics = model.report_local_unfinalized_metrics()
     sums, delta = client_lib.client_sums(
         result, local_metrics if metrics_aggregator is None else (),
@@ -98,45 +130,60 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
     # The new client state is a per-client output, never summed.
     return out + (result.client_state,) if stateful_clients else (out[0] if fused_mean else out)
 
-  @tff.tensorflow.computation(message_type, data_type)
+  @tff.tensorflow.computation(shape.info.message_type, shape.data_type)
   def client_round_fn(message, data):
-    model = info.client_model()  # variables must be created outside the tf.function
+    model = shape.info.client_model()  # variables must be created outside the tf.function
     return tf.function(lambda *args: client_round(model, *args))(message, data)
 
-  client_result = client_round_fn.type_signature.result
-  if stateful_clients:  # the round's results without the new client states
-    client_result = tff.StructType(list(tff.structure.iter_elements(client_result))[:-1])
-    if fused_mean:
-      client_result = client_result[0]
-  if fused_mean:
-    sums_type = client_result
-    delta_type, extra_type = client_result.weighted_delta, client_result.weighted_extra
-    local_metrics_type = None
-  else:
-    delta_type, extra_type, _, sums_type, local_metrics_type = client_result
-  aggregation = _Aggregation(options, recipe, delta_type, extra_type)
+  return client_round_fn
+
+
+class _ResultTypes:
+  """The TFF types of a client's round results (without a new client state)."""
+
+  def __init__(self, shape: _RoundShape, client_result):
+    if shape.stateful_clients:
+      client_result = tff.StructType(list(tff.structure.iter_elements(client_result))[:-1])
+      if shape.fused_mean:
+        client_result = client_result[0]
+    if shape.fused_mean:
+      self.sums = client_result
+      self.delta, self.extra = client_result.weighted_delta, client_result.weighted_extra
+      self.local_metrics = None
+    else:
+      self.delta, self.extra, _, self.sums, self.local_metrics = client_result
+
+
+def _server_round_computation(shape: _RoundShape, types: _ResultTypes) -> tff.Computation:
+  info, options = shape.info, shape.options
   server_round = server_lib.ServerRound(
-      recipe, info.costs(recipe, delta_type, extra_type, options.fb_flops_per_example),
-      info.finalizers if metrics_aggregator is None else None, options.measure_client_drift)
-
-  if fused_mean:
-    @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE, sums_type)
-    def server_round_fn(model_weights, stats, hparams, sums):
-      return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
-  else:
+      shape.recipe, info.costs(shape.recipe, types.delta, types.extra,
+                               options.fb_flops_per_example),
+      info.finalizers if shape.metrics_aggregator is None else None,
+      options.measure_client_drift)
+  if shape.fused_mean:
     @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE,
-                                sums_type, delta_type, extra_type, tff.TensorType(np.float64))
-    def server_round_fn(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits):
-      return server_round(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits)
+                                types.sums)
+    def fused_fn(model_weights, stats, hparams, sums):
+      return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
+    return fused_fn
 
-  initialize_fn = layout.initial_state_computation(
-      info.model_fn, client_learning_rate, local_steps, aggregation.delta, info.init_stats)
-  state_type = initialize_fn.type_signature.result
+  @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE,
+                              types.sums, types.delta, types.extra, tff.TensorType(np.float64))
+  def server_round_fn(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits):
+    return server_round(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits)
+  return server_round_fn
+
+
+def _next_computation(shape: _RoundShape, types: _ResultTypes, state_type, client_round_fn,
+                      server_round_fn, aggregation) -> tff.Computation:
+  """`process.next`: broadcast, the clients' rounds, aggregation, the server step."""
+  info, fused_mean, stateful_clients = shape.info, shape.fused_mean, shape.stateful_clients
   if fused_mean:  # MeanFactory's (tensor-free) measurements, as every path reports them
     no_measurements = layout.tensor_free_value(
         aggregation.delta.next.type_signature.result.measurements)
 
-  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
+  @tff.federated_computation(state_type, tff.FederatedType(shape.data_type, tff.CLIENTS))
   def next_fn(state, client_data):
     message = tff.federated_broadcast(tff.federated_map(
         info.server_message_fn, (state.global_model_weights, state.finalizer, state.client_work)))
@@ -154,26 +201,21 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
       measurements = tff.federated_value(no_measurements, tff.SERVER)
     else:
       delta, extra, weight, client_sums, local_metrics = results
-      if metrics_aggregator is not None:
-        train_metrics = metrics_aggregator(info.finalizers, local_metrics_type)(local_metrics)
+      if shape.metrics_aggregator is not None:
+        train_metrics = shape.metrics_aggregator(info.finalizers, types.local_metrics)(
+            local_metrics)
       aggregator_state, measurements, mean_delta, mean_extra, bits = aggregation(
           state.aggregator, delta, extra, weight)
       server = tff.federated_map(server_round_fn, (
           *server_args, tff.federated_sum(client_sums), mean_delta, mean_extra, bits))
     learning_output = output(state, server, aggregator_state, measurements, train_metrics,
-                             options.measure_client_drift)
+                             shape.options.measure_client_drift)
     if stateful_clients:
       return stateful.StatefulClientsOutput(learning_output.state, learning_output.metrics,
                                             new_client_states)
     return learning_output
 
-  if stateful_clients:
-    return finish_process(
-        initialize_fn, next_fn, state_type, info, recipe,
-        process_class=stateful.StatefulClientsProcess,
-        client_state_initial=_initial_client_state(recipe, info),
-        client_state_structure=_client_state_structure(recipe, info), name=recipe.name)
-  return finish_process(initialize_fn, next_fn, state_type, info, recipe)
+  return next_fn
 
 
 def _initial_client_state(recipe, info):
