@@ -179,14 +179,6 @@ class Settings:
   reliability: ReliabilitySettings
   execution: ExecutionSettings
 
-  @property
-  def algorithm_name(self) -> str:
-    return self.server.algorithm
-
-  @property
-  def task_name(self) -> str:
-    return self.task.task
-
   def flag_values(self) -> dict[str, Any]:
     """The flat {flag: value} of these settings, in the flag table's order (flags.json)."""
     values = {}

@@ -310,12 +310,10 @@ class _InProcessNext:
   def __init__(self, tff_next, recipe, program, traced_shard, server_round, info, sums_type,
                process, measure_client_drift):
     self.type_signature = tff_next.type_signature
-    self._recipe = recipe
     self._process = process
     self._aggregation = program.aggregation
     self._measure_client_drift = measure_client_drift
     self._shard = traced_shard  # relaxed shapes: one trace for every cohort
-    self._server_round = server_round
     self._view = program.view
     self._message = tf.function(lambda w, s, h: model_info_lib.server_message(recipe, w, s, h))
     self._server = tf.function(functools.partial(self._aggregation.server, server_round))
