@@ -29,7 +29,7 @@ FEDGBO_COMMON = ['--preset=fedgbo:shakespeare', f'--total_rounds={FEDGBO_ROUNDS}
                  f'--rounds_per_eval={FEDGBO_EVAL_EVERY}', f'--eval_stride={EVAL_STRIDE}',
                  f'--max_client_examples={FEDGBO_MAX_CLIENT_EXAMPLES}',
                  '--rounds_per_checkpoint=25', '--show_progress=false', '--execution=cohort',
-                 '--cohort_jit_compile=true']
+                 '--cohort_jit_compile=step']
 _EPS = '--client_epsilon=0.001'  # seed 000: ε = 10^-3 for RMSProp and Adam, β2 = 0.99
 
 
@@ -70,7 +70,7 @@ DECAYK_COMMON = ['--preset=decayk:shakespeare', f'--total_rounds={DECAYK_ROUNDS}
                  f'--rounds_per_eval={DECAYK_EVAL_EVERY}', f'--eval_stride={EVAL_STRIDE}',
                  '--server_learning_rate=1', '--server_lr_schedule=exp',
                  f'--server_lr_decay_rate={DECAY:.6f}', '--rounds_per_checkpoint=20',
-                 '--show_progress=false', '--execution=cohort', '--cohort_jit_compile=true']
+                 '--show_progress=false', '--execution=cohort', '--cohort_jit_compile=step']
 DECAYK_CONFIGS = {
     'constant': ('constant γ and K', []),
     'decay_gamma': ('decaying γ', ['--client_lr_schedule=exp',

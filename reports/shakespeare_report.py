@@ -52,7 +52,7 @@ FEDOPT_COMMON = [
     '--client_batch_size=4', '--client_epochs_per_round=1', '--clients_per_round=10',
     f'--total_rounds={FEDOPT_ROUNDS}', f'--rounds_per_eval={FEDOPT_EVAL_EVERY}',
     '--rounds_per_checkpoint=10', '--show_progress=false', '--execution=cohort',
-    '--cohort_jit_compile=true', '--server_optimizer_semantics=paper']
+    '--cohort_jit_compile=step', '--server_optimizer_semantics=paper']
 # XLA on each client step: GRU rounds of 2-5 s against 26 s without it here
 # (once Keras' GRU runs its generic loop: functional._generic_rnn).
 # name → (label, fixed flags, tuned flag, its 3 values). The server-tuned methods

@@ -11,6 +11,7 @@ import collections
 import os
 import subprocess
 import sys
+import types
 import warnings
 
 import numpy as np
@@ -153,8 +154,20 @@ def test_xla_program_through_tff_executor_equals():
 
 
 def test_unknown_jit_compile_is_refused():
-  with pytest.raises(ValueError, match="jit_compile must be False, True, 'step' or 'program'"):
+  with pytest.raises(ValueError, match="jit_compile must be False, True, 'step', 'program' or "):
     cohort.CohortExecution(jit_compile='round')
+
+
+@pytest.mark.parametrize('rnn, conv, local_steps, expected', [
+    (True, True, 10, 'step'), (True, True, 0, 'step'),  # recurrent: per step, any K
+    (False, False, 10, 'program'),  # feed-forward, fixed K: one shape per round
+    (False, False, 0, False),  # epochs: a new shape (and compilation) most rounds
+    (False, True, 10, False)])  # convolutions: not measured faster under XLA
+def test_auto_jit_compile_follows_the_measured_rule(rnn, conv, local_steps, expected):
+  view = types.SimpleNamespace(has_rnn=rnn, has_conv_or_rnn=conv)
+  assert cohort.resolved_jit_compile('auto', view, local_steps) == expected
+  assert cohort.resolved_jit_compile(True, view, local_steps) == 'step'
+  assert cohort.resolved_jit_compile(False, view, local_steps) is False
 
 
 def test_client_drift_and_uniform_weighting_equal():

@@ -129,6 +129,22 @@ def test_resume_with_contradicting_flags_is_refused(tmp_path):
   assert '--client_learning_rate' in again.stderr.strip().splitlines()[-1]
 
 
+def test_run_resumes_under_the_other_execution(tmp_path):
+  """--execution and the cohort's XLA choice say how a round runs, not what it
+  computes: a per-client run resumes as a cohort with XLA over the program."""
+  out = f'--root_output_dir={tmp_path}'
+  small = [*SMALL, '--local_steps=2', '--experiment_name=switch', out]
+  first = _train([*small, '--total_rounds=2', '--execution=per_client'])
+  assert first.returncode == 0, first.stderr[-2000:]
+  resumed = _train([*small, '--total_rounds=3', '--execution=cohort',
+                    '--cohort_jit_compile=program', '--show_progress=true'])
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert 'Resuming from the checkpoint after round 2' in resumed.stderr
+  assert 'execution: cohort (one compiled program per round, clients vectorised, XLA over ' \
+      'the program)' in resumed.stdout + resumed.stderr
+  assert len(_read_csv(tmp_path / 'switch' / 'metrics.csv')) == 3
+
+
 def test_run_from_before_a_flag_existed_resumes_at_that_flags_default(tmp_path):
   out = f'--root_output_dir={tmp_path}'
   small = [*SMALL, '--experiment_name=digits_fedavg']

@@ -382,6 +382,10 @@ def build(task: task_base.FederatedTask,
   return process
 
 
+# --cohort_jit_compile → CohortExecution.jit_compile.
+_JIT = {'auto': 'auto', 'none': False, 'step': 'step', 'program': 'program'}
+
+
 def _execution(settings: Settings):
   """(execution for the builders, why per client or None) from --execution and the setup."""
   name, execution = settings.server.algorithm, settings.execution
@@ -391,7 +395,7 @@ def _execution(settings: Settings):
     return 'per_client', f'--algorithm={name}: {ALGORITHMS[name].cohort.why}'
   if execution.data_on_workers:
     return 'per_client', "--data_on_workers: each worker builds its clients' datasets from ids"
-  options = dict(mode=execution.cohort_mode, jit_compile=bool(execution.cohort_jit_compile))
+  options = dict(mode=execution.cohort_mode, jit_compile=_JIT[execution.cohort_jit_compile])
   if execution.workers:
     # One padded shard per worker, sent as the CLIENTS value: each worker returns
     # its shard's weighted sums, summed once (tests/test_cohort_workers.py).
@@ -404,6 +408,8 @@ def execution_line(process, reason: Optional[str]) -> str:
   """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
   if isinstance(process, cohort.CohortProcess):
     how = 'clients vectorised' if process.vectorized else 'clients in sequence'
+    how += {False: '', 'step': ', XLA per client step', 'program': ', XLA over the program'}[
+        process.jit_compile]
     if not process.execution.in_process:
       how += ', one shard per TFF worker'
     return f'execution: cohort (one compiled program per round, {how})'

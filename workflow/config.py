@@ -147,7 +147,7 @@ class ExecutionSettings:
   """Cohort or per-client rounds, the local runtime and TFF workers."""
   execution: str
   cohort_mode: str
-  cohort_jit_compile: bool
+  cohort_jit_compile: str
   execution_concurrency: int
   workers: str
   worker_retry: bool

@@ -25,6 +25,10 @@ RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'rounds_per_ch
                                # Where rounds run, not what they compute: a run
                                # may resume on other or fewer workers.
                                'workers', 'worker_retry', 'data_on_workers',
+                               # How a round runs, not its math (equal within
+                               # float order, tests/test_cohort.py): a run may
+                               # resume under the other execution.
+                               'execution', 'cohort_mode', 'cohort_jit_compile',
                                # When to stop a run, not what a round computes.
                                'divergence_factor', 'divergence_rounds',
                                'trust_command_line'})

@@ -44,6 +44,7 @@ ARGUMENT_FLAGS = {
     ('patch_layout', 'private'): 'private',
     ('mtfl', 'strategy'): 'mtfl_strategy',
     ('CohortExecution', 'mode'): 'cohort_mode',
+    ('CohortExecution', 'jit_compile'): 'cohort_jit_compile',
     ('ErrorDrivenDecay', 'window'): 'schedule_window',
 }
 # Callables that one flag turns on: their whole message is about that flag.

@@ -297,9 +297,11 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _e('cohort_mode', 'auto', ('auto', 'vectorized', 'sequential'), 'Cohort execution: '
            'clients vectorised (tf.vectorized_map) or in sequence; auto: in sequence for models '
            'with convolutions or recurrent layers, else vectorised.'),
-        _b('cohort_jit_compile', False, 'Cohort execution: compile each client step with XLA '
-           '(about 3x faster rounds for the Shakespeare GRU, after minutes of compilation at '
-           'the first round of each process; no gain for small feed-forward models).'),
+        _e('cohort_jit_compile', 'auto', ('auto', 'none', 'step', 'program'), 'Cohort '
+           'execution, XLA: program compiles the whole round program (for rounds of one shape: '
+           'fixed --local_steps; the digits MLP ~1.5x faster), step each client step (recurrent '
+           'models: the Shakespeare GRU ~3x faster), none; auto: step for recurrent models, '
+           'program for fixed --local_steps without convolutions, else none (CohortExecution).'),
         _i('execution_concurrency', 0, 'Max concurrent client computations in TFF\'s C++ '
            'runtime. 0: two per CPU core (the fastest measured, docs/performance.md); -1: '
            'unlimited (TFF\'s default).'),

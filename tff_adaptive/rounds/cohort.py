@@ -53,7 +53,7 @@ from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import server as server_lib
 
 MODES = ('auto', 'vectorized', 'sequential')
-JIT_COMPILE = (False, True, 'step', 'program')
+JIT_COMPILE = (False, True, 'step', 'program', 'auto')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +80,10 @@ class CohortExecution:
       docs/performance.md); XLA compiles once per shard shape
       [clients, steps, rows], so it suits rounds of fixed shape (K local
       steps, a fixed cohort) and costs a compilation per new shape otherwise.
+      'auto': 'step' for recurrent models, 'program' for fixed-K rounds
+      (local_steps > 0) of models without convolutions, else none: the
+      cases measured faster (docs/performance.md; a CNN under XLA was not).
+      The default stays False so that a library user opts in to compiling.
   """
   mode: str = 'auto'
   in_process: bool = True
@@ -89,7 +93,7 @@ class CohortExecution:
 
   def __post_init__(self):
     if self.jit_compile not in JIT_COMPILE:
-      raise ValueError(f"jit_compile must be False, True, 'step' or 'program'; got "
+      raise ValueError(f"jit_compile must be False, True, 'step', 'program' or 'auto'; got "
                        f'{self.jit_compile!r}')
     if self.mode not in MODES:
       raise ValueError(f'mode must be one of {", ".join(MODES)}; got {self.mode!r}')
@@ -201,12 +205,22 @@ class CohortProgram:
     return self.aggregation.client_sums(result, metrics, self._trainable_structure)
 
 
+def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_steps: int):
+  """False, 'step' or 'program' for `CohortExecution.jit_compile` (see there)."""
+  if jit_compile != 'auto':
+    return 'step' if jit_compile is True else jit_compile
+  if view.has_rnn:
+    return 'step'
+  return 'program' if local_steps > 0 and not view.has_conv_or_rnn else False
+
+
 def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
           options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
   """The cohort `LearningProcess` (see module docstring)."""
   execution = execution_of(options)
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
-  view = functional.FunctionalView(model_fn, generic_rnn=execution.jit_compile)
+  view = functional.FunctionalView(model_fn, generic_rnn=bool(execution.jit_compile))
+  jit_compile = resolved_jit_compile(execution.jit_compile, view, local_steps)
   if execution.mode == 'vectorized' and view.has_rnn:
     # pfor cannot convert a recurrent layer's TensorList loop: fail here, in one line.
     raise ValueError("CohortExecution: mode='vectorized' cannot vectorise recurrent layers "
@@ -218,7 +232,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
   aggregation = cohort_aggregation.for_options(options, recipe)
   program = CohortProgram(view, loop, vectorized, trainable_structure,
-                          jit_compile=execution.jit_compile in (True, 'step'),
+                          jit_compile=jit_compile == 'step',
                           aggregation=aggregation)
   data_type = shard_type(info.element_type)
   # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
@@ -226,7 +240,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   # program is most of a small model's build (pfor converts the client loop:
   # seconds), which tracing it a second time for the TFF computation doubled.
   traced = tf.function(
-      program, jit_compile=execution.jit_compile == 'program',
+      program, jit_compile=jit_compile == 'program',
       input_signature=[tff.types.type_to_tf_tensor_specs(info.message_type),
                        tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
 
@@ -271,7 +285,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   return per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=CohortProcess,
       execution=execution, in_process_next=in_process if execution.in_process else None,
-      vectorized=vectorized)
+      vectorized=vectorized, jit_compile=jit_compile)
 
 
 class CohortProcess(tff.learning.templates.LearningProcess):
@@ -283,10 +297,11 @@ class CohortProcess(tff.learning.templates.LearningProcess):
   """
 
   def __init__(self, *args, execution: CohortExecution, in_process_next, vectorized: bool,
-               **kwargs):
+               jit_compile, **kwargs):
     super().__init__(*args, **kwargs)
     self.execution = execution
     self.vectorized = vectorized
+    self.jit_compile = jit_compile  # what `execution.jit_compile` resolved to
     self._in_process_next = in_process_next
     self.shard_stats = cohort_data.ShardStats()
 
