@@ -12,14 +12,19 @@ Row `<algorithm>@<execution>`, data `arrays`:
   cohort_vec_xlaprog, cohort_seq_xlaprog
                    CohortExecution(mode=..., jit_compile='program'): the whole
                    shard program one XLA computation (compiled in the first round)
+  cohort_vec_xlaprog_bg, cohort_seq_xlaprog_bg
+                   the same, with the next round's padding on a background thread
+                   while this round trains, as bin/train's feed does
+                   (`cohort_data.Prefetcher`): the round as bin/train runs it
 
 Data: each client's K batches are read once from the bench's in-memory
 datasets into NumPy arrays (`cohort_data.client_batches`, what the workflow's
 `ClientCache` keeps between rounds; seconds in `data_s`, not in the round).
 A timed round is `process.make_shards(arrays)` (padding into the
 [clients, steps, batch, ...] tensors; seconds also in `pad_s`) plus
-`process.next`. The workflow pads the next round on a background thread; here
-it is in the foreground, so the row is an upper bound.
+`process.next`; in the `_bg` rows the padding ran on a background thread during
+the previous round, so a timed round is the wait for it plus `process.next`
+(on 2 cores the thread competes with the round's own TF threads).
 
 Equality: every cohort process starts from the per-client process's initial
 state, and its first round's update must equal that process's first round
@@ -27,6 +32,7 @@ state, and its first round's update must equal that process's first round
 """
 
 import collections
+import concurrent.futures
 import time
 import warnings
 
@@ -44,8 +50,11 @@ EXECUTIONS = collections.OrderedDict([
     ('cohort_seq_xla', dict(mode='sequential', jit_compile=True)),
     ('cohort_vec_xlaprog', dict(mode='vectorized', jit_compile='program')),
     ('cohort_seq_xlaprog', dict(mode='sequential', jit_compile='program')),
+    ('cohort_vec_xlaprog_bg', dict(mode='vectorized', jit_compile='program')),
+    ('cohort_seq_xlaprog_bg', dict(mode='sequential', jit_compile='program')),
 ])
-FEDAVG_ONLY = ('cohort_vec_cpp', 'cohort_seq_xla')
+BACKGROUND = ('cohort_vec_xlaprog_bg', 'cohort_seq_xlaprog_bg')
+FEDAVG_ONLY = ('cohort_vec_cpp', 'cohort_seq_xla', *BACKGROUND)
 DATA = 'arrays'
 TOLERANCE = 1e-5
 
@@ -90,8 +99,11 @@ def client_arrays(setting):
 class CohortRunner:
   """A cohort process fed the padded arrays; same interface as run.Runner."""
 
-  def __init__(self, process, build_s: float, arrays, data_s: float, initial_state=None):
+  def __init__(self, process, build_s: float, arrays, data_s: float, initial_state=None,
+               background: bool = False):
     self.process = process
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1) if background else None
+    self._next_shards = None
     self.build_s = build_s
     self.arrays = arrays
     self.data_s = data_s
@@ -107,15 +119,28 @@ class CohortRunner:
 
   def __call__(self):
     t0 = time.perf_counter()
-    shards = self.process.make_shards(self.arrays)
+    if self._pool is None:
+      shards = self.process.make_shards(self.arrays)
+    else:
+      shards = (self._next_shards.result() if self._next_shards else
+                self.process.make_shards(self.arrays))
+      self._next_shards = self._pool.submit(self.process.make_shards, self.arrays)
     self.pad_times_s.append(time.perf_counter() - t0)
     out = self.process.next(self.state, shards)
+    if self._next_shards is not None:
+      # Interleaved with other rows, the padding must not run in their time:
+      # the next round's padding overlaps this round's program, then is awaited.
+      concurrent.futures.wait([self._next_shards])
     self.state = out.state
     return out.metrics
 
   def first(self):
     first_round(self)
     self.pad_times_s.clear()  # the timed rounds' only
+
+  def close(self):
+    if self._pool is not None:
+      self._pool.shutdown(wait=True)
 
 
 def first_round(runner):

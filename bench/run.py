@@ -272,7 +272,8 @@ def build_cohort_runners(setting: Setting, names, executions, runners):
         references[name] = Runner(name, setting, 'python')
         references[name].first()
       runner = bench_cohort.CohortRunner(process, build_s, arrays, data_s,
-                                         references[name].initial_state)
+                                         references[name].initial_state,
+                                         background=key in bench_cohort.BACKGROUND)
       runner.first()
     # A combination the cohort program cannot build (tf.vectorized_map of a
     # GRU) is a result of the run, not the end of it.
@@ -356,6 +357,8 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
     base = [r for r in rows if r['algorithm'].split('@')[0] == 'fedavg' and
             r['data'] == row['data'] and r['execution'] == row['execution']]
     row['ratio_to_fedavg'] = _finite_ratio(row['round_s'], base[0]['round_s']) if base else None
+  for runner in cohort_runners.values():
+    runner.close()
   profiles = {}
   if profile_rounds:
     for key in runners:
