@@ -239,10 +239,11 @@ def _decayk_section(part_jobs):
                         for k, d in sc.DECAYK_PUBLISHED.items())
   lines = [
       '## Seed 001: constant vs decaying γ vs decaying K', '',
-      f'Setting: `--preset=decayk:shakespeare` (`shakespeare_leaf`, GRU 2×256, FedAvg, '
+      f'Setting: `--preset=decayk:shakespeare` (`shakespeare_leaf`, FedAvg, '
       f'K_0 = 10, 10 clients per round, B = 32, γ_0 = η_0 = 1), server rate decayed in every '
       f'scheme (seed 001 Table 5), seeds {", ".join(map(str, sc.DECAYK_SEEDS))}. **Differs '
-      f'from seed 001**: {sc.DECAYK_ROUNDS} rounds instead of 4,000, so each decay is '
+      f'from seed 001**: GRU 2×128 (`--shakespeare_leaf_model={sc.DECAYK_MODEL}`) instead of '
+      f'2×256; {sc.DECAYK_ROUNDS} rounds instead of 4,000, so each decay is '
       f'd = 0.9996^{4000 // sc.DECAYK_ROUNDS} = {sc.DECAY:.5f} per round (the schedules end '
       'where the paper\'s do: K 10 → 3, rates × 0.20); all 867 roles of the 80/20 split, not '
       f'the 1,000 largest of the Gutenberg edition; validation on every {sc.EVAL_STRIDE}th '

@@ -26,9 +26,12 @@ papers ran 1,200–5,000 rounds):
   decayk   seed 001's constant vs decaying γ vs decaying K on `shakespeare_leaf`,
            K_0 = 10, decays rescaled to the shorter runs.
 (shakespeare_curves.py defines the last two and checks the seeds' claims.)
-The sizes are provisional: the costs per round were measured under a load of
-~2-5 on 2 cores only (fedopt with XLA: 2-5 s per round after a 15-s first round;
-SCAFFOLD runs per client); size them again on an idle machine.
+Sizes (session 9, from rounds measured under load): fedopt 2-5 s per round on an
+idle machine with XLA on each client step (15 s first round); SCAFFOLD runs per
+client (its c_i are client state) at ~2x FedAvg's round; fedgbo and decayk are
+sized in shakespeare_curves.py. Runs of 2 jobs at a time (--jobs=2) each get about
+one core; their wall-clock in the report is what they took beside the other work
+on the machine, an upper bound.
 """
 
 import argparse
