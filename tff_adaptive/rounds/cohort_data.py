@@ -237,3 +237,63 @@ class Prefetcher:
 
   def close(self) -> None:
     self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+
+def shard_from_ids(client_ids: tf.Tensor, local_steps: tf.Tensor,
+                   client_dataset_fn: Callable[[tf.Tensor], tf.data.Dataset]):
+  """One shard built in the graph from client ids (TFF workers build their own).
+
+  The layout of `shards`' (see module docstring): each client's batches are
+  `client_batches`' (K > 0: exactly K, cycling; K <= 0: the dataset as given),
+  padded with zero rows and steps to the shard's longest batch and longest
+  client, so K-step shards have K steps and epoch-based ones the steps of the
+  shard's longest client. A shard pads rows to its own largest batch, not the
+  cohort's: masked rows add exact zeros, so the sums are the same.
+
+  One pass over the data: every batch's rows are appended to one array per
+  leaf, with its row count and its client's index; a ragged tensor of
+  [clients, (steps), (rows)] then pads them. Batch leaves need fixed shapes
+  after the row dimension.
+  """
+  steps = tf.cast(local_steps, tf.int64)
+  cycle = steps > 0
+
+  def one_client(index, client_id):
+    batches = client_dataset_fn(client_id)
+    # `per_client._batches`: the same K batches as the per-client round.
+    batches = batches.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
+        tf.where(cycle, steps, -1))
+    return batches.map(lambda batch: (index, batch))
+
+  indexed = tf.data.Dataset.from_tensor_slices(
+      (tf.range(tf.size(client_ids, out_type=tf.int64)), client_ids))
+  # Tuples: tf.data would stack a list into one tensor.
+  batches = indexed.flat_map(one_client)
+  specs = tf.nest.flatten(batches.element_spec[1])
+  if any(None in s.shape[1:].as_list() for s in specs):
+    raise ValueError('shard_from_ids: batch leaves need fixed shapes after the row dimension; '
+                     f'got {[s.shape for s in specs]}')
+
+  def append(state, element):
+    index, batch = element
+    leaves = tf.nest.flatten(batch)
+    rows = tf.shape(leaves[0], out_type=tf.int64)[0]
+    arrays, counts, owners = state
+    step = counts.size()
+    arrays = tuple(a.write(step, leaf) for a, leaf in zip(arrays, leaves))
+    return arrays, counts.write(step, rows), owners.write(step, index)
+
+  array = lambda dtype, shape: tf.TensorArray(dtype, size=0, dynamic_size=True,
+                                              infer_shape=False, element_shape=shape)
+  arrays, counts, owners = batches.reduce(
+      (tuple(array(s.dtype, [None] + s.shape[1:].as_list()) for s in specs),
+       array(tf.int64, []), array(tf.int64, [])), append)
+  counts = counts.stack()
+  by_step = lambda flat: tf.RaggedTensor.from_value_rowids(
+      tf.RaggedTensor.from_row_lengths(flat, counts), owners.stack(),
+      nrows=tf.size(client_ids, out_type=tf.int64)).to_tensor()
+  leaves = [by_step(a.concat()) for a in arrays]
+  mask = by_step(tf.ones([tf.reduce_sum(counts)], tf.float32))
+  return collections.OrderedDict(
+      batches=tf.nest.pack_sequence_as(batches.element_spec[1], leaves), mask=mask)
