@@ -9,6 +9,8 @@ batches, weights and metrics equal the in-process cohort and the per-client run
 within 1e-5, for K-step and epoch-based rounds.
 """
 
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -19,10 +21,12 @@ from tensorflow_federated.python.core.impl.execution_contexts import (
     mergeable_comp_execution_context as mergeable)
 
 # pylint: disable=g-bad-import-order
+import train_config
 from test_cohort import _assert_outputs_equal
 from test_workers import live_pool, pool  # pylint: disable=unused-import
 
 from tasks import digits
+from workflow import cli
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import remote_context
@@ -40,7 +44,7 @@ def task():
   return digits.create_task(num_clients=8, batch_size=B)
 
 
-def _clients_placed_types(type_spec, value=None) -> list:
+def _clients_placed_types(type_spec) -> list:
   """The member types of the CLIENTS-placed parts of a parameter type."""
   if isinstance(type_spec, tff.FederatedType):
     return [type_spec.member] if type_spec.placement is tff.CLIENTS else []
@@ -128,3 +132,35 @@ def test_shard_from_ids_pads_as_the_driver_does(task):
                                       expected['batches'][key][0])
     longest = max(len(b) for b in batches)
     assert built['mask'].shape[:2] == (len(IDS), local_steps or longest)
+
+
+def test_bin_train_builds_the_shards_on_the_workers(live_pool, tmp_path, capsys):
+  """bin/train --workers --data_on_workers --execution=cohort: ids out, same run as data sent."""
+  addresses = ','.join(w.address for w in live_pool)
+  run = lambda name, **flags: cli.run_training(train_config.small_run(
+      tmp_path, name, num_clients=8, clients_per_round=5, total_rounds=2, rounds_per_eval=2,
+      rounds_per_checkpoint=2, workers=addresses, show_progress=True, **flags))[0]
+  sent = run('sent')
+  assert 'one shard per TFF worker)' in capsys.readouterr().err
+  built = run('built', data_on_workers=True)
+  err = capsys.readouterr().err
+  assert ('execution: cohort (one compiled program per round, clients vectorised, one shard per '
+          'TFF worker, its data built on the worker from client ids)') in err, err
+  for a, b in zip(tf.nest.flatten(sent), tf.nest.flatten(built), strict=True):
+    np.testing.assert_allclose(np.asarray(b, np.float64), np.asarray(a, np.float64),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_batches_of_varying_shapes_are_refused_at_build(task):
+  """Batches whose shapes after the rows vary cannot be padded into one shard: one line."""
+  process = _build(task, 3, cohort.CohortExecution(in_process=False, num_shards=WORKERS))
+  varying = types.SimpleNamespace(
+      name='varying', preprocess_train=lambda ds: ds, train_data=types.SimpleNamespace(
+          serializable_dataset_fn=lambda cid: tf.data.Dataset.from_tensors(
+              {'x': tf.zeros([2, tf.strings.length(cid), 1]), 'y': tf.zeros([2], tf.int32)})))
+  with pytest.raises(ValueError) as raised:
+    data_on_workers.compose_cohort_data_on_workers(process, varying)
+  assert cli.library_flags.flag_message(str(raised.value)).startswith(
+      '--data_on_workers: task varying: its batches cannot be padded into one shard'), raised.value
+  with pytest.raises(ValueError, match='runs in process'):
+    data_on_workers.compose_cohort_data_on_workers(_build(task, 3, 'cohort'), task)

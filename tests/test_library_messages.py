@@ -35,6 +35,7 @@ from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import worker_process
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.optimizers import sm3
+from tff_adaptive.rounds import cohort
 from workflow import config
 from workflow import library_flags
 
@@ -329,6 +330,10 @@ LIBRARY_ERRORS = [
     (lambda: data_on_workers.compose_data_on_workers(
         None, types.SimpleNamespace(name='plain', train_data=object())),
      'compose_data_on_workers:', '--data_on_workers: task plain'),
+    (lambda: data_on_workers.compose_cohort_data_on_workers(
+        types.SimpleNamespace(execution=cohort.CohortExecution(in_process=False)),
+        types.SimpleNamespace(name='plain', train_data=object())),
+     'compose_cohort_data_on_workers:', '--data_on_workers: task plain'),
 ]
 
 

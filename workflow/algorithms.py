@@ -378,7 +378,8 @@ def build(task: task_base.FederatedTask,
       warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
   # program.run prints it when the rounds start (after every check that
   # may still refuse the command in one line).
-  process.execution_line = execution_line(process, reason)
+  process.execution_line = execution_line(process, reason,
+                                          bool(settings.execution.data_on_workers))
   return process
 
 
@@ -393,18 +394,21 @@ def _execution(settings: Settings):
     return 'per_client', '--execution=per_client'
   if not ALGORITHMS[name].cohort:
     return 'per_client', f'--algorithm={name}: {ALGORITHMS[name].cohort.why}'
-  if execution.data_on_workers:
-    return 'per_client', "--data_on_workers: each worker builds its clients' datasets from ids"
+  if execution.data_on_workers and not execution.workers:
+    return 'per_client', ("--data_on_workers without --workers: each client's dataset is built "
+                          'from its id')
   options = dict(mode=execution.cohort_mode, jit_compile=_JIT[execution.cohort_jit_compile])
   if execution.workers:
     # One padded shard per worker, sent as the CLIENTS value: each worker returns
-    # its shard's weighted sums, summed once (tests/test_cohort_workers.py).
+    # its shard's weighted sums, summed once (tests/test_cohort_workers.py);
+    # with --data_on_workers the value is the shard's client ids and the worker
+    # builds the shard (cli._build, tests/test_cohort_data_on_workers.py).
     options.update(in_process=False,
                    num_shards=len(worker_process.parse_addresses(execution.workers)))
   return cohort.CohortExecution(**options), None
 
 
-def execution_line(process, reason: Optional[str]) -> str:
+def execution_line(process, reason: Optional[str], shard_data_on_workers: bool = False) -> str:
   """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
   if isinstance(process, cohort.CohortProcess):
     how = 'clients vectorised' if process.vectorized else 'clients in sequence'
@@ -412,5 +416,7 @@ def execution_line(process, reason: Optional[str]) -> str:
         process.jit_compile]
     if not process.execution.in_process:
       how += ', one shard per TFF worker'
+      if shard_data_on_workers:
+        how += ', its data built on the worker from client ids'
     return f'execution: cohort (one compiled program per round, {how})'
   return f'execution: per_client ({reason})' if reason else 'execution: per_client'

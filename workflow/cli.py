@@ -255,7 +255,6 @@ def _build(settings: config.Settings, status: dict):
   Returns (task, process, schedules, client_data_fn, client_state, out).
   """
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
   from workflow import personalization  # pylint: disable=g-import-not-at-top
@@ -269,9 +268,7 @@ def _build(settings: config.Settings, status: dict):
     schedules = _round_schedules(settings, task, process)
     client_data_fn = None
     if settings.execution.data_on_workers:
-      process, data_steps = data_on_workers.compose_data_on_workers(
-          process, task, settings.client.local_steps or None)
-      client_data_fn = data_on_workers.client_ids_fn(data_steps)
+      process, client_data_fn = _data_on_workers(settings, task, process)
     fresh = not os.path.exists(os.path.join(run_dir, 'flags.json'))
     out = prepare_output_dir(settings)
     status['out'] = out
@@ -290,6 +287,23 @@ def _build(settings: config.Settings, status: dict):
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
     raise UsageError(f'cannot write {e.filename or run_dir}: {e.strerror}') from e
   return task, process, schedules, client_data_fn, client_state, out
+
+
+def _data_on_workers(settings: config.Settings, task, process):
+  """(`process` taking client ids, its `client_data_fn`): the cohort's shards or each
+  client's dataset built on the workers."""
+  from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
+  line = getattr(process, 'execution_line', None)
+  if isinstance(process, cohort.CohortProcess) and not process.execution.in_process:
+    composed = data_on_workers.compose_cohort_data_on_workers(process, task)
+    client_data_fn = data_on_workers.shard_ids_fn(process.execution.num_shards)
+  else:
+    composed, data_steps = data_on_workers.compose_data_on_workers(
+        process, task, settings.client.local_steps or None)
+    client_data_fn = data_on_workers.client_ids_fn(data_steps)
+  composed.execution_line = line  # program.run prints it
+  return composed, client_data_fn
 
 
 def _loop_config(settings: config.Settings, out: str, schedules, client_state):

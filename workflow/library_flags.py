@@ -48,7 +48,8 @@ ARGUMENT_FLAGS = {
     ('ErrorDrivenDecay', 'window'): 'schedule_window',
 }
 # Callables that one flag turns on: their whole message is about that flag.
-OWNER_FLAGS = {'parse_addresses': 'workers', 'compose_data_on_workers': 'data_on_workers'}
+OWNER_FLAGS = {'parse_addresses': 'workers', 'compose_data_on_workers': 'data_on_workers',
+               'compose_cohort_data_on_workers': 'data_on_workers'}
 
 _MESSAGE = re.compile(r'^(?P<owner>[A-Za-z_][\w.]*): (?P<rest>.*)$', re.DOTALL)
 _ARGUMENT = re.compile(r'^(?P<argument>[a-z_]\w*)(?![\w(])')

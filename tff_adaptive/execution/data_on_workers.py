@@ -51,8 +51,8 @@ def compose_data_on_workers(process, task, local_steps: Optional[int] = None):
   Returns:
     (the composed `LearningProcess`, the K baked into the data or None).
   """
-  data_steps = None if has_round_hparams(process) else (local_steps or None)
   client_dataset = _client_dataset_fn(task, 'compose_data_on_workers')
+  data_steps = None if has_round_hparams(process) else (local_steps or None)
 
   @tff.tensorflow.computation(tf.string)
   def build_client_dataset(client_id):
@@ -103,10 +103,12 @@ def compose_cohort_data_on_workers(process: cohort.CohortProcess, task):
   client_dataset = _client_dataset_fn(task, 'compose_cohort_data_on_workers')
   state_type, shards_type = process.tff_next.type_signature.parameter
 
-  @tff.tensorflow.computation(SHARD_IDS_TYPE, np.int32)
-  def build_shard(client_ids, local_steps):
-    return cohort_data.shard_from_ids(client_ids, local_steps, client_dataset)
-
+  try:
+    build_shard = _shard_computation(client_dataset)
+  except ValueError as e:  # `shard_from_ids` refusing the task's batches
+    raise ValueError(f'compose_cohort_data_on_workers: task {task.name}: '
+                     f'{str(e).removeprefix("shard_from_ids: ")} (the per-client execution '
+                     'builds its datasets on the workers)') from e
   if not shards_type.member.is_assignable_from(build_shard.type_signature.result):
     raise ValueError(f'compose_cohort_data_on_workers: task {task.name}\'s batches '
                      f'{build_shard.type_signature.result} do not fit the model\'s '
@@ -124,6 +126,15 @@ def compose_cohort_data_on_workers(process: cohort.CohortProcess, task):
   return tff.learning.templates.LearningProcess(
       process.initialize, next_fn, process.get_model_weights, process.set_model_weights,
       get_hparams_fn=process.get_hparams, set_hparams_fn=process.set_hparams)
+
+
+def _shard_computation(client_dataset):
+
+  @tff.tensorflow.computation(SHARD_IDS_TYPE, np.int32)
+  def build_shard(client_ids, local_steps):
+    return cohort_data.shard_from_ids(client_ids, local_steps, client_dataset)
+
+  return build_shard
 
 
 def shard_ids_fn(num_shards: int):

@@ -272,8 +272,8 @@ def shard_from_ids(client_ids: tf.Tensor, local_steps: tf.Tensor,
   batches = indexed.flat_map(one_client)
   specs = tf.nest.flatten(batches.element_spec[1])
   if any(None in s.shape[1:].as_list() for s in specs):
-    raise ValueError('shard_from_ids: batch leaves need fixed shapes after the row dimension; '
-                     f'got {[s.shape for s in specs]}')
+    raise ValueError('shard_from_ids: its batches cannot be padded into one shard, their '
+                     f'shapes after the row dimension vary ({[s.shape for s in specs]})')
 
   def append(state, element):
     index, batch = element
