@@ -313,7 +313,10 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'remaining workers instead of failing.'),
         _b('data_on_workers', False, 'Workers build client datasets from client ids (the task\'s '
            'serializable dataset function) instead of receiving them; file-based tasks need '
-           'their data at the same --data_dir on every worker.'),
+           'their data at the same --data_dir on every worker. With --workers and the cohort '
+           'execution each worker gets its shard\'s ids and builds the padded shard itself '
+           '(ids split by count, not grouped by size; no client cache or prefetch; batch shapes '
+           'must not vary after the rows); without --workers rounds run per client.'),
     ]),
 ]
 
