@@ -164,3 +164,21 @@ def test_batches_of_varying_shapes_are_refused_at_build(task):
       '--data_on_workers: task varying: its batches cannot be padded into one shard'), raised.value
   with pytest.raises(ValueError, match='runs in process'):
     data_on_workers.compose_cohort_data_on_workers(_build(task, 3, 'cohort'), task)
+
+
+def test_shards_built_in_computation_follow_trainer_global_seed(local_cpp_context):
+  """With `tf.random.set_seed`, eager shuffles change; the workers' shards follow them."""
+  del local_cpp_context  # any TFF context runs the composed process; no workers needed
+  tf.random.set_seed(9)
+  try:
+    task = digits.create_task(num_clients=8, batch_size=B)
+    batches = [cohort_data.client_batches(ds, 3) for ds in task.client_train_datasets(IDS)]
+    in_process = _build(task, 3, 'cohort')
+    composed = data_on_workers.compose_cohort_data_on_workers(
+        _build(task, 3, cohort.CohortExecution(in_process=False, num_shards=WORKERS)), task)
+    state = in_process.initialize()
+    expected = in_process.next(state, in_process.make_shards(batches))
+    actual = composed.next(state, data_on_workers.shard_ids_fn(WORKERS)(IDS, None))
+    _assert_outputs_equal(expected, actual, 'global seed 9: built in the computation vs eager')
+  finally:
+    tf.random.set_seed(None)
