@@ -51,7 +51,9 @@ def compose_data_on_workers(process, task, local_steps: Optional[int] = None):
   Returns:
     (the composed `LearningProcess`, the K baked into the data or None).
   """
-  client_dataset = _client_dataset_fn(task, 'compose_data_on_workers')
+  client_dataset = _client_dataset_fn(task)
+  if client_dataset is None:
+    raise ValueError(f'compose_data_on_workers: task {task.name} {_NO_DATASET_FN}')
   data_steps = None if has_round_hparams(process) else (local_steps or None)
 
   @tff.tensorflow.computation(tf.string)
@@ -66,12 +68,15 @@ def compose_data_on_workers(process, task, local_steps: Optional[int] = None):
   return composed, data_steps
 
 
-def _client_dataset_fn(task, caller: str):
-  """client id → the task's preprocessed training dataset, for graphs built for TFF."""
+_NO_DATASET_FN = 'has no serializable dataset function (train_data.serializable_dataset_fn)'
+
+
+def _client_dataset_fn(task):
+  """client id → the task's preprocessed training dataset, for graphs built for TFF
+  (None: the task has no serializable dataset function)."""
   dataset_fn = getattr(task.train_data, 'serializable_dataset_fn', None)
   if dataset_fn is None:
-    raise ValueError(f'{caller}: task {task.name} has no serializable dataset '
-                     'function (train_data.serializable_dataset_fn)')
+    return None
   # Seeded shuffles built eagerly in the trainer mix in the global seed
   # (`tf.random.set_seed`); graphs built for TFF have their own, unset seed.
   # Carry the trainer's over so both build the same shuffles.
@@ -100,7 +105,9 @@ def compose_cohort_data_on_workers(process: cohort.CohortProcess, task):
   if process.execution.in_process:
     raise ValueError('compose_cohort_data_on_workers: the cohort process runs in process; '
                      'build it with CohortExecution(in_process=False) for TFF workers')
-  client_dataset = _client_dataset_fn(task, 'compose_cohort_data_on_workers')
+  client_dataset = _client_dataset_fn(task)
+  if client_dataset is None:
+    raise ValueError(f'compose_cohort_data_on_workers: task {task.name} {_NO_DATASET_FN}')
   state_type, shards_type = process.tff_next.type_signature.parameter
 
   try:
