@@ -133,6 +133,17 @@ def test_shard_from_ids_pads_as_the_driver_does(task):
     longest = max(len(b) for b in batches)
     assert built['mask'].shape[:2] == (len(IDS), local_steps or longest)
 
+  # A client without data: no steps of its own (all-zero masks), the others unchanged;
+  # a shard of only such clients has no steps at all.
+  dataset_fn = task.train_data.serializable_dataset_fn
+  no_data = lambda cid: tf.where(cid == IDS[1], tf.constant(0, tf.int64), -1)
+  some_empty = tf.function(lambda ids: cohort_data.shard_from_ids(
+      ids, 3, lambda cid: task.preprocess_train(dataset_fn(cid)).take(no_data(cid))))
+  built = some_empty(tf.constant(IDS))
+  assert np.sum(built['mask'][1]) == 0 and built['mask'].shape[1] == 3
+  assert [np.sum(built['mask'][c]) > 0 for c in range(len(IDS))] == [True, False, True, True, True]
+  assert some_empty(tf.constant(IDS[1:2]))['mask'].shape == (1, 0, 0)
+
 
 def test_bin_train_builds_the_shards_on_the_workers(live_pool, tmp_path, capsys):
   """bin/train --workers --data_on_workers --execution=cohort: ids out, same run as data sent."""

@@ -268,7 +268,6 @@ def shard_from_ids(client_ids: tf.Tensor, local_steps: tf.Tensor,
 
   indexed = tf.data.Dataset.from_tensor_slices(
       (tf.range(tf.size(client_ids, out_type=tf.int64)), client_ids))
-  # Tuples: tf.data would stack a list into one tensor.
   batches = indexed.flat_map(one_client)
   specs = tf.nest.flatten(batches.element_spec[1])
   if any(None in s.shape[1:].as_list() for s in specs):
@@ -284,6 +283,7 @@ def shard_from_ids(client_ids: tf.Tensor, local_steps: tf.Tensor,
     arrays = tuple(a.write(step, leaf) for a, leaf in zip(arrays, leaves))
     return arrays, counts.write(step, rows), owners.write(step, index)
 
+  # Tuples in the state: tf.data would stack a list into one tensor.
   array = lambda dtype, shape: tf.TensorArray(dtype, size=0, dynamic_size=True,
                                               infer_shape=False, element_shape=shape)
   arrays, counts, owners = batches.reduce(
