@@ -136,7 +136,7 @@ def test_shard_from_ids_pads_as_the_driver_does(task):
   # A client without data: no steps of its own (all-zero masks), the others unchanged;
   # a shard of only such clients has no steps at all.
   dataset_fn = task.train_data.serializable_dataset_fn
-  no_data = lambda cid: tf.where(cid == IDS[1], tf.constant(0, tf.int64), -1)
+  no_data = lambda cid: tf.where(tf.equal(cid, IDS[1]), tf.constant(0, tf.int64), -1)
   some_empty = tf.function(lambda ids: cohort_data.shard_from_ids(
       ids, 3, lambda cid: task.preprocess_train(dataset_fn(cid)).take(no_data(cid))))
   built = some_empty(tf.constant(IDS))
@@ -193,3 +193,26 @@ def test_shards_built_in_computation_follow_trainer_global_seed(local_cpp_contex
     _assert_outputs_equal(expected, actual, 'global seed 9: built in the computation vs eager')
   finally:
     tf.random.set_seed(None)
+
+
+def test_clients_without_data_add_nothing(local_cpp_context):
+  """A client without data, in a shard with others or alone: the per-client round's result."""
+  del local_cpp_context  # the composed process runs under any TFF context
+  task = digits.create_task(num_clients=8, batch_size=B)
+  dataset_fn = task.train_data.serializable_dataset_fn
+  # IDS[0] has no examples (graph-safe comparison: TFF traces in graph mode).
+  emptied = lambda cid: dataset_fn(cid).take(
+      tf.where(tf.equal(cid, IDS[0]), tf.constant(0, tf.int64), -1))
+  with_empty = types.SimpleNamespace(
+      name='with_empty', preprocess_train=task.preprocess_train,
+      train_data=types.SimpleNamespace(serializable_dataset_fn=emptied))
+  per_client = _build(task, 3)
+  composed = data_on_workers.compose_cohort_data_on_workers(
+      _build(task, 3, cohort.CohortExecution(in_process=False, num_shards=WORKERS)), with_empty)
+  state = per_client.initialize()
+  ids = IDS[:3]
+  expected = per_client.next(
+      state, [task.preprocess_train(emptied(tf.constant(cid))) for cid in ids])
+  for shards in ([ids[:1], ids[1:]], [ids[:2], ids[2:]]):
+    actual = composed.next(state, [np.array(s, dtype=object) for s in shards])
+    _assert_outputs_equal(expected, actual, f'shards {shards}')
