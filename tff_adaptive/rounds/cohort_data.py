@@ -239,7 +239,6 @@ class Prefetcher:
     self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-
 def shard_from_ids(client_ids: tf.Tensor, local_steps: tf.Tensor,
                    client_dataset_fn: Callable[[tf.Tensor], tf.data.Dataset]):
   """One shard built in the graph from client ids (TFF workers build their own).
