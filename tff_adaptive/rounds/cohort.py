@@ -202,7 +202,8 @@ class CohortProgram:
     _, carry, metrics = tf.while_loop(lambda s, *_: s < tf.shape(mask)[0], body,
                                       (tf.constant(0), carry, metrics))
     result = self.loop.final(carry, x_t)
-    return self.aggregation.client_sums(result, metrics, self._trainable_structure)
+    return self.aggregation.client_sums(result, metrics, self._trainable_structure,
+                                        message.get('aggregator'))
 
 
 def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_steps: int):
@@ -235,16 +236,17 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                           jit_compile=jit_compile == 'step',
                           aggregation=aggregation)
   data_type = shard_type(info.element_type)
+  message_type = program_message_type(info.message_type, aggregation)
   # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
   # computation calls this graph, and in process it runs as is. Tracing the
   # program is most of a small model's build (pfor converts the client loop:
   # seconds), which tracing it a second time for the TFF computation doubled.
   traced = tf.function(
       program, jit_compile=jit_compile == 'program',
-      input_signature=[tff.types.type_to_tf_tensor_specs(info.message_type),
+      input_signature=[tff.types.type_to_tf_tensor_specs(message_type),
                        tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
 
-  @tff.tensorflow.computation(info.message_type, data_type)
+  @tff.tensorflow.computation(message_type, data_type)
   def shard_fn(message, shard):
     return traced(message, shard)
 
@@ -264,16 +266,20 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   initialize_fn = layout.initial_state_computation(
       info.model_fn, client_learning_rate, local_steps, process, info.init_stats)
   state_type = initialize_fn.type_signature.result
+  message_fn = _message_computation(info, recipe, aggregation, state_type.member.aggregator)
 
   @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, shards):
-    message = tff.federated_broadcast(tff.federated_map(
-        info.server_message_fn, (state.global_model_weights, state.finalizer, state.client_work)))
+    server_state = (state.global_model_weights, state.finalizer, state.client_work)
+    if message_fn is not info.server_message_fn:
+      server_state += (state.aggregator,)
+    message = tff.federated_broadcast(tff.federated_map(message_fn, server_state))
     sums = tff.federated_sum(tff.federated_map(shard_fn, (message, shards)))
     server = tff.federated_map(server_round_fn, (
         state.global_model_weights, state.finalizer, state.client_work, sums))
-    return per_client.output(state, server, aggregation.next_state(state.aggregator),
-                             aggregation.measurements(process, server[2]), None,
+    aggregator_state, measurements = aggregation.after_round(process, state.aggregator, sums,
+                                                             server[2])
+    return per_client.output(state, server, aggregator_state, measurements, None,
                              options.measure_client_drift)
 
   # Keras metric finalizers build metrics (variables) when called: in-process,
@@ -286,6 +292,35 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
       initialize_fn, next_fn, state_type, info, recipe, process_class=CohortProcess,
       execution=execution, in_process_next=in_process if execution.in_process else None,
       vectorized=vectorized, jit_compile=jit_compile)
+
+
+def program_message_type(message_type, aggregation) -> tff.Type:
+  """What the shard program receives: the round's message, and what the
+  clients need of the aggregator's state (`client_params`) as 'aggregator'."""
+  params_type = aggregation.client_params_type()
+  if params_type is None:
+    return message_type
+  return tff.StructWithPythonType(
+      list(tff.structure.iter_elements(message_type)) + [('aggregator', params_type)],
+      collections.OrderedDict)
+
+
+def program_message(recipe, aggregation, weights, stats, hparams, aggregator_state=None):
+  message = model_info_lib.server_message(recipe, weights, stats, hparams)
+  if aggregator_state is not None:
+    message['aggregator'] = aggregation.client_params(aggregator_state)
+  return message
+
+
+def _message_computation(info, recipe, aggregation, aggregator_state_type) -> tff.Computation:
+  """The server's message: `info.server_message_fn`, or with the aggregator's
+  client params (taking the aggregator's state too) when it has any."""
+  if aggregation.client_params_type() is None:
+    return info.server_message_fn
+  return tff.tensorflow.computation(
+      lambda weights, stats, hparams, aggregator_state: program_message(
+          recipe, aggregation, weights, stats, hparams, aggregator_state),
+      info.weights_type, info.stats_type, layout.HPARAMS_TYPE, aggregator_state_type)
 
 
 class CohortProcess(tff.learning.templates.LearningProcess):
@@ -330,35 +365,40 @@ class _InProcessNext:
     self._measure_client_drift = measure_client_drift
     self._shard = traced_shard  # relaxed shapes: one trace for every cohort
     self._view = program.view
-    self._message = tf.function(lambda w, s, h: model_info_lib.server_message(recipe, w, s, h))
+    self._message = tf.function(functools.partial(program_message, recipe, self._aggregation))
+    self._sends_params = self._aggregation.client_params_type() is not None
     self._server = tf.function(functools.partial(self._aggregation.server, server_round))
     # Traced now, as the TFF computations are: the first round then costs what
     # the others do (a state of another nesting would trace again, not fail).
     specs = [tff.types.type_to_tf_tensor_specs(t)
              for t in (info.weights_type, info.stats_type, layout.HPARAMS_TYPE)]
-    self._message.get_concrete_function(*specs)
+    self._message.get_concrete_function(*specs, *(
+        [tff.types.type_to_tf_tensor_specs(process.initialize.type_signature.result.member)]
+        if self._sends_params else []))
     self._server.get_concrete_function(*specs, tff.types.type_to_tf_tensor_specs(sums_type))
 
   def __call__(self, state, shards):
     weights, stats, hparams = _as_tensors((state.global_model_weights, state.finalizer,
                                            state.client_work))
     weights = tff.learning.models.ModelWeights(*weights)
-    message = self._message(weights, stats, hparams)
+    message = self._message(weights, stats, hparams, *(
+        [_as_tensors(state.aggregator)] if self._sends_params else []))
     sums = None
     for shard in shards:
       shard_sums = self._shard(message, shard)
       sums = shard_sums if sums is None else tf.nest.map_structure(tf.add, sums, shard_sums)
     new_weights, new_stats, metrics = self._server(weights, stats, hparams, sums)
     metrics['train'] = self._view.finalize(sums['metrics'])
+    metrics = tf.nest.map_structure(np.asarray, metrics)
+    aggregator_state, measurements = self._aggregation.after_round_in_process(
+        self._process, state.aggregator, sums, metrics)
     new_state = state._replace(
         global_model_weights=_numpy_like(state.global_model_weights, new_weights),
-        finalizer=_numpy_like(state.finalizer, new_stats),
-        aggregator=self._aggregation.next_state_in_process(state.aggregator))
-    metrics = tf.nest.map_structure(np.asarray, metrics)
+        finalizer=_numpy_like(state.finalizer, new_stats), aggregator=aggregator_state)
     out = collections.OrderedDict(
         distributor=(), client_work=collections.OrderedDict(
             train=metrics['train'], first_minibatch_loss=metrics['first_minibatch_loss']),
-        aggregator=self._aggregation.measurements_in_process(self._process, metrics),
+        aggregator=measurements,
         finalizer=(), cost=metrics['cost'])
     if self._measure_client_drift:
       out['client_drift'] = metrics['client_drift']

@@ -1,13 +1,18 @@
-"""How the cohort program aggregates Δ: the fused mean, fixed-clip DP, CE-FedAvg.
+"""How the cohort program aggregates Δ: the mean, fixed-clip DP, CE-FedAvg, robust.
 
 The per-client round hands Δ to a `tff.aggregators` process, which runs its
 client part per client (`federated_map`) and its server part once. The cohort
 program has no per-client TFF calls, so each supported aggregator is written
 here as those two parts:
 
+  client_params(state)           once per round, before the clients: what the
+                                 clients need of the aggregator's state (robust:
+                                 the norms), sent with the model
   client_sums(result, metrics)   per client, inside the compiled program
                                  (vectorised or in sequence, like the training)
   server(...)                    once per round, on Σ over clients of those sums
+  after_round(...)               once per round: the aggregator's new state and
+                                 its measurements (robust: from Σ of the sums)
 
 with the same arithmetic as the TFF process the per-client round uses, whose
 `initialize` (and so the state layout) both executions share:
@@ -18,8 +23,14 @@ with the same arithmetic as the TFF process the per-client round uses, whose
                GaussianSumQuery inside a NormalizedQuery)
   Compression  Σ w·decode(encode(Δ_i, extra_i)) / Σ w, bits: mean over clients
                (aggregators.compression.SharedIndexCompressionFactory)
+  Robust       TFF's adaptive zeroing (‖Δ_i‖_∞ > Z: Δ_i := 0, its weight kept) and
+               clipping (‖Δ_i‖_2 > C: Δ_i scaled to C), then the (un)weighted mean;
+               Z and C move by tensorflow_privacy's no-noise quantile queries
+               (aggregators.robust.robust_aggregator: tff.learning.robust_aggregator)
 
-Any other aggregator runs per client (`cohort.unsupported_reason`).
+Any other aggregator (TFF's secure aggregator, a factory from
+`tff.learning.robust_aggregator` itself, ...) runs per client
+(`cohort.unsupported_reason`).
 
 Under `tf.vectorized_map` the compression encoder's TopKV2 and ScatterNd have
 no vectorising converter: pfor runs them in a while loop, client by client,
@@ -34,9 +45,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 # The DP process's state container: the cohort round must return the same one.
 from tensorflow_federated.python.aggregators import differential_privacy as tff_dp
+# TFF's own norm and clipping functions: the cohort's zeroing and clipping are theirs.
+from tensorflow_federated.python.aggregators import robust as tff_robust
+import tensorflow_privacy as tfp
 
 from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
+from tff_adaptive.aggregators import robust
 from tff_adaptive.rounds import client as client_lib
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import options as options_lib
@@ -51,7 +66,8 @@ def supported(options: options_lib.RoundOptions) -> Optional[str]:
     return (f'the upload compression {type(options.upload_compression).__name__} runs per '
             'client')
   aggregator = options.model_aggregator
-  if aggregator is not None and not isinstance(aggregator, privacy.GaussianFixedFactory):
+  if aggregator is not None and not isinstance(
+      aggregator, (privacy.GaussianFixedFactory, robust.RobustFactory)):
     return f'the aggregator {type(aggregator).__name__} runs per client'
   return None
 
@@ -59,6 +75,8 @@ def supported(options: options_lib.RoundOptions) -> Optional[str]:
 def for_options(options: options_lib.RoundOptions, recipe):
   if options.upload_compression is not None:
     return Compression(options.upload_compression)
+  if isinstance(options.model_aggregator, robust.RobustFactory):
+    return Robust(options.model_aggregator, recipe.sum_extra)
   if options.model_aggregator is not None:
     return FixedDP(options.model_aggregator, recipe.sum_extra)
   return Mean(recipe.sum_extra)
@@ -71,7 +89,12 @@ class Mean:
   def __init__(self, sum_extra: bool):
     self.sum_extra = sum_extra
 
-  def client_sums(self, result: client_lib.ClientResult, metrics, delta_structure):
+  def client_params_type(self):
+    """The TFF type of `client_params` (None: the clients need nothing of the state)."""
+    return None
+
+  def client_sums(self, result: client_lib.ClientResult, metrics, delta_structure, params=None):
+    del params
     sums, _ = client_lib.client_sums(result, metrics, fused_mean=True,
                                      delta_structure=delta_structure, summed_extra=self.sum_extra)
     return sums
@@ -83,6 +106,18 @@ class Mean:
 
   def server(self, server_round, model_weights, stats, hparams, sums):
     return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
+
+  def after_round(self, process, aggregator_state, sums, server_metrics):
+    """(the aggregator's new state, its measurements), both at SERVER."""
+    del sums
+    return (self.next_state(aggregator_state),
+            self.measurements(process, server_metrics))
+
+  def after_round_in_process(self, process, aggregator_state, sums, metrics):
+    """`after_round` in this process, in TFF's Python containers."""
+    del sums
+    return (self.next_state_in_process(aggregator_state),
+            self.measurements_in_process(process, metrics))
 
   # The process keeps no state and measures nothing: both stay as they are.
   def next_state(self, aggregator_state):
@@ -125,7 +160,7 @@ class FixedDP(Mean):
     self.stddev = np.float32(factory.clip_norm * factory.noise_multiplier)
     self.denominator = np.float32(factory.clients_per_round)
 
-  def client_sums(self, result, metrics, delta_structure):
+  def client_sums(self, result, metrics, delta_structure, params=None):
     clipped, _ = tf.clip_by_global_norm(list(result.delta), self.clip)
     sums = super().client_sums(result._replace(delta=clipped), metrics, delta_structure)
     sums['weighted_delta'] = tf.nest.pack_sequence_as(delta_structure, clipped)  # unweighted
@@ -166,7 +201,7 @@ class Compression(Mean):
     super().__init__(sum_extra=False)
     self.factory = factory
 
-  def client_sums(self, result, metrics, delta_structure):
+  def client_sums(self, result, metrics, delta_structure, params=None):
     value = collections.OrderedDict(
         delta=tf.nest.pack_sequence_as(delta_structure, list(result.delta)), extra=result.extra)
     value_type = tff.types.tensorflow_to_type(
@@ -207,3 +242,162 @@ class Compression(Mean):
   @staticmethod
   def _no_mean_measurements(process):
     return layout.tensor_free_value(process.next.type_signature.result.measurements.member.mean)
+
+
+class Robust(Mean):
+  """`aggregators.robust.robust_aggregator`: TFF's zeroing and clipping factories
+  (`tff.aggregators.zeroing_factory` around `clipping_factory` around the mean),
+  each with a no-noise `PrivateQuantileEstimationProcess` as its norm.
+
+  Before the clients, per norm (outermost first), as the process's `report`
+  and its query's `derive_sample_params`: the norm N = multiplier·estimate +
+  increment and the query's sample params, broadcast with the model.
+  Per client, inside the program, as TFF's `zero_fn` / `clip_fn`:
+    zeroing   n = ‖v‖_∞; n > N: v := 0 (the weight stays)   zeroed_count += [n > N]
+    clipping  n = ‖v‖_2 (of the zeroed v); v := v·N/n if n > N  clipped_count += [n > N]
+    each norm: the query's preprocess_record(params, n), a sum over clients
+  then summed as the mean sums them: Σ w·v, Σ w (uniform weights are 1, so
+  Σ v and the client count of `UnweightedMeanFactory`).
+  Once per round at the server: Σ w·v / Σ w (`tf.math.divide`, MeanFactory's
+  and UnweightedMeanFactory's), each query's get_noised_result(Σ records,
+  state) gives the next estimate; the measurements are the norms used and
+  the counts, nested as TFF's (zeroing/clipping/mean).
+  """
+
+  def __init__(self, factory: robust.RobustFactory, sum_extra: bool):
+    super().__init__(sum_extra)
+    self.factory = factory
+    self.norms = factory.norms
+    # The very query `PrivateQuantileEstimationProcess.no_noise` builds.
+    self.queries = [tfp.NoPrivacyQuantileEstimatorQuery(
+        n.initial_estimate, n.target_quantile, n.learning_rate, geometric_update=True)
+                    for n in self.norms]
+    self._mean_measurements = None  # set by `create`
+    self._update_in_process = tf.function(self.update)
+
+  def create(self, sums_type):
+    if self.factory.weighted:
+      process = self.factory.create(sums_type.weighted_delta, tff.TensorType(np.float32))
+    else:
+      process = self.factory.create(sums_type.weighted_delta)
+    # The mean's measurements (tensor-free) inside the norms' ones.
+    inner = process.next.type_signature.result.measurements.member
+    for norm in self.norms:
+      inner = inner[norm.prefix + 'ing']
+    self._mean_measurements = layout.tensor_free_value(inner)
+    return process
+
+  def query_states(self, aggregator_state):
+    """The norms' query states, outermost first, from the nested process state."""
+    states = []
+    for norm in self.norms:
+      states.append(aggregator_state[norm.prefix + 'ing_norm'][0])
+      aggregator_state = aggregator_state['inner_agg']
+    return states
+
+  def client_params(self, aggregator_state):
+    return self._params(self.query_states(aggregator_state))
+
+  def client_params_type(self):
+    return tff.tensorflow.computation(
+        lambda: self._params([q.initial_global_state() for q in self.queries])
+    ).type_signature.result
+
+  def _params(self, query_states):
+    return collections.OrderedDict(
+        (norm.prefix, collections.OrderedDict(
+            norm=_report(norm, state), sample=query.derive_sample_params(state)))
+        for norm, query, state in zip(self.norms, self.queries, query_states))
+
+  def client_sums(self, result, metrics, delta_structure, params=None):
+    value = tf.nest.pack_sequence_as(delta_structure, list(result.delta))
+    records = collections.OrderedDict()
+    for norm, query in zip(self.norms, self.queries):
+      bound = params[norm.prefix]
+      apply = _zero if norm.prefix == robust.ZEROING.prefix else _clip
+      value, global_norm, count = apply(value, bound['norm'])
+      records[norm.prefix] = collections.OrderedDict(
+          record=query.preprocess_record(bound['sample'], global_norm), count=count)
+    sums = super().client_sums(result._replace(delta=tf.nest.flatten(value)), metrics,
+                               delta_structure)
+    sums['robust'] = records
+    return sums
+
+  def server(self, server_round, model_weights, stats, hparams, sums):
+    total = sums['weight'] if self.factory.weighted else sums['clients']
+    mean_delta = tf.nest.map_structure(lambda v: tf.math.divide(v, tf.cast(total, v.dtype)),
+                                       sums['weighted_delta'])
+    return server_round(model_weights, stats, hparams, sums, mean_delta,
+                        server_round.mean_extra(sums), tf.constant(_NO_BITS, tf.float64))
+
+  def update(self, aggregator_state, sums):
+    """(the new state, the measurements) from the state and the round's sums."""
+    new_states, measured = [], []
+    for norm, query, state in zip(self.norms, self.queries, self.query_states(aggregator_state)):
+      summed = sums['robust'][norm.prefix]
+      _, new_state, _ = query.get_noised_result(summed['record'], state)
+      new_states.append(new_state)
+      measured.append((_report(norm, state), summed['count']))
+    return (_with_query_states(aggregator_state, self.norms, new_states),
+            self._measurements(measured))
+
+  def after_round(self, process, aggregator_state, sums, server_metrics):
+    del process, server_metrics
+    update = tff.tensorflow.computation(self.update, aggregator_state.type_signature.member,
+                                        sums.type_signature.member)
+    new_state, measurements = tff.federated_map(update, (aggregator_state, sums))
+    return new_state, measurements
+
+  def after_round_in_process(self, process, aggregator_state, sums, metrics):
+    del process, metrics
+    new_state, measurements = self._update_in_process(
+        tf.nest.map_structure(tf.convert_to_tensor, aggregator_state), sums)
+    as_numpy = lambda like, tensors: tf.nest.pack_sequence_as(
+        like, [t.numpy() for t in tf.nest.flatten(tensors)])
+    return as_numpy(aggregator_state, new_state), tf.nest.map_structure(np.asarray, measurements)
+
+  def _measurements(self, measured):
+    """TFF's nesting: OrderedDict(zeroing=OrderedDict(clipping=<the mean's>,
+    clipping_norm, clipped_count), zeroing_norm, zeroed_count)."""
+    measurements = self._mean_measurements
+    for norm, (reported, count) in reversed(list(zip(self.norms, measured))):
+      measurements = collections.OrderedDict([
+          (norm.prefix + 'ing', measurements), (norm.prefix + 'ing_norm', reported),
+          (norm.prefix + 'ed_count', count)])
+    return measurements
+
+
+def _report(norm: robust.NormEstimate, query_state):
+  """The norm process's `report`: `no_noise` maps it affinely only when not 1·C + 0."""
+  if norm.multiplier == 1.0 and norm.increment == 0.0:
+    return query_state.current_estimate
+  return norm.multiplier * query_state.current_estimate + norm.increment
+
+
+def _zero(value, zeroing_norm):
+  """TFF's `zeroing_factory` zero_fn (norm_order inf, robust_aggregator's)."""
+  global_norm = tff_robust._global_inf_norm(value)  # pylint: disable=protected-access
+  should_zero = global_norm > zeroing_norm
+  zeroed = tf.cond(should_zero, lambda: tf.nest.map_structure(tf.zeros_like, value),
+                   lambda: value)
+  return zeroed, global_norm, tf.cast(should_zero, tff_robust.COUNT_TF_TYPE)
+
+
+def _clip(value, clipping_norm):
+  """TFF's `clipping_factory` clip_fn."""
+  clipped, global_norm = tff_robust._clip_by_global_l2_norm(  # pylint: disable=protected-access
+      value, clipping_norm)
+  return clipped, global_norm, tf.cast(global_norm > clipping_norm, tff_robust.COUNT_TF_TYPE)
+
+
+def _with_query_states(aggregator_state, norms, new_states):
+  """`aggregator_state` with the norms' query states replaced, containers kept."""
+  if not norms:
+    return aggregator_state
+  key = norms[0].prefix + 'ing_norm'
+  state = collections.OrderedDict(aggregator_state)
+  state[key] = (new_states[0],) + tuple(aggregator_state[key][1:])
+  state['inner_agg'] = _with_query_states(aggregator_state['inner_agg'], norms[1:],
+                                          new_states[1:])
+  return state
+

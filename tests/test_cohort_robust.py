@@ -1,0 +1,123 @@
+"""The cohort program runs TFF's robust aggregator as the per-client round does (issue 23 item 4).
+
+`aggregators.robust.robust_aggregator` (TFF's `tff.learning.robust_aggregator`,
+kept recognisable): adaptive zeroing (inf norm) around adaptive clipping (L2)
+around the (un)weighted mean. 3 rounds on clients of unequal sizes with
+partial batches, one client's features scaled x30 (clipped) and one x3000
+(zeroed): weights within 1e-5, both norm estimates (the state), the norms
+used and the zeroed / clipped counts (the measurements) equal, the counts
+nonzero. The state is the per-client process's, so checkpoints carry over.
+"""
+
+import collections
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import test_cohort as tc
+from tff_adaptive.aggregators import robust
+from tff_adaptive.rounds import cohort
+from tff_adaptive.rounds import cohort_aggregation
+
+pytestmark = pytest.mark.usefixtures('local_cpp_context')
+
+SCALES = (1.0, 30.0, 1.0, 3000.0)  # client 1 is clipped, client 3 zeroed (round 1)
+
+
+def robust_datasets():
+  scale = lambda s: lambda b: collections.OrderedDict(x=b['x'] * s, y=b['y'])
+  return [ds.map(scale(s)) for ds, s in zip(tc.client_datasets(), SCALES)]
+
+
+def _counts(measurements, zeroing, clipping):
+  """(zeroed, clipped) counts of one round's aggregator measurements."""
+  if zeroing:
+    zeroed, measurements = int(measurements['zeroed_count']), measurements['zeroing']
+  else:
+    zeroed = 0
+  return zeroed, int(measurements['clipped_count']) if clipping else 0
+
+
+def _compare_robust(execution, zeroing=True, clipping=True, weighted=True, rounds=3):
+  factory = robust.robust_aggregator(zeroing=zeroing, clipping=clipping, weighted=weighted)
+  datasets = robust_datasets()
+  per_client = tc.BUILDERS['fedavg'](local_steps=2, model_aggregator=factory)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')  # the cohort must not fall back to per client
+    fast = tc.BUILDERS['fedavg'](local_steps=2, model_aggregator=factory, execution=execution)
+  assert isinstance(fast, cohort.CohortProcess)
+  state = per_client.initialize()
+  tf.nest.assert_same_structure(state, fast.initialize(), check_types=True)
+  fast_state, zeroed, clipped = state, 0, 0
+  for r in range(rounds):
+    expected = per_client.next(state, datasets)
+    actual = fast.next(fast_state, tc._shards(fast, datasets, 2))
+    tc._assert_outputs_equal(expected, actual, f'robust round {r + 1}')
+    tf.nest.assert_same_structure(expected.state, actual.state, check_types=True)
+    tf.nest.assert_same_structure(expected.metrics['aggregator'], actual.metrics['aggregator'],
+                                  check_types=True)
+    counts = _counts(actual.metrics['aggregator'], zeroing, clipping)
+    zeroed, clipped = zeroed + counts[0], clipped + counts[1]
+    state, fast_state = expected.state, actual.state
+  # Both mechanisms acted (else the comparison proves little).
+  assert (zeroed > 0) == zeroing and (clipped > 0) == clipping, (zeroed, clipped)
+  return state
+
+
+@pytest.mark.parametrize('zeroing,clipping,weighted,mode', [
+    (True, True, True, 'vectorized'), (True, True, False, 'sequential'),
+    (True, False, True, 'sequential'), (False, True, False, 'vectorized')])
+def test_robust_equals_per_client(zeroing, clipping, weighted, mode):
+  state = _compare_robust(cohort.CohortExecution(mode=mode), zeroing, clipping, weighted)
+  # The norms moved from their initial estimates (10, 1) in every round.
+  estimates = cohort_aggregation.Robust(
+      robust.robust_aggregator(zeroing=zeroing, clipping=clipping, weighted=weighted),
+      False).query_states(state.aggregator)
+  initial = [n.initial_estimate for n in robust.robust_aggregator(
+      zeroing=zeroing, clipping=clipping).norms]
+  assert all(float(s.current_estimate) != i for s, i in zip(estimates, initial))
+
+
+def test_robust_through_tff_executor_on_two_shards():
+  _compare_robust(cohort.CohortExecution(in_process=False, num_shards=2))
+
+
+def test_robust_in_an_xla_compiled_shard_program():
+  _compare_robust(cohort.CohortExecution(mode='sequential', jit_compile='program'),
+                  weighted=False)
+
+
+def test_a_per_client_checkpoint_continues_under_the_cohort():
+  factory = robust.robust_aggregator()
+  datasets = robust_datasets()
+  per_client = tc.BUILDERS['fedavg'](local_steps=2, model_aggregator=factory)
+  fast = tc.BUILDERS['fedavg'](local_steps=2, model_aggregator=factory, execution='cohort')
+  one = per_client.next(per_client.initialize(), datasets)
+  reference = per_client.next(one.state, datasets)
+  switched = fast.next(one.state, tc._shards(fast, datasets, 2))
+  tc._assert_outputs_equal(reference, switched, 'per-client round 1, cohort round 2')
+  tf.nest.assert_same_structure(reference.state, switched.state, check_types=True)
+  assert type(switched.state.aggregator['zeroing_norm'][0]).__name__ == '_GlobalState'
+
+
+def test_the_factory_is_tffs_robust_aggregator():
+  for weighted in (True, False):
+    ours = robust.robust_aggregator(zeroing=True, clipping=False, weighted=weighted)
+    theirs = tff.learning.robust_aggregator(zeroing=True, clipping=False, weighted=weighted)
+    assert isinstance(ours, tff.aggregators.WeightedAggregationFactory) == weighted
+    assert type(ours.tff_factory) is type(theirs)
+    value = tff.TensorType(np.float32, [3])
+    types = (value, tff.TensorType(np.float32)) if weighted else (value,)
+    assert (ours.create(*types).next.type_signature ==
+            theirs.create(*types).next.type_signature)
+
+
+@pytest.mark.parametrize('make', [
+    lambda: tff.learning.robust_aggregator(), lambda: tff.learning.secure_aggregator()])
+def test_tffs_own_robust_and_secure_aggregators_run_per_client(make):
+  aggregator = make()
+  reason = cohort_aggregation.supported(cohort.options_lib.RoundOptions(model_aggregator=aggregator))
+  assert reason == f'the aggregator {type(aggregator).__name__} runs per client'
