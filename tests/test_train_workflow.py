@@ -185,13 +185,21 @@ def test_user_defined_task_from_outside_tasks(tmp_path):
     cli.validate(settings.replace(task='tests.custom_task_fixture:missing'))
 
 
-def test_robust_and_secure_aggregators_train(tmp_path):
+def test_robust_and_secure_aggregators_train(tmp_path, capsys):
   plain = ['--total_rounds=2', '--algorithm=fedavg', '--aggregator_zeroing=false',
            '--aggregator_clipping=false']
   mean_settings, _, mean_row = _run(tmp_path, *plain)
-  secure_settings, _, secure_row = _run(tmp_path, *plain, '--aggregator=secure')
+  capsys.readouterr()
+  # The execution line (printed with progress): secure per client, robust in the cohort program.
+  secure_settings, _, secure_row = _run(tmp_path, *plain, '--aggregator=secure',
+                                        '--show_progress=true')
+  line = next(l for l in capsys.readouterr().err.splitlines() if l.startswith('execution: '))
+  assert line.startswith('execution: per_client (the aggregator ') and line.endswith(
+      ' runs per client)'), line
   robust_settings, _, robust_row = _run(tmp_path, '--total_rounds=2', '--algorithm=fedavgm',
-                                        '--aggregator=robust')
+                                        '--aggregator=robust', '--show_progress=true')
+  line = next(l for l in capsys.readouterr().err.splitlines() if l.startswith('execution: '))
+  assert line.startswith('execution: cohort ('), line
   assert np.isfinite(robust_row['eval/loss'])
   runs = (mean_settings, secure_settings, robust_settings)
   assert len({cli.experiment_dir(s) for s in runs}) == 3

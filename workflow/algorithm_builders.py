@@ -85,8 +85,9 @@ def model_aggregator(settings: Settings):
 
   robust and secure are TFF's `tff.learning.robust_aggregator` and
   `secure_aggregator` with --aggregator_zeroing / --aggregator_clipping,
-  weighted unless --client_weighting=uniform. Secure aggregation runs on
-  TFF's test execution context (`needs_secure_context`).
+  weighted unless --client_weighting=uniform. robust comes through
+  `aggregators.robust`, which the cohort program runs; secure runs per client,
+  on TFF's test execution context (`needs_secure_context`).
   """
   aggregation = settings.aggregation
   name = aggregation.aggregator or 'mean'
