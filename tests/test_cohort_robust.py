@@ -82,11 +82,14 @@ def _compare_robust(execution, zeroing=True, clipping=True, weighted=True, round
   return state
 
 
-@pytest.mark.parametrize('zeroing,clipping,weighted,mode', [
-    (True, True, True, 'vectorized'), (True, True, False, 'sequential'),
-    (True, False, True, 'sequential'), (False, True, False, 'vectorized')])
-def test_robust_equals_per_client(zeroing, clipping, weighted, mode):
-  state = _compare_robust(cohort.CohortExecution(mode=mode), zeroing, clipping, weighted)
+# (3 shards of 4 clients: vectorised shards of one client, where tf.norm's squeeze
+# would drop the client axis, and of two)
+@pytest.mark.parametrize('zeroing,clipping,weighted,execution', [
+    (True, True, True, dict(mode='vectorized', num_shards=3)),
+    (True, True, False, dict(mode='sequential')), (True, False, True, dict(mode='sequential')),
+    (False, True, False, dict(mode='vectorized'))])
+def test_robust_equals_per_client(zeroing, clipping, weighted, execution):
+  state = _compare_robust(cohort.CohortExecution(**execution), zeroing, clipping, weighted)
   # The norms moved from their initial estimates (10, 1) in every round.
   estimates = cohort_aggregation.Robust(
       robust.robust_aggregator(zeroing=zeroing, clipping=clipping, weighted=weighted),

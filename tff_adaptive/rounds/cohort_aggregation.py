@@ -45,7 +45,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 # The DP process's state container: the cohort round must return the same one.
 from tensorflow_federated.python.aggregators import differential_privacy as tff_dp
-# TFF's own norm and clipping functions: the cohort's zeroing and clipping are theirs.
+# TFF's clipping arithmetic and count dtype: the cohort's zeroing and clipping are theirs.
 from tensorflow_federated.python.aggregators import robust as tff_robust
 import tensorflow_privacy as tfp
 
@@ -376,7 +376,8 @@ def _report(norm: robust.NormEstimate, query_state):
 
 def _zero(value, zeroing_norm):
   """TFF's `zeroing_factory` zero_fn (norm_order inf, robust_aggregator's)."""
-  global_norm = tff_robust._global_inf_norm(value)  # pylint: disable=protected-access
+  global_norm = tf.reduce_max(tf.stack(
+      [tf.cast(_norm(a, np.inf), tf.float32) for a in tf.nest.flatten(value)]))
   should_zero = global_norm > zeroing_norm
   zeroed = tf.cond(should_zero, lambda: tf.nest.map_structure(tf.zeros_like, value),
                    lambda: value)
@@ -384,10 +385,23 @@ def _zero(value, zeroing_norm):
 
 
 def _clip(value, clipping_norm):
-  """TFF's `clipping_factory` clip_fn."""
-  clipped, global_norm = tff_robust._clip_by_global_l2_norm(  # pylint: disable=protected-access
-      value, clipping_norm)
+  """TFF's `clipping_factory` clip_fn (`_clip_by_global_l2_norm`)."""
+  global_norm = tf.math.sqrt(tf.reduce_sum(tf.stack(
+      [tf.cast(_norm(a, 2) ** 2, tf.float32) for a in tf.nest.flatten(value)])))
+  clipped = tf.cond(
+      tf.math.greater(global_norm, clipping_norm),
+      lambda: tff_robust._do_clip_by_global_l2_norm(  # pylint: disable=protected-access
+          value, clipping_norm, global_norm),
+      lambda: value)
   return clipped, global_norm, tf.cast(global_norm > clipping_norm, tff_robust.COUNT_TF_TYPE)
+
+
+def _norm(tensor, order):
+  """`tf.norm(tensor, ord=order)` as TFF's global norms call it, over the flattened
+  tensor (the same reduction) and squeezing only that axis: tf.norm's
+  squeeze(axis=None) also removes the client axis of a shard of one client
+  under tf.vectorized_map."""
+  return tf.norm(tf.reshape(tensor, [-1]), ord=order, axis=0)
 
 
 def _with_query_states(aggregator_state, norms, new_states):
