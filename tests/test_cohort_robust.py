@@ -103,9 +103,11 @@ def test_robust_through_tff_executor_on_two_shards():
   _compare_robust(cohort.CohortExecution(in_process=False, num_shards=2))
 
 
-def test_robust_in_an_xla_compiled_shard_program():
-  _compare_robust(cohort.CohortExecution(mode='sequential', jit_compile='program'),
-                  weighted=False)
+# (bin/train's --cohort_jit_compile=auto compiles fixed-K feed-forward rounds so, vectorised)
+@pytest.mark.parametrize('weighted,execution', [
+    (False, dict(mode='sequential')), (True, dict(mode='vectorized', num_shards=3))])
+def test_robust_in_an_xla_compiled_shard_program(weighted, execution):
+  _compare_robust(cohort.CohortExecution(jit_compile='program', **execution), weighted=weighted)
 
 
 def test_a_per_client_checkpoint_continues_under_the_cohort():

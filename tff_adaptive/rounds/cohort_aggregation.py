@@ -379,8 +379,7 @@ def _zero(value, zeroing_norm):
   global_norm = tf.reduce_max(tf.stack(
       [tf.cast(_norm(a, np.inf), tf.float32) for a in tf.nest.flatten(value)]))
   should_zero = global_norm > zeroing_norm
-  zeroed = tf.cond(should_zero, lambda: tf.nest.map_structure(tf.zeros_like, value),
-                   lambda: value)
+  zeroed = _select(should_zero, tf.nest.map_structure(tf.zeros_like, value), value)
   return zeroed, global_norm, tf.cast(should_zero, tff_robust.COUNT_TF_TYPE)
 
 
@@ -388,12 +387,18 @@ def _clip(value, clipping_norm):
   """TFF's `clipping_factory` clip_fn (`_clip_by_global_l2_norm`)."""
   global_norm = tf.math.sqrt(tf.reduce_sum(tf.stack(
       [tf.cast(_norm(a, 2) ** 2, tf.float32) for a in tf.nest.flatten(value)])))
-  clipped = tf.cond(
+  clipped = _select(
       tf.math.greater(global_norm, clipping_norm),
-      lambda: tff_robust._do_clip_by_global_l2_norm(  # pylint: disable=protected-access
-          value, clipping_norm, global_norm),
-      lambda: value)
+      tff_robust._do_clip_by_global_l2_norm(  # pylint: disable=protected-access
+          value, clipping_norm, global_norm), value)
   return clipped, global_norm, tf.cast(global_norm > clipping_norm, tff_robust.COUNT_TF_TYPE)
+
+
+def _select(condition, if_true, if_false):
+  """TFF's `tf.cond(condition, ...)` as a select of both (cheap) branches: under
+  tf.vectorized_map a cond on a per-client condition becomes a dynamic
+  partition of the clients, which XLA cannot compile."""
+  return tf.nest.map_structure(lambda a, b: tf.where(condition, a, b), if_true, if_false)
 
 
 def _norm(tensor, order):
