@@ -4,9 +4,12 @@
 kept recognisable): adaptive zeroing (inf norm) around adaptive clipping (L2)
 around the (un)weighted mean. 3 rounds on clients of unequal sizes with
 partial batches, a softmax regression (a tanh layer would saturate and bound
-Δ), one client's features scaled x10 (clipped) and one x3000 (zeroed): weights within 1e-5, both norm estimates (the state), the norms
-used and the zeroed / clipped counts (the measurements) equal, the counts
-nonzero. The state is the per-client process's, so checkpoints carry over.
+Δ), one client's features scaled x10 (clipped) and one x3000 (zeroed):
+weights within 1e-5, both norm estimates (the state), the norms used and the
+zeroed / clipped counts (the measurements) equal, the counts nonzero; zeroing
+and clipping each alone, neither, weighted and uniform, vectorised (shards of
+one and two clients) and in sequence, through TFF's executor, XLA-compiled.
+The state is the per-client process's, so checkpoints carry over.
 """
 
 import collections
@@ -87,10 +90,11 @@ def _compare_robust(execution, zeroing=True, clipping=True, weighted=True, round
 @pytest.mark.parametrize('zeroing,clipping,weighted,execution', [
     (True, True, True, dict(mode='vectorized', num_shards=3)),
     (True, True, False, dict(mode='sequential')), (True, False, True, dict(mode='sequential')),
-    (False, True, False, dict(mode='vectorized'))])
+    (False, True, False, dict(mode='vectorized')),
+    (False, False, True, dict(mode='vectorized'))])  # neither: TFF's plain MeanFactory
 def test_robust_equals_per_client(zeroing, clipping, weighted, execution):
   state = _compare_robust(cohort.CohortExecution(**execution), zeroing, clipping, weighted)
-  # The norms moved from their initial estimates (10, 1) in every round.
+  # The norms moved from their initial estimates (10, 1).
   estimates = cohort_aggregation.Robust(
       robust.robust_aggregator(zeroing=zeroing, clipping=clipping, weighted=weighted),
       False).query_states(state.aggregator)
@@ -139,5 +143,6 @@ def test_the_factory_is_tffs_robust_aggregator():
     lambda: tff.learning.robust_aggregator(), lambda: tff.learning.secure_aggregator()])
 def test_tffs_own_robust_and_secure_aggregators_run_per_client(make):
   aggregator = make()
-  reason = cohort_aggregation.supported(cohort.options_lib.RoundOptions(model_aggregator=aggregator))
+  reason = cohort_aggregation.supported(
+      cohort.options_lib.RoundOptions(model_aggregator=aggregator))
   assert reason == f'the aggregator {type(aggregator).__name__} runs per client'

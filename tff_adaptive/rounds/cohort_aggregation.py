@@ -252,7 +252,8 @@ class Robust(Mean):
   Before the clients, per norm (outermost first), as the process's `report`
   and its query's `derive_sample_params`: the norm N = multiplier·estimate +
   increment and the query's sample params, broadcast with the model.
-  Per client, inside the program, as TFF's `zero_fn` / `clip_fn`:
+  Per client, inside the program, as TFF's `zero_fn` / `clip_fn` (their
+  tf.cond as a select, `_select`):
     zeroing   n = ‖v‖_∞; n > N: v := 0 (the weight stays)   zeroed_count += [n > N]
     clipping  n = ‖v‖_2 (of the zeroed v); v := v·N/n if n > N  clipped_count += [n > N]
     each norm: the query's preprocess_record(params, n), a sum over clients
@@ -299,6 +300,8 @@ class Robust(Mean):
     return self._params(self.query_states(aggregator_state))
 
   def client_params_type(self):
+    if not self.norms:  # zeroing=False, clipping=False: TFF's plain mean
+      return None
     return tff.tensorflow.computation(
         lambda: self._params([q.initial_global_state() for q in self.queries])
     ).type_signature.result
