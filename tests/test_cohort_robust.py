@@ -8,7 +8,8 @@ partial batches, a softmax regression (a tanh layer would saturate and bound
 weights within 1e-5, both norm estimates (the state), the norms used and the
 zeroed / clipped counts (the measurements) equal, the counts nonzero; zeroing
 and clipping each alone, neither, weighted and uniform, vectorised (shards of
-one and two clients) and in sequence, through TFF's executor, XLA-compiled.
+one and two clients) and in sequence, through TFF's executor and on two TFF
+workers (mergeable context), XLA-compiled.
 The state is the per-client process's, so checkpoints carry over.
 """
 
@@ -19,10 +20,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
+# pylint: disable=g-bad-import-order
 import test_cohort as tc
+from test_workers import live_pool, pool  # pylint: disable=unused-import
 from tff_adaptive.aggregators import robust
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.execution import remote_context
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_aggregation
 
@@ -105,6 +110,26 @@ def test_robust_equals_per_client(zeroing, clipping, weighted, execution):
 
 def test_robust_through_tff_executor_on_two_shards():
   _compare_robust(cohort.CohortExecution(in_process=False, num_shards=2))
+
+
+def test_robust_on_two_tff_workers(live_pool):
+  # TFF's mergeable context: the norms go down with the model, each worker
+  # returns its shard's sums (records and counts included), merged once.
+  factory = robust.robust_aggregator()
+  datasets = robust_datasets()
+  per_client = fedavg(model_aggregator=factory)
+  on_workers = fedavg(model_aggregator=factory,
+                      execution=cohort.CohortExecution(in_process=False, num_shards=2))
+  context = remote_context.create_workers_context([w.address for w in live_pool])
+  state = remote_state = per_client.initialize()
+  for r in range(2):
+    expected = per_client.next(state, datasets)
+    shards = tc._shards(on_workers, datasets, 2)
+    with context_stack_impl.context_stack.install(context):
+      remote = on_workers.next(remote_state, shards)
+    tc._assert_outputs_equal(expected, remote, f'robust on 2 workers, round {r + 1}')
+    assert _counts(remote.metrics['aggregator'], True, True) == (1, 1)
+    state, remote_state = expected.state, remote.state
 
 
 # (bin/train's --cohort_jit_compile=auto compiles fixed-K feed-forward rounds so, vectorised)
