@@ -67,7 +67,10 @@ def _final_rows(runs_dir, data_dir, chosen):
       cell = f'{mean:.1f} ± {_fmt(half, 1)}' if len(values) > 1 else f'{mean:.1f} (one seed)'
     else:
       cell = '–'
-    rows.append(f'| {label} | {tuned} = {chosen[name]:g} | {len(values)} of '
+    # A choice at an end of the grid may not be the best rate: the table says so.
+    edge = ' (grid edge)' if chosen[name] in (min(sr.FEDOPT_METHODS[name][3]),
+                                              max(sr.FEDOPT_METHODS[name][3])) else ''
+    rows.append(f'| {label} | {tuned} = {chosen[name]:g}{edge} | {len(values)} of '
                 f'{len(sr.FEDOPT_SEEDS)} | {cell} | {published} |')
   return rows, finals
 
