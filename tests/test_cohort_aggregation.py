@@ -15,6 +15,7 @@ upload bits equal in every round.
 """
 
 import collections
+import logging
 
 import numpy as np
 import pytest
@@ -87,6 +88,25 @@ def test_compression_equals_per_client(name, mode):
   # MFL uploads Adam's Δm, Δv: sparsified at Δω's indices (CE-FedAvg).
   factory = compression.SharedIndexCompressionFactory(0.5, quantize=True)
   tc._compare(name, 3, cohort.CohortExecution(mode=mode), upload_compression=factory)
+
+
+def test_pfor_fallbacks_are_said_in_one_line():
+  # CE-FedAvg's encoder (TopKV2, ScatterNd) has no vectorising converter.
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  logger = logging.getLogger('tensorflow')
+  logger.addHandler(handler)
+  try:
+    fedopt.build_fedavg(tc.model_fn, tff.learning.optimizers.build_sgdm(0.1), local_steps=2,
+                        upload_compression=compression.SharedIndexCompressionFactory(0.5),
+                        execution=cohort.CohortExecution(mode='vectorized'))
+  finally:
+    logger.removeHandler(handler)
+  messages = [r.getMessage() for r in records]
+  assert not [m for m in messages if m.startswith('Using a while_loop for converting')]
+  said = [m for m in messages if m.startswith('cohort: tf.vectorized_map runs')]
+  assert len(said) == 1 and 'TopKV2' in said[0], messages
 
 
 def test_compression_through_tff_executor_measures_the_same_bits():

@@ -37,8 +37,11 @@ view run per client (`build_or_explain` warns once, naming the reason).
 """
 
 import collections
+import contextlib
 import dataclasses
 import functools
+import logging
+import re
 import warnings
 from typing import Optional, Union
 
@@ -211,6 +214,34 @@ class CohortProgram:
                                         message.get('aggregator'))
 
 
+_PFOR_FALLBACK = re.compile(r'Using a while_loop for converting (\w+)|'
+                            r'(Conv2DBackpropFilter) uses a while_loop')
+
+
+@contextlib.contextmanager
+def _pfor_fallbacks_in_one_line():
+  """pfor logs a warning for every op it runs client by client in a loop, at
+  every trace (dozens of lines for CE-FedAvg's encoder): said once instead."""
+  ops = set()
+
+  def keep(record: logging.LogRecord) -> bool:
+    match = _PFOR_FALLBACK.match(record.getMessage())
+    if match:
+      ops.add(match.group(1) or match.group(2))
+    return match is None
+
+  logger = logging.getLogger('tensorflow')  # tf_logging's
+  logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    logger.removeFilter(keep)
+    if ops:
+      logger.warning('cohort: tf.vectorized_map runs %s client by client in a loop (no '
+                     'vectorising converter): same results, slower; '
+                     "CohortExecution(mode='sequential') may be faster", ', '.join(sorted(ops)))
+
+
 def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_steps: int):
   """False, 'step' or 'program' for `CohortExecution.jit_compile` (see there)."""
   if jit_compile != 'auto':
@@ -246,10 +277,11 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   # computation calls this graph, and in process it runs as is. Tracing the
   # program is most of a small model's build (pfor converts the client loop:
   # seconds), which tracing it a second time for the TFF computation doubled.
-  traced = tf.function(
-      program, jit_compile=jit_compile == 'program',
-      input_signature=[tff.types.type_to_tf_tensor_specs(message_type),
-                       tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
+  with _pfor_fallbacks_in_one_line():
+    traced = tf.function(
+        program, jit_compile=jit_compile == 'program',
+        input_signature=[tff.types.type_to_tf_tensor_specs(message_type),
+                         tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
 
   @tff.tensorflow.computation(message_type, data_type)
   def shard_fn(message, shard):
