@@ -28,6 +28,10 @@ def _init_worker():
   spec = importlib.util.spec_from_file_location('bin_train', TRAIN)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)  # defines bin/train's flags; main() is not run
+  # What bin/train's main() does first: any worker_binary TFF starts in this
+  # process dies with it (a killed report run leaves none behind).
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  runtime.track_tff_workers()
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   _FLAGS = module.FLAGS
