@@ -83,7 +83,7 @@ def build(algorithm: str, task, settings, key: str):
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
     process = entry.build(task, settings, execution=execution, measure_client_drift=False)
-  if isinstance(process, cohort.CohortProcess):
+  if cohort.is_cohort(process):
     return process, None
   notes = [str(w.message) for w in caught if 'cohort execution does not apply' in str(w.message)]
   return None, notes[0] if notes else 'the builder returned a per-client process'

@@ -27,8 +27,8 @@ papers ran 1,200–5,000 rounds):
            K_0 = 10, decays rescaled to the shorter runs.
 (shakespeare_curves.py defines the last two and checks the seeds' claims.)
 Sizes (session 9, from rounds measured under load): fedopt 2-5 s per round on an
-idle machine with XLA on each client step (15 s first round); SCAFFOLD runs per
-client (its c_i are client state) at ~2x FedAvg's round; fedgbo and decayk are
+idle machine with XLA on each client step (15 s first round); SCAFFOLD runs as a
+cohort too (its c_i travel in the shards, session 10); fedgbo and decayk are
 sized in shakespeare_curves.py. Runs of 2 jobs at a time (--jobs=2) each get about
 one core; their wall-clock in the report is what they took beside the other work
 on the machine, an upper bound.

@@ -37,7 +37,7 @@ def test_lists_are_derived_from_the_entries():
   assert personalization.PERSONALIZED_ALGORITHMS == ('mtfl', 'perfedavg', 'pfedme')
   assert personalization.CLIENT_STATE_ALGORITHMS == ('mtfl', 'perfedavg', 'pfedme', 'scaffold')
   assert set(algorithms.per_client_only()) == {
-      'mimelite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme', 'scaffold'}
+      'mimelite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme'}
   assert set(algorithms.ALGORITHMS) - set(algorithms.having('compressible')) == {
       'mimelite', 'mimexlite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme', 'scaffold'}
   assert set(algorithms.ALGORITHMS) - set(algorithms.having('measures_client_drift')) == {

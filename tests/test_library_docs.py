@@ -36,3 +36,4 @@ def test_doc_examples_run(tmp_path):
   assert 'fedgbo cannot take the client optimiser' in out, out  # names builder and optimiser
   assert "'distributor'" in out and "'finalizer'" in out, out
   assert 'train_model versions [0, 1] [0, 1, 2, 3]' in out, out
+  assert 'scaffold cohort, c_1 leaves: 4' in out, out  # two Dense layers' kernels and biases

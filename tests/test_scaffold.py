@@ -18,6 +18,8 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at
 from tff_adaptive.algorithms import scaffold
+from tff_adaptive.rounds import cohort
+from tff_adaptive.rounds import cohort_data
 
 LR = 0.1
 SERVER_LR = 0.7
@@ -195,13 +197,74 @@ def test_bad_arguments_name_themselves():
                             total_clients=3)
 
 
-def test_cohort_execution_falls_back_to_per_client_with_the_reason():
-  with pytest.warns(UserWarning, match='clients keep state between rounds'):
-    process = scaffold.build_scaffold(
-        at.model_fn, tff.learning.optimizers.build_sgdm(LR), local_steps=1, total_clients=N,
-        execution='cohort')
-  assert hasattr(process, 'client_input')
-  with pytest.raises(ValueError, match='upload_compression'):
-    scaffold.build_scaffold(
-        at.model_fn, tff.learning.optimizers.build_sgdm(LR), local_steps=1, total_clients=N,
-        upload_compression=tff.aggregators.MeanFactory())
+_COHORTS = {}
+
+
+def _cohort_process(steps, mode='auto', in_process=True):
+  key = (steps, mode, in_process)
+  if key not in _COHORTS:
+    _COHORTS[key] = scaffold.build_scaffold(
+        at.model_fn, tff.learning.optimizers.build_sgdm(LR),
+        tff.learning.optimizers.build_sgdm(SERVER_LR), local_steps=steps, total_clients=N,
+        execution=cohort.CohortExecution(mode=mode, in_process=in_process))
+  return _COHORTS[key]
+
+
+def _run_cohort(process, state, clients, sampled, controls, steps):
+  """`_run` for the cohort process: padded shards with the sampled clients' c_i."""
+  data = at.datasets([clients[i] for i in sampled])
+  shards = process.make_shards([cohort_data.client_batches(d, steps) for d in data])
+  states = [controls.get(i, process.client_state_initial) for i in sampled]
+  output = process.next(state, process.with_client_states(shards, states))
+  for i, out in zip(sampled, output.clients):
+    controls[i] = out
+  return output
+
+
+@pytest.mark.parametrize('steps,mode,in_process', [
+    (3, 'vectorized', True), (0, 'vectorized', True), (0, 'sequential', True),
+    (0, 'sequential', False)])  # the last through TFF's executor
+def test_cohort_equals_numpy_and_per_client_with_clients_sampled_twice(clients, steps, mode,
+                                                                        in_process):
+  """Three cohort rounds against the NumPy replay and the per-client process. In
+  epoch rounds (K = 0) the clients' step counts differ, so the shards hold them
+  in another order than sampled: each c_i⁺ must still come back to its client."""
+  process, reference = _cohort_process(steps, mode, in_process), _process(steps)
+  assert cohort.is_cohort(process)
+  state, reference_state = process.initialize(), reference.initialize()
+  x = at.trainable(process, state)
+  c, np_controls, controls, reference_controls = _zeros(x), {}, {}, {}
+  for r, sampled in enumerate([(0, 1, 2), (2, 1), (3, 0, 1)]):
+    output = _run_cohort(process, state, clients, sampled, controls, steps)
+    state = output.state
+    reference_state = _run(reference, reference_state, clients, sampled, reference_controls).state
+    x, c = _np_round(x, c, np_controls, sampled, clients, steps)
+    for what, got, want in [('x', at.trainable(process, state), x), ('c', _control(state), c),
+                            ('x per client', at.trainable(process, state),
+                             at.trainable(reference, reference_state))]:
+      at.assert_close(got, want, rtol=1e-5, atol=1e-5, what=f'{what} round {r}')
+    for i in sampled:
+      at.assert_close(_client_control(controls[i]), np_controls[i], rtol=1e-5, atol=1e-5,
+                      what=f'c_{i} round {r}')
+      at.assert_close(_client_control(controls[i]), _client_control(reference_controls[i]),
+                      rtol=1e-5, atol=1e-5, what=f'c_{i} per client, round {r}')
+    assert output.metrics['cost']['upload_bits_per_client'] == 32 * 2 * (at.D * at.C + at.C)
+  assert at.max_abs_diff(np_controls[1], _zeros(x)) > 1e-2
+
+
+def test_cohort_rounds_need_the_client_states(clients):
+  process = _cohort_process(3, 'vectorized')
+  data = at.datasets([clients[i] for i in (0, 1)])
+  shards = process.make_shards([cohort_data.client_batches(d, 3) for d in data])
+  with pytest.raises(ValueError, match='with_client_states'):
+    process.next(process.initialize(), shards)
+  with pytest.raises(ValueError, match='1 client states for shards of 2 clients'):
+    process.with_client_states(shards, [process.client_state_initial])
+
+
+def test_upload_compression_is_refused_in_both_executions():
+  for execution in ('per_client', 'cohort'):
+    with pytest.raises(ValueError, match='upload_compression'):
+      scaffold.build_scaffold(
+          at.model_fn, tff.learning.optimizers.build_sgdm(LR), local_steps=1, total_clients=N,
+          upload_compression=tff.aggregators.MeanFactory(), execution=execution)

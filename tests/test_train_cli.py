@@ -145,6 +145,33 @@ def test_run_resumes_under_the_other_execution(tmp_path):
   assert len(_read_csv(tmp_path / 'switch' / 'metrics.csv')) == 3
 
 
+def test_scaffold_resumes_as_a_cohort_with_the_stored_client_controls(tmp_path):
+  """SCAFFOLD's c_i live in the client-state store, whichever execution wrote
+  them: 2 rounds per client, then 2 as a cohort equal 4 rounds per client (4 of
+  8 clients a round: clients return with their c_i)."""
+  small = [*SMALL, '--algorithm=scaffold', '--local_steps=3', '--client_learning_rate=0.05',
+           '--experiment_name=scaffold']
+  whole = _train([*small, '--total_rounds=4', '--execution=per_client',
+                  f'--root_output_dir={tmp_path}/whole'])
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  cut = [*small, f'--root_output_dir={tmp_path}/cut']
+  first = _train([*cut, '--total_rounds=2', '--execution=per_client'])
+  assert first.returncode == 0, first.stderr[-2000:]
+  resumed = _train([*cut, '--total_rounds=4', '--show_progress=true'])  # cohort: the default
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert 'execution: cohort' in resumed.stdout + resumed.stderr
+  v1, w1 = _final_weights(tmp_path / 'whole' / 'scaffold')
+  v2, w2 = _final_weights(tmp_path / 'cut' / 'scaffold')
+  assert v1 == v2 == 4
+  for a, b in zip(w1, w2):
+    if a.dtype.kind not in 'OSU':
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  rows1 = _read_csv(tmp_path / 'whole' / 'scaffold' / 'metrics.csv')
+  rows2 = _read_csv(tmp_path / 'cut' / 'scaffold' / 'metrics.csv')
+  key = 'train/client_work/train/loss'
+  assert [float(r[key]) for r in rows1] == pytest.approx([float(r[key]) for r in rows2], rel=1e-5)
+
+
 def test_run_from_before_a_flag_existed_resumes_at_that_flags_default(tmp_path):
   out = f'--root_output_dir={tmp_path}'
   small = [*SMALL, '--experiment_name=digits_fedavg']

@@ -200,9 +200,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                                'control variates c, c_i kept by clients (seed 003 baseline)',
                                keeps_client_state=True,
                                compressible=No('its control-variate upload is summed, not '
-                                               'compressed'),
-                               cohort=No('its clients keep state between rounds, which the '
-                                         'cohort program does not carry')),
+                                               'compressed')),
 }
 
 
@@ -410,7 +408,7 @@ def _execution(settings: Settings):
 
 def execution_line(process, reason: Optional[str], shard_data_on_workers: bool = False) -> str:
   """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
-  if isinstance(process, cohort.CohortProcess):
+  if cohort.is_cohort(process):
     how = 'clients vectorised' if process.vectorized else 'clients in sequence'
     how += {False: '', 'step': ', XLA per client step', 'program': ', XLA over the program'}[
         process.jit_compile]

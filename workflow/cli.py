@@ -295,7 +295,7 @@ def _data_on_workers(settings: config.Settings, task, process):
   from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
   from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
   line = getattr(process, 'execution_line', None)
-  if isinstance(process, cohort.CohortProcess) and not process.execution.in_process:
+  if cohort.is_cohort(process) and not process.execution.in_process:
     composed = data_on_workers.compose_cohort_data_on_workers(process, task)
     client_data_fn = data_on_workers.shard_ids_fn(process.execution.num_shards)
   else:

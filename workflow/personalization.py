@@ -47,6 +47,7 @@ from workflow import algorithms
 from workflow import config
 from workflow import program
 from tff_adaptive.personalization import process as personalized
+from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import stateful
 
 # From the registry's entries (`AlgorithmEntry.personalized`, `.keeps_client_state`).
@@ -138,11 +139,13 @@ class ClientStateHook:
   def store(self) -> Optional[client_state.ClientStateStore]:
     return self._store
 
-  def client_data(self, round_num: int, client_ids: Sequence[str],
-                  datasets: Sequence[tf.data.Dataset]) -> list[collections.OrderedDict]:
+  def client_data(self, round_num: int, client_ids: Sequence[str], data):
+    """Each client's data (its dataset, or the cohort's padded shards) with its stored state."""
     del round_num
-    return [self._process.client_input(dataset, self._store.get(client_id))
-            for client_id, dataset in zip(client_ids, datasets)]
+    states = [self._store.get(client_id) for client_id in client_ids]
+    if cohort.is_cohort(self._process):
+      return self._process.with_client_states(data, states)
+    return [self._process.client_input(dataset, state) for dataset, state in zip(data, states)]
 
   def _put(self, client_ids: Sequence[str], states: Sequence[Any]) -> None:
     if len(states) != len(client_ids):

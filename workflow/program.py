@@ -204,7 +204,7 @@ def run(process: tff.learning.templates.LearningProcess, task: task_base.Federat
 
 async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
   feeder = None
-  if client_data_fn is None and isinstance(process, cohort.CohortProcess):
+  if client_data_fn is None and cohort.is_cohort(process):
     feeder = cohort_feed.CohortFeeder(task, process)
   elif client_data_fn is None:
     client_data_fn = lambda ids, steps: client_datasets(task, ids, steps)
@@ -217,7 +217,7 @@ async def _run(process, task, config, round_metrics_fn, client_data_fn=None):
 
 def _model_weights(process, state):
   # In-process cohort rounds keep the state in this process: no executor call.
-  if isinstance(process, cohort.CohortProcess) and process.execution.in_process:
+  if cohort.is_cohort(process) and process.execution.in_process:
     return state.global_model_weights
   return process.get_model_weights(state)
 

@@ -26,8 +26,10 @@ against it in NumPy). Δy is averaged uniformly by default, as in the paper
 (`client_weighting=NUM_EXAMPLES` weights it by examples, as seed 003 weights
 every method); Δc is always summed and divided by N, so c stays the mean of
 all N clients' c_i. The clients' c_i enter and leave the round as
-per-client data (`rounds.stateful.StatefulClientsProcess`); the training loop
-keeps them in a `ClientStateStore`, checkpointed with the server state.
+per-client data (`rounds.stateful.StatefulClientsProcess`; in the cohort
+execution stacked in each shard and returned per client beside the round's
+sums); the training loop keeps them in a `ClientStateStore`, checkpointed with
+the server state.
 """
 
 import collections
@@ -121,9 +123,10 @@ def build_scaffold(
       `client_weighting` (of Δy; default UNIFORM, the paper's),
       `model_aggregator` (for Δy), `metrics_aggregator`, `loop_implementation`
       (`model_distributor` is refused: x and c go down together), and
-      `fb_flops_per_example`, `measure_client_drift`, `execution` (the cohort
-      execution does not carry per-client state: the round runs per client,
-      with a warning). `upload_compression` is refused (Δc is summed).
+      `fb_flops_per_example`, `measure_client_drift`, `execution` ('cohort'
+      or a `cohort.CohortExecution`: a `cohort.StatefulCohortProcess`, whose
+      shards carry the clients' c_i, `process.with_client_states`).
+      `upload_compression` is refused (Δc is summed).
 
   `next(state, client_data)` takes, per client, `process.client_input(dataset,
   c_i)` (c_i as `process.client_state_initial` lays it out: name → array) and

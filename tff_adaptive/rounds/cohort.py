@@ -59,6 +59,7 @@ from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import per_client
 from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import server as server_lib
+from tff_adaptive.rounds import stateful
 
 MODES = ('auto', 'vectorized', 'sequential')
 JIT_COMPILE = (False, True, 'step', 'program', 'auto')
@@ -133,8 +134,6 @@ def unsupported_reason(options: options_lib.RoundOptions, model_fn) -> Optional[
 def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kwargs):
   """The cohort process, or the per-client one with a one-line warning why."""
   reason = unsupported_reason(options, model_fn)
-  if recipe.has_client_state:
-    reason = 'its clients keep state between rounds, which the cohort program does not carry'
   if reason is not None:
     warnings.warn(f'{recipe.name}: the cohort execution does not apply ({reason}); the round '
                   'runs per client', stacklevel=3)
@@ -142,18 +141,25 @@ def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kw
   return build(model_fn, recipe, info=info, options=options, **kwargs)
 
 
-def shard_type(element_type) -> tff.Type:
-  """The TFF type of one shard: each batch leaf gains [clients, steps] dimensions."""
+def shard_type(element_type, client_state=None) -> tff.Type:
+  """The TFF type of one shard: each batch leaf gains [clients, steps]
+  dimensions; each leaf of the clients' state (a structure of tensors, for
+  recipes whose clients keep one) a [clients] dimension."""
   batches = tff.types.type_to_tf_tensor_specs(element_type)
   batches = tf.nest.map_structure(
       lambda s: tf.TensorSpec([None, None, None] + list(s.shape[1:]), s.dtype), batches)
-  return tff.StructWithPythonType(
-      [('batches', tff.types.tensorflow_to_type(batches)),
-       ('mask', tff.TensorType(np.float32, [None, None, None]))], collections.OrderedDict)
+  fields = [('batches', tff.types.tensorflow_to_type(batches)),
+            ('mask', tff.TensorType(np.float32, [None, None, None]))]
+  if client_state is not None:
+    stacked = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + list(t.shape), t.dtype),
+                                    client_state)
+    fields.append(('client_state', tff.types.tensorflow_to_type(stacked)))
+  return tff.StructWithPythonType(fields, collections.OrderedDict)
 
 
 class CohortProgram:
-  """The shard program: Σ over a shard's clients of their round sums."""
+  """The shard program: Σ over a shard's clients of their round sums (and,
+  for recipes whose clients keep state, their new states, stacked)."""
 
   def __init__(self, view: functional.FunctionalView, loop: client_lib.ClientLoop,
                vectorized: bool, trainable_structure, jit_compile: bool = False,
@@ -169,22 +175,30 @@ class CohortProgram:
     x_t = [tf.convert_to_tensor(t) for t in tf.nest.flatten(message['model_weights'].trainable)]
     one = lambda args: self._one_client(message, x_t, *args)
     elems = (shard['batches'], shard['mask'])
+    if self.stateful:
+      elems += (shard['client_state'],)
     if self.vectorized:
-      sums = tf.vectorized_map(one, elems, fallback_to_while_loop=True)
+      out = tf.vectorized_map(one, elems, fallback_to_while_loop=True)
     else:
-      sums = tf.map_fn(one, elems, fn_output_signature=self._signature(message, x_t, shard))
-    return tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sums)
+      out = tf.map_fn(one, elems, fn_output_signature=self._signature(message, x_t, elems))
+    sums, states = out if self.stateful else (out, None)
+    sums = tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sums)
+    return (sums, states) if self.stateful else sums
 
-  def _signature(self, message, x_t, shard):
-    first = tf.nest.map_structure(lambda t: t[0], (shard['batches'], shard['mask']))
-    graph = tf.function(lambda b, m: self._one_client(message, x_t, b, m)).get_concrete_function(
+  @property
+  def stateful(self) -> bool:
+    return self.loop.recipe.has_client_state
+
+  def _signature(self, message, x_t, elems):
+    first = tf.nest.map_structure(lambda t: t[0], elems)
+    graph = tf.function(lambda *a: self._one_client(message, x_t, *a)).get_concrete_function(
         *tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first))
     return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                  graph.structured_outputs)
 
-  def _one_client(self, message, x_t, batches, mask):
+  def _one_client(self, message, x_t, batches, mask, client_state=()):
     lr = message['hparams']['learning_rate']
-    carry = self.loop.init(x_t, message['broadcast'])
+    carry = self.loop.init(x_t, message['broadcast'], client_state)
     metrics = self.view.zero_metrics()
 
     def step(carry, metrics, batch, rows):
@@ -210,8 +224,9 @@ class CohortProgram:
     _, carry, metrics = tf.while_loop(lambda s, *_: s < tf.shape(mask)[0], body,
                                       (tf.constant(0), carry, metrics))
     result = self.loop.final(carry, x_t)
-    return self.aggregation.client_sums(result, metrics, self._trainable_structure,
+    sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
                                         message.get('aggregator'))
+    return (sums, result.client_state) if self.stateful else sums
 
 
 _PFOR_FALLBACK = re.compile(r'Using a while_loop for converting (\w+)|'
@@ -254,6 +269,7 @@ def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_ste
 def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
           options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
   """The cohort `LearningProcess` (see module docstring)."""
+  per_client.check_client_state_options(recipe, options)
   execution = execution_of(options)
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
   view = functional.FunctionalView(model_fn, generic_rnn=bool(execution.jit_compile))
@@ -271,7 +287,10 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   program = CohortProgram(view, loop, vectorized, trainable_structure,
                           jit_compile=jit_compile == 'step',
                           aggregation=aggregation)
-  data_type = shard_type(info.element_type)
+  stateful_clients = recipe.has_client_state
+  client_state = (per_client.client_state_arguments(recipe, info)['client_state_structure']
+                  if stateful_clients else None)
+  data_type = shard_type(info.element_type, client_state)
   message_type = program_message_type(info.message_type, aggregation)
   # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
   # computation calls this graph, and in process it runs as is. Tracing the
@@ -288,6 +307,8 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
     return traced(message, shard)
 
   sums_type = shard_fn.type_signature.result
+  if stateful_clients:  # (sums, the clients' new states)
+    sums_type = sums_type[0]
   server_round = server_lib.ServerRound(
       recipe, info.costs(recipe, sums_type.weighted_delta, sums_type.weighted_extra,
                          options.fb_flops_per_example),
@@ -311,13 +332,20 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
     if message_fn is not info.server_message_fn:
       server_state += (state.aggregator,)
     message = tff.federated_broadcast(tff.federated_map(message_fn, server_state))
-    sums = tff.federated_sum(tff.federated_map(shard_fn, (message, shards)))
+    results = tff.federated_map(shard_fn, (message, shards))
+    new_client_states = None
+    if stateful_clients:  # each shard's new states go back with it, never summed
+      results, new_client_states = results
+    sums = tff.federated_sum(results)
     server = tff.federated_map(server_round_fn, (
         state.global_model_weights, state.finalizer, state.client_work, sums))
     aggregator_state, measurements = aggregation.after_round(process, state.aggregator, sums,
                                                              server[2])
-    return per_client.output(state, server, aggregator_state, measurements, None,
-                             options.measure_client_drift)
+    output = per_client.output(state, server, aggregator_state, measurements, None,
+                               options.measure_client_drift)
+    if stateful_clients:
+      return stateful.StatefulClientsOutput(output.state, output.metrics, new_client_states)
+    return output
 
   # Keras metric finalizers build metrics (variables) when called: in-process,
   # they run eagerly on the summed values, outside the server's tf.function.
@@ -325,10 +353,14 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                                        options.measure_client_drift)
   in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info, sums_type,
                               process, options.measure_client_drift)
+  process_class, client_state_arguments = CohortProcess, {}
+  if stateful_clients:
+    process_class = StatefulCohortProcess
+    client_state_arguments = per_client.client_state_arguments(recipe, info)
   return per_client.finish_process(
-      initialize_fn, next_fn, state_type, info, recipe, process_class=CohortProcess,
+      initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
       execution=execution, in_process_next=in_process if execution.in_process else None,
-      vectorized=vectorized, jit_compile=jit_compile)
+      vectorized=vectorized, jit_compile=jit_compile, **client_state_arguments)
 
 
 def program_message_type(message_type, aggregation) -> tff.Type:
@@ -360,8 +392,8 @@ def _message_computation(info, recipe, aggregation, aggregator_state_type) -> tf
       info.weights_type, info.stats_type, layout.HPARAMS_TYPE, aggregator_state_type)
 
 
-class CohortProcess(tff.learning.templates.LearningProcess):
-  """A `LearningProcess` whose `next` takes padded shards (`make_shards`).
+class _CohortRounds:
+  """What both cohort processes add to TFF's: padded shards in, in-process `next`.
 
   `next` is the in-process program when `execution.in_process` (it has the
   TFF computation's `type_signature`), else the TFF computation itself,
@@ -379,16 +411,53 @@ class CohortProcess(tff.learning.templates.LearningProcess):
 
   @property
   def next(self):
-    return self._in_process_next or super().next
+    return self._in_process_next or self.tff_next
 
   @property
   def tff_next(self) -> tff.Computation:
-    return super().next
+    return tff.templates.IterativeProcess.next.fget(self)
 
-  def make_shards(self, client_batches, num_shards: Optional[int] = None):
+  def make_shards(self, client_batches, num_shards: Optional[int] = None) -> cohort_data.Shards:
     """Padded shards from each client's batches (`cohort_data.client_batches`)."""
     return cohort_data.shards(client_batches, num_shards or self.execution.num_shards,
                               self.execution.max_waste, self.shard_stats)
+
+
+class CohortProcess(_CohortRounds, tff.learning.templates.LearningProcess):
+  """A `LearningProcess` whose `next` takes padded shards (`make_shards`)."""
+
+
+class StatefulCohortProcess(_CohortRounds, stateful.StatefulClientsProcess):
+  """The cohort process of a recipe whose clients keep state (SCAFFOLD's c_i).
+
+  `next(state, process.with_client_states(shards, states))` takes the sampled
+  clients' stored states (`stateful.flat_state` form, in the order their
+  batches were given to `make_shards`) and returns their new states in
+  `output.clients`, in that same order, as the per-client process does.
+  """
+
+  def with_client_states(self, shards: cohort_data.Shards, states) -> cohort_data.Shards:
+    leaves = [[np.asarray(state[k]) for k in self.client_state_initial] for state in states]
+    return cohort_data.with_client_states(shards, leaves, self._structure)
+
+  def next(self, state, shards) -> stateful.StatefulClientsOutput:  # pylint: disable=invalid-overridden-method
+    if any('client_state' not in shard for shard in shards):
+      raise ValueError(f'{self.name}: its clients keep state: pass '
+                       'process.with_client_states(shards, states) to next')
+    output = (self._in_process_next or self.tff_next)(state, shards)
+    stacked = [[np.asarray(leaf) for leaf in tf.nest.flatten(s)] for s in output.clients]
+    in_shard_order = [stateful.flat_state([leaf[j] for leaf in leaves])
+                      for leaves in stacked for j in range(len(leaves[0]))]
+    order = getattr(shards, 'order', range(len(in_shard_order)))
+    clients = [None] * len(in_shard_order)
+    for position, index in enumerate(order):
+      clients[index] = in_shard_order[position]
+    return stateful.StatefulClientsOutput(output.state, output.metrics, clients)
+
+
+def is_cohort(process) -> bool:
+  """Whether `process` runs its rounds as cohort programs (takes padded shards)."""
+  return isinstance(process, _CohortRounds)
 
 
 class _InProcessNext:
@@ -402,6 +471,7 @@ class _InProcessNext:
     self._measure_client_drift = measure_client_drift
     self._shard = traced_shard  # relaxed shapes: one trace for every cohort
     self._view = program.view
+    self._stateful = program.stateful
     self._message = tf.function(functools.partial(program_message, recipe, self._aggregation))
     self._sends_params = self._aggregation.client_params_type() is not None
     self._server = tf.function(functools.partial(self._aggregation.server, server_round))
@@ -420,9 +490,12 @@ class _InProcessNext:
     weights = tff.learning.models.ModelWeights(*weights)
     message = self._message(weights, stats, hparams, *(
         [_as_tensors(state.aggregator)] if self._sends_params else []))
-    sums = None
+    sums, client_states = None, []
     for shard in shards:
       shard_sums = self._shard(message, shard)
+      if self._stateful:
+        shard_sums, shard_states = shard_sums
+        client_states.append(shard_states)
       sums = shard_sums if sums is None else tf.nest.map_structure(tf.add, sums, shard_sums)
     new_weights, new_stats, metrics = self._server(weights, stats, hparams, sums)
     metrics['train'] = self._view.finalize(sums['metrics'])
@@ -439,6 +512,8 @@ class _InProcessNext:
         finalizer=(), cost=metrics['cost'])
     if self._measure_client_drift:
       out['client_drift'] = metrics['client_drift']
+    if self._stateful:
+      return stateful.StatefulClientsOutput(new_state, out, client_states)
     return tff.learning.templates.LearningProcessOutput(new_state, out)
 
 

@@ -139,15 +139,34 @@ def split_evenly(steps: Sequence[int], num_shards: int) -> list[int]:
   return sizes + [n - start]
 
 
+class Shards(list):
+  """A cohort's padded shards, with the clients each one holds.
+
+  `groups[j]`: the indices (into the cohort as given) of shard j's clients,
+  in the shard's order: grouping by size reorders clients, and what comes
+  back per client (a new client state) is put back in the cohort's order by it.
+  """
+
+  def __init__(self, shards=(), groups=None):
+    super().__init__(shards)
+    self.groups = groups if groups is not None else []
+
+  @property
+  def order(self) -> list[int]:
+    """The cohort's indices in the order the shards hold them."""
+    return [i for group in self.groups for i in group]
+
+
 def shards(clients: Sequence[ClientBatches], num_shards: Optional[int] = None,
-           max_waste: float = 0.25, stats: Optional[ShardStats] = None) -> list:
+           max_waste: float = 0.25, stats: Optional[ShardStats] = None) -> Shards:
   """The padded shards of a cohort; adds to `stats` if given."""
   clients = list(clients)
   if not any(clients):
     raise ValueError('the sampled clients have no data')
   rows = max(_rows(b) for batches in clients for b in batches)
-  result = []
-  for group in group_by_size(clients, num_shards, max_waste):
+  groups = group_by_size(clients, num_shards, max_waste)
+  result = Shards(groups=groups)
+  for group in groups:
     members = [clients[i] for i in group]
     if not any(members):  # clients without data add nothing (weight 0 or 1: see below)
       members = [[_empty_like(next(b for b in clients if b)[0])] for _ in members]
@@ -157,6 +176,27 @@ def shards(clients: Sequence[ClientBatches], num_shards: Optional[int] = None,
       stats.real_rows += int(shard['mask'].sum())
       stats.padded_rows += int(shard['mask'].size)
       stats.shards += 1
+  return result
+
+
+def with_client_states(shards: Shards, states: Sequence[Sequence[Any]], structure) -> Shards:
+  """`shards`, each with its clients' states stacked as 'client_state'.
+
+  `states[i]`: the leaves (arrays, in `structure`'s order) of the state of the
+  cohort's i-th client. The shards are copied, not changed: prefetched data
+  is built before the previous round has returned the states.
+  """
+  held = sum(len(g) for g in getattr(shards, 'groups', []))
+  if not isinstance(shards, Shards) or held != len(states):
+    raise ValueError(f'with_client_states: {len(states)} client states for shards of {held} '
+                     'clients (shards must come from make_shards, given the clients in the '
+                     'order of the states)')
+  result = Shards(groups=shards.groups)
+  for shard, group in zip(shards, shards.groups):
+    leaves = [np.stack([np.asarray(states[i][k]) for i in group])
+              for k in range(len(tf.nest.flatten(structure)))]
+    result.append(collections.OrderedDict(
+        shard, client_state=tf.nest.pack_sequence_as(structure, leaves)))
   return result
 
 

@@ -68,9 +68,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
   metrics_aggregator = options.metrics_aggregator
   if metrics_aggregator is tff.learning.metrics.sum_then_finalize:
     metrics_aggregator = None  # what the fused sum computes
-  if recipe.has_client_state and options.upload_compression is not None:
-    raise ValueError(f'{recipe.name}: upload_compression is not available for an algorithm '
-                     'whose clients keep state (its extra upload is summed, not compressed)')
+  check_client_state_options(recipe, options)
   shape = _RoundShape(recipe, options, info, metrics_aggregator)
   client_round_fn = _client_round_computation(shape)
   types = _ResultTypes(shape, client_round_fn.type_signature.result)
@@ -85,8 +83,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
     return finish_process(
         initialize_fn, next_fn, state_type, info, recipe,
         process_class=stateful.StatefulClientsProcess,
-        client_state_initial=_initial_client_state(recipe, info),
-        client_state_structure=_client_state_structure(recipe, info), name=recipe.name)
+        **client_state_arguments(recipe, info))
   return finish_process(initialize_fn, next_fn, state_type, info, recipe)
 
 
@@ -218,13 +215,19 @@ def _next_computation(shape: _RoundShape, types: _ResultTypes, state_type, clien
   return next_fn
 
 
-def _initial_client_state(recipe, info):
-  value = recipe.init_client_state([tf.TensorSpec(s.shape, s.dtype) for s in info.trainable_specs])
-  return stateful.flat_state(tf.nest.map_structure(lambda t: np.asarray(t), value))
+def check_client_state_options(recipe, options: options_lib.RoundOptions) -> None:
+  if recipe.has_client_state and options.upload_compression is not None:
+    raise ValueError(f'{recipe.name}: upload_compression is not available for an algorithm '
+                     'whose clients keep state (its extra upload is summed, not compressed)')
 
 
-def _client_state_structure(recipe, info):
-  return recipe.init_client_state([tf.TensorSpec(s.shape, s.dtype) for s in info.trainable_specs])
+def client_state_arguments(recipe, info) -> dict:
+  """`stateful.StatefulClientsProcess`'s client-state arguments, for both executions."""
+  structure = recipe.init_client_state(
+      [tf.TensorSpec(s.shape, s.dtype) for s in info.trainable_specs])
+  return dict(client_state_initial=stateful.flat_state(
+      tf.nest.map_structure(np.asarray, structure)), client_state_structure=structure,
+              name=recipe.name)
 
 
 class _Aggregation:
