@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import os
 import shlex
+import signal
 import time
 from collections.abc import Sequence
 
@@ -20,10 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 
 _FLAGS = None
+_PARENT = None
 
 
-def _init_worker():
-  global _FLAGS
+def _init_worker(parent: int):
+  global _FLAGS, _PARENT
+  _PARENT = parent
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
   spec = importlib.util.spec_from_file_location('bin_train', TRAIN)
   module = importlib.util.module_from_spec(spec)
@@ -32,6 +35,15 @@ def _init_worker():
   # process dies with it (a killed report run leaves none behind).
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   runtime.track_tff_workers()
+  # A pool worker outlives a report run killed with SIGTERM or -9 (seen: two
+  # orphans kept training into the run directories the next report run
+  # resumed): it gets SIGTERM, which stops its run cleanly, when the parent dies.
+  from tff_adaptive.execution import parent_death  # pylint: disable=g-import-not-at-top
+  set_death_signal = parent_death.preexec_fn(signal.SIGTERM)
+  if set_death_signal is not None:
+    set_death_signal()
+  if os.getppid() != _PARENT:  # the parent died before the signal was set
+    os._exit(1)
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   _FLAGS = module.FLAGS
@@ -78,7 +90,8 @@ def run_all(jobs: Sequence[Sequence[str]], processes: int = 2) -> dict[tuple, st
   if not todo:
     return results
   ctx = multiprocessing.get_context('spawn')
-  with ctx.Pool(processes, initializer=_init_worker, maxtasksperchild=8) as pool:
+  with ctx.Pool(processes, initializer=_init_worker, initargs=(os.getpid(),),
+                maxtasksperchild=8) as pool:
     # CPU seconds are this process's only; TFF's C++ worker runs in a child process.
     for args, status, seconds, cpu in pool.imap_unordered(_train, todo):
       print(f'  [{status}, {seconds:.0f}s wall, {cpu:.0f}s CPU] {command_line(args)}', flush=True)
