@@ -137,6 +137,14 @@ def test_xla_compiled_client_steps_equal(mode):
   _compare('fedadam', 3, cohort.CohortExecution(mode=mode, jit_compile=True), rounds=2)
 
 
+@pytest.mark.parametrize('name', sorted(BUILDERS))
+def test_every_algorithm_compiles_as_one_xla_program_vectorised(name):
+  """What bin/train's --cohort_jit_compile=auto picks for a fixed-K MLP: pfor
+  turns a per-client tf.cond into ops XLA cannot compile (MimeXlite's first
+  gradient did, until the vectorised client loop selected instead)."""
+  _compare(name, 2, cohort.CohortExecution(mode='vectorized', jit_compile='program'), rounds=2)
+
+
 @pytest.mark.parametrize('mode', ['sequential', 'vectorized'])
 def test_xla_compiled_shard_program_equals(mode):
   """The whole program as one XLA computation; epochs give shards of two shapes."""

@@ -59,10 +59,14 @@ class ClientLoop:
   """The recipe's client side, as functions of tensors only."""
 
   def __init__(self, recipe: recipe_lib.Recipe, weighting: tff.learning.ClientWeighting,
-               measure_client_drift: bool = False):
+               measure_client_drift: bool = False, branchless: bool = False):
     self.recipe = recipe
     self.weighting = weighting
     self.measure_client_drift = measure_client_drift
+    # Under tf.vectorized_map a per-client tf.cond becomes a DynamicStitch,
+    # which XLA cannot compile (MimeXlite's first gradient under
+    # jit_compile='program'): the cohort's vectorised program selects instead.
+    self.branchless = branchless
 
   def init(self, x_t, broadcast_value, client_state=()):
     x_t = tuple(x_t)
@@ -79,7 +83,9 @@ class ClientLoop:
     grads = tuple(grads)
     is_first = tf.equal(carry['step'], 0)
     g0 = carry['g0']
-    if self.recipe.uses_first_gradient:
+    if self.recipe.uses_first_gradient and self.branchless:
+      g0 = tuple(tf.where(is_first, g, old) for g, old in zip(grads, g0))
+    elif self.recipe.uses_first_gradient:
       # A cond, not tf.where: no copy of the model-sized gradient per step.
       g0 = tf.cond(is_first, lambda: grads, lambda: g0)
     # Tuples throughout: TFF optimisers insist that weights and state have the

@@ -281,7 +281,8 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                      "or 'auto'")
   vectorized = (execution.mode == 'vectorized' or
                 (execution.mode == 'auto' and not view.has_conv_or_rnn))
-  loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift)
+  loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift,
+                               branchless=vectorized)
   trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
   aggregation = cohort_aggregation.for_options(options, recipe)
   program = CohortProgram(view, loop, vectorized, trainable_structure,
