@@ -289,9 +289,10 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                           jit_compile=jit_compile == 'step',
                           aggregation=aggregation)
   stateful_clients = recipe.has_client_state
-  client_state = (per_client.client_state_arguments(recipe, info)['client_state_structure']
-                  if stateful_clients else None)
-  data_type = shard_type(info.element_type, client_state)
+  client_state_arguments = (per_client.client_state_arguments(recipe, info)
+                            if stateful_clients else {})
+  data_type = shard_type(info.element_type,
+                         client_state_arguments.get('client_state_structure'))
   message_type = program_message_type(info.message_type, aggregation)
   # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
   # computation calls this graph, and in process it runs as is. Tracing the
@@ -354,10 +355,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                                        options.measure_client_drift)
   in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info, sums_type,
                               process, options.measure_client_drift)
-  process_class, client_state_arguments = CohortProcess, {}
-  if stateful_clients:
-    process_class = StatefulCohortProcess
-    client_state_arguments = per_client.client_state_arguments(recipe, info)
+  process_class = StatefulCohortProcess if stateful_clients else CohortProcess
   return per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
       execution=execution, in_process_next=in_process if execution.in_process else None,
