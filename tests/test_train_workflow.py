@@ -287,3 +287,20 @@ def test_report_figure_bands_from_three_seeds_and_regenerate_line(tmp_path, monk
   text = out.read_text()
   assert f'    {shlex.join(command)}\n' in text
   assert os.path.getsize(tmp_path / 'rep' / 'r_curves.png') > 5000
+
+
+def test_first_eval_round_evaluates_only_the_last_window(tmp_path):
+  """--first_eval_round=4 with --rounds_per_eval=2 over 7 rounds: rounds 4, 6 and the last."""
+  settings, _, _ = _run(tmp_path, '--algorithm=fedavg', '--total_rounds=7', '--rounds_per_eval=2',
+                        '--first_eval_round=4')
+  with open(os.path.join(cli.experiment_dir(settings), 'metrics.csv'), newline='') as f:
+    evaluated = [r['round'] for r in csv.DictReader(f) if r.get('eval/loss')]
+  assert evaluated == ['4', '6', '7']
+
+
+def test_first_eval_round_refuses_a_schedule_that_watches_evaluations():
+  with pytest.raises(cli.UsageError, match='--first_eval_round must be 0 with '
+                     '--client_lr_schedule=step'):
+    settings, _ = cli.config_from_args([*TINY, '--algorithm=fedavg', '--client_lr_schedule=step',
+                                        '--first_eval_round=3'])
+    cli.validate(settings)

@@ -312,7 +312,8 @@ def _loop_config(settings: config.Settings, out: str, schedules, client_state):
   divergence_factor = reliability.divergence_factor
   return program.LoopConfig(
       total_rounds=loop.total_rounds, clients_per_round=settings.client.clients_per_round,
-      rounds_per_eval=loop.rounds_per_eval, rounds_per_checkpoint=loop.rounds_per_checkpoint,
+      rounds_per_eval=loop.rounds_per_eval, first_eval_round=loop.first_eval_round or 0,
+      rounds_per_checkpoint=loop.rounds_per_checkpoint,
       eval_stride=loop.eval_stride or 1, output_dir=out, seed=loop.seed,
       local_steps=settings.client.local_steps or None, show_progress=loop.show_progress,
       schedules=schedules, client_state=client_state,

@@ -127,6 +127,7 @@ class LoopSettings:
   """The training loop and where it writes."""
   total_rounds: int
   rounds_per_eval: int
+  first_eval_round: int
   eval_stride: int
   rounds_per_checkpoint: int
   root_output_dir: str

@@ -20,7 +20,8 @@ from workflow import train_flags
 UsageError = errors.UsageError
 
 # Flags whose change does not alter the computation: allowed on resume.
-RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint',
+RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'first_eval_round',
+                               'rounds_per_checkpoint',
                                'show_progress', 'execution_concurrency', 'root_output_dir',
                                # Where rounds run, not what they compute: a run
                                # may resume on other or fewer workers.

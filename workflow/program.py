@@ -82,6 +82,7 @@ class LoopConfig:
   rounds_per_checkpoint: int
   output_dir: str
   eval_stride: int = 1  # evaluate on every eval_stride-th test example
+  first_eval_round: int = 0  # no evaluation before this round (but the last)
   seed: int = 0
   local_steps: Optional[int] = None  # None: the task's epochs
   schedules: Optional[Any] = None  # a round_schedules.RoundSchedules
@@ -99,6 +100,11 @@ class LoopConfig:
   heartbeat_seconds: float = 10.0
   # Filled in as the run goes (for messages after an interruption).
   progress: Progress = dataclasses.field(default_factory=Progress)
+
+  def is_eval_round(self, round_num: int) -> bool:
+    if round_num == self.total_rounds:
+      return True
+    return round_num >= self.first_eval_round and round_num % self.rounds_per_eval == 0
 
 
 def sample_clients(client_ids: list[str], num: int, seed: int, round_num: int) -> list[str]:
@@ -332,7 +338,7 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
             f'--divergence_factor=0 turns this off); try a smaller --client_learning_rate or '
             f'--server_learning_rate; {where_to_resume()}.')
       state = output.state
-      is_eval_round = round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds
+      is_eval_round = config.is_eval_round(round_num)
       if hook is not None:  # store what the clients returned; user accuracy
         row.update(hook.after_round(round_num, sampled, output, is_eval_round))
       for key, value in list(row.items()):
@@ -340,7 +346,7 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
           totals[key] += value
       row.update({f'cost/cumulative_{k[len("cost/"):]}': v for k, v in totals.items()})
       row['round_seconds'] = time.monotonic() - started
-      if round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds:
+      if is_eval_round:
         last_eval = {f'eval/{k}': v for k, v in evaluate(weights).items()}
         row.update(last_eval)
         non_finite_eval = _warn_non_finite_eval(last_eval, round_num, non_finite_eval)

@@ -267,6 +267,9 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
     ('loop', 'Training loop and output', [
         _i('total_rounds', 100, 'Total rounds (may be raised when resuming).'),
         _i('rounds_per_eval', 5, 'Evaluate every this many rounds.'),
+        _i('first_eval_round', 0, 'Evaluate only from this round on (every --rounds_per_eval '
+           'rounds; the last round always); 0: from the first. For a measure over a last window '
+           '(seed 003: the last 100 rounds\' mean accuracy) without evaluating the whole run.'),
         _i('eval_stride', 1, 'Evaluate on every k-th example of the test set (1: all of it); '
            'for large test sets such as LEAF Shakespeare\'s.'),
         _i('rounds_per_checkpoint', 10, 'Checkpoint every this many rounds.'),

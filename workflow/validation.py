@@ -22,7 +22,7 @@ POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_ro
                  'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'sm3_delay',
                  'eval_stride', 'pfedme_inner_steps', 'divergence_rounds', 'schedule_window',
                  'plateau_patience', 'client_lr_decay_steps', 'server_lr_decay_steps')
-NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples', 'seed',
+NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples', 'seed', 'first_eval_round',
                      'client_lr_warmup_rounds', 'server_lr_warmup_rounds')
 POSITIVE_FLOATS = ('client_learning_rate', 'server_learning_rate', 'server_epsilon',
                    'client_epsilon', 'dirichlet_alpha', 'download_mbps', 'upload_mbps',
@@ -192,6 +192,13 @@ def _check_schedules(settings: config.Settings) -> None:
   decay = settings.schedules.local_steps_decay
   if decay is not None and not 0 < decay <= 1:
     raise UsageError(f'--local_steps_decay must be in (0, 1]; got {decay}')
+  sched = settings.schedules
+  watching = [f'--{name}=step' for name in ('local_steps_schedule', 'client_lr_schedule',
+                                            'server_lr_schedule') if getattr(sched, name) == 'step']
+  if settings.loop.first_eval_round and watching:
+    # A step schedule decays on evaluations: skipping them would change the run.
+    raise UsageError(f'--first_eval_round must be 0 with {watching[0]} (it watches every '
+                     f'evaluation); got {settings.loop.first_eval_round}')
   from workflow import schedule_flags  # pylint: disable=g-import-not-at-top
   try:
     schedule_flags.from_settings(settings)
