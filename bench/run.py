@@ -68,6 +68,7 @@ from tff_adaptive.execution import runtime
 from workflow import algorithms as registry
 
 SCHEMA_VERSION = 1
+OTHER_SCRIPTS = ('conditioning', 'client_step_cost')
 LEARNING_RATE = 0.02
 
 # Registry name and config per benchmarked algorithm (equal local work: K steps).
@@ -522,7 +523,10 @@ def markdown(out_dir) -> str:
     if fname.endswith('.json'):
       with open(os.path.join(out_dir, fname)) as f:
         data = json.load(f)
-      if data.get('schema_version') == SCHEMA_VERSION and 'section' in data:
+      # Other scripts' JSONs (conditioning.py, client_step_cost.py) share the
+      # machine record but not the layout: their own docs read them.
+      if (data.get('schema_version') == SCHEMA_VERSION and 'section' in data
+          and not data['section'].startswith(OTHER_SCRIPTS)):
         loaded[fname[:-5]] = data
   if loaded:
     m = next(iter(loaded.values()))['machine']
