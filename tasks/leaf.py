@@ -245,9 +245,13 @@ def _convert(task: str, converter: _Converter, data_dir: str) -> tuple[str, Mapp
   meta = dict({k: v for k, v in settings.items() if not k.startswith('_')},
               num_clients=len(kept), num_examples=counts,
               sources=[os.path.relpath(p, data_dir) for p in layout.sources])
-  with open(meta_path + '.tmp', 'w') as f:
+  # Per process, as the SQLite file's: two runs started together (bin/sweep,
+  # the report runners' pools) convert at once, and a shared temporary name
+  # was renamed away under the slower one.
+  tmp_meta = f'{meta_path}.tmp{os.getpid()}'
+  with open(tmp_meta, 'w') as f:
     json.dump(meta, f)
-  os.replace(meta_path + '.tmp', meta_path)
+  os.replace(tmp_meta, meta_path)
   return path, meta
 
 
