@@ -27,6 +27,11 @@ FEDGBO_SEEDS = (0, 1)
 # round with clients capped at 640 sequences. All clients are capped at 320
 # (10 batches: K = 10 steps of B = 32 is one pass over them) and the part runs
 # 60 rounds, so that its 20 runs take about 2 hours of the machine.
+# Session 11, measured with two runs at a time on the 2 cores: FedAvg and
+# FedGBO-RMSProp rounds take 9-10 s (so ~13 min per 60-round run with its
+# evaluations; Mimelite more, not yet measured) and both pool workers converted
+# the LEAF JSON to the SQLite cache at once, ~5 min. At these sizes the two
+# parts need about 3 hours of the machine: more than one session.
 FEDGBO_MAX_CLIENT_EXAMPLES = 320
 FEDGBO_COMMON = ['--preset=fedgbo:shakespeare', f'--total_rounds={FEDGBO_ROUNDS}',
                  f'--rounds_per_eval={FEDGBO_EVAL_EVERY}', f'--eval_stride={EVAL_STRIDE}',
