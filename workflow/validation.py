@@ -22,8 +22,8 @@ POSITIVE_INTS = ('clients_per_round', 'client_batch_size', 'client_epochs_per_ro
                  'total_rounds', 'rounds_per_eval', 'rounds_per_checkpoint', 'sm3_delay',
                  'eval_stride', 'pfedme_inner_steps', 'divergence_rounds', 'schedule_window',
                  'plateau_patience', 'client_lr_decay_steps', 'server_lr_decay_steps')
-NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples', 'seed', 'first_eval_round',
-                     'client_lr_warmup_rounds', 'server_lr_warmup_rounds')
+NON_NEGATIVE_INTS = ('num_clients', 'local_steps', 'max_client_examples', 'seed',
+                     'first_eval_round', 'client_lr_warmup_rounds', 'server_lr_warmup_rounds')
 POSITIVE_FLOATS = ('client_learning_rate', 'server_learning_rate', 'server_epsilon',
                    'client_epsilon', 'dirichlet_alpha', 'download_mbps', 'upload_mbps',
                    'perfedavg_beta', 'pfedme_personal_learning_rate', 'pfedme_lambda',
