@@ -315,7 +315,7 @@ def _decayk_section(part_jobs):
       f'scheme (seed 001 Table 5), seeds {", ".join(map(str, sc.DECAYK_SEEDS))}. **Differs '
       f'from seed 001**: GRU 2×128 (`--shakespeare_leaf_model={sc.DECAYK_MODEL}`) instead of '
       f'2×256; {sc.DECAYK_ROUNDS} rounds instead of 4,000, so each decay is '
-      f'd = 0.9996^{4000 // sc.DECAYK_ROUNDS} = {sc.DECAY:.5f} per round (the schedules end '
+      f'd = 0.9996^({4000 / sc.DECAYK_ROUNDS:.4g}) = {sc.DECAY:.5f} per round (the schedules end '
       'where the paper\'s do: K 10 → 3, rates × 0.20); all 867 roles of the 80/20 split, not '
       f'the 1,000 largest of the Gutenberg edition; validation on every {sc.EVAL_STRIDE}th '
       f'test sequence every {sc.DECAYK_EVAL_EVERY} rounds. Seed 001 Table 1 (4,000 rounds): '
