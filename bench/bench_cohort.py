@@ -152,16 +152,25 @@ def first_round(runner):
   runner.first_state = runner.state
 
 
-def update_difference(reference, runner):
-  """Max |Δ_cohort − Δ_per_client| of the first round and max |Δ_per_client|."""
-  trainable = lambda state: [np.asarray(t, np.float64) for t in
-                             tf.nest.flatten(state.global_model_weights.trainable)]
-  start = trainable(reference.initial_state)
-  expected = [w - s for w, s in zip(trainable(reference.first_state), start)]
-  actual = [w - s for w, s in zip(trainable(runner.first_state), start)]
+def trainable(state):
+  return [np.asarray(t, np.float64) for t in tf.nest.flatten(state.global_model_weights.trainable)]
+
+
+def state_update_difference(start, expected_end, actual_end, actual_start=None):
+  """Max |Δ_actual − Δ_expected| of the trainable weights (each update from its own
+  start; `actual_start` defaults to `start`) and max |Δ_expected|."""
+  actual_start = start if actual_start is None else actual_start
+  expected = [w - s for w, s in zip(trainable(expected_end), trainable(start))]
+  actual = [w - s for w, s in zip(trainable(actual_end), trainable(actual_start))]
   diff = max(float(np.max(np.abs(a - e))) for a, e in zip(actual, expected))
   scale = max(float(np.max(np.abs(e))) for e in expected)
   return diff, scale
+
+
+def update_difference(reference, runner):
+  """Max |Δ_cohort − Δ_per_client| of the first round and max |Δ_per_client|."""
+  return state_update_difference(reference.initial_state, reference.first_state,
+                                 runner.first_state)
 
 
 def row_fields(runner, reference) -> collections.OrderedDict:

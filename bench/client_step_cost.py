@@ -37,7 +37,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable=g-import-not-at-top
 import run  # first: it puts the checkout on sys.path
 import bench_cohort
-from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import functional
 
 ALGORITHMS = ('fedavg', 'fedadam', 'fedgbo-adam', 'mfl-adam', 'fedada2-sm3')
@@ -45,20 +44,12 @@ ALGORITHMS = ('fedavg', 'fedadam', 'fedgbo-adam', 'mfl-adam', 'fedada2-sm3')
 
 def recipe_of(name: str, setting: run.Setting):
   """The Recipe the registry's cohort build of `name` runs."""
-  captured = []
-  build = cohort.build
-
-  def capture(model_fn, recipe, **kwargs):
-    captured.append(recipe)
-    return build(model_fn, recipe, **kwargs)
-
-  cohort.build = capture
-  try:
-    algorithm, _ = run.ALGORITHMS[name]
-    bench_cohort.build(algorithm, setting.task(), run._config(name, setting), 'cohort_seq')  # pylint: disable=protected-access
-  finally:
-    cohort.build = build
-  return captured[0]
+  algorithm, _ = run.ALGORITHMS[name]
+  process, why = bench_cohort.build(algorithm, setting.task(), run._config(name, setting),  # pylint: disable=protected-access
+                                    'cohort_seq')
+  if process is None:
+    raise ValueError(f'{name}: no cohort process ({why})')
+  return process.recipe
 
 
 def gradient_fn(setting: run.Setting, steps: int):

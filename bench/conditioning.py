@@ -46,10 +46,6 @@ from tff_adaptive.execution import runtime
 PERTURBATIONS = (1e-7, 1e-6)
 
 
-def _trainable(state):
-  return [np.asarray(t, np.float64) for t in tf.nest.flatten(state.global_model_weights.trainable)]
-
-
 def _server_tensors(state):
   """The server optimiser's non-scalar state (empty for plain SGD)."""
   return [np.asarray(t, np.float64) for t in tf.nest.flatten(state.finalizer)
@@ -58,11 +54,7 @@ def _server_tensors(state):
 
 def difference(start, reference, other, other_start=None):
   """(max |Δ − Δ_ref| of the update, max |Δ_ref|, max relative server-state difference)."""
-  other_start = start if other_start is None else other_start
-  expected = [w - s for w, s in zip(_trainable(reference), _trainable(start))]
-  actual = [w - s for w, s in zip(_trainable(other), _trainable(other_start))]
-  update = max(float(np.max(np.abs(a - e))) for a, e in zip(actual, expected))
-  scale = max(float(np.max(np.abs(e))) for e in expected)
+  update, scale = bench_cohort.state_update_difference(start, reference, other, other_start)
   server = [float(np.max(np.abs(a - e)) / max(np.max(np.abs(e)), 1e-30))
             for a, e in zip(_server_tensors(other), _server_tensors(reference))]
   return update, scale, (max(server) if server else None)

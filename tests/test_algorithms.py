@@ -277,6 +277,35 @@ def test_mimexlite_uploads_one_minibatch_gradient(clients, mimexlite_process):
 # ---------------------------------------------------------------------------
 
 
+def test_seed000_sgdm_is_tffs_heavy_ball_at_rate_times_one_minus_beta():
+  """--client_beta_1's help: SGDm of fedgbo/mfl (m ← βm + (1−β)g, step η·m)
+  and TFF's heavy ball (m ← βm + g) at η(1−β) give the same iterates, both as
+  moving steps (MFL, FedAvg's clients) and with the state fixed (FedGBO,
+  Mimelite's client steps from the server's m)."""
+  eta, beta = 1.0, 0.9
+  rng = np.random.default_rng(3)
+  grads = [[tf.constant(rng.standard_normal(4), tf.float32)] for _ in range(6)]
+  ours = biased_optimizers.BiasedOptimizer('sgdm', beta_1=beta)
+  heavy_ball = tff.learning.optimizers.build_sgdm(eta * (1 - beta), momentum=beta)
+  x_ours = x_tff = [tf.zeros(4)]
+  state = ours.init([tf.TensorSpec([4], tf.float32)])
+  tff_state = heavy_ball.initialize([tf.TensorSpec([4], tf.float32)])
+  for g in grads:
+    state, direction = ours.moving_step(state, g)
+    x_ours = [x - eta * d for x, d in zip(x_ours, direction)]
+    tff_state, x_tff = heavy_ball.next(tff_state, x_tff, g)
+    np.testing.assert_allclose(x_ours[0], x_tff[0], rtol=1e-5, atol=1e-6)
+  # State fixed: U(g, m) = βm + (1−β)g at η, against η(1−β)·(β·m_hb + g) with
+  # m = (1−β)·m_hb, TFF's momentum after the same gradients.
+  fixed = ours.fixed_direction(state, grads[0])
+  m_hb = tff_state['accumulator']
+  np.testing.assert_allclose(np.asarray(state['m'][0]), (1 - beta) * np.asarray(m_hb[0]),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(eta * np.asarray(fixed[0]),
+                             eta * (1 - beta) * (beta * np.asarray(m_hb[0]) + grads[0][0].numpy()),
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_cifar100_flops_table_row():
   model = paper_cnns.create_cifar100_cnn()
   counts = flops.model_counts(model)

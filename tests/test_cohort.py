@@ -117,6 +117,8 @@ def _compare(name, local_steps, execution, rounds=3, datasets=None, **kwargs):
 def test_cohort_equals_per_client_k_steps(name):
   fast = _compare(name, 3, cohort.CohortExecution(mode='auto'))
   assert fast.vectorized  # an MLP: clients vectorised
+  # The process names the Recipe it runs (bench/client_step_cost.py times its local_step).
+  assert fast.recipe.name.split('_')[0] in name, (fast.recipe.name, name)
 
 
 @pytest.mark.parametrize('name', ['fedavg', 'fedadam', 'mfl'])

@@ -152,7 +152,10 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _s('client_optimizer', 'sgd', 'Client optimiser; the allowed ones depend on '
            '--algorithm (listed below).', _CLIENT_OPT),
         _f('client_learning_rate', 0.1, 'Client learning rate η.'),
-        _f('client_beta_1', 0.9, 'Client optimiser β (SGDm, RMSProp) or β1 (Adam).', _CLIENT_OPT),
+        _f('client_beta_1', 0.9, 'Client optimiser β (SGDm, RMSProp) or β1 (Adam). SGDm is '
+           'seed 000\'s m ← βm + (1−β)g for fedgbo and mfl (SPEC §2) and TFF\'s heavy '
+           'ball m ← βm + g for the others (e.g. mimelite): TFF\'s rate η(1−β) gives seed '
+           '000\'s iterates at η.', _CLIENT_OPT),
         _f('client_beta_2', 0.99, 'Client optimiser β2 (Adam).', _CLIENT_OPT),
         _f('client_epsilon', 1e-8, 'Client optimiser ε (> 0).', _CLIENT_OPT),
         _e('client_weighting', 'default', ('default', 'num_examples', 'uniform'),

@@ -356,10 +356,12 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info, sums_type,
                               process, options.measure_client_drift)
   process_class = StatefulCohortProcess if stateful_clients else CohortProcess
-  return per_client.finish_process(
+  process = per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
       execution=execution, in_process_next=in_process if execution.in_process else None,
       vectorized=vectorized, jit_compile=jit_compile, **client_state_arguments)
+  process.recipe = recipe
+  return process
 
 
 def program_message_type(message_type, aggregation) -> tff.Type:
@@ -396,12 +398,14 @@ class _CohortRounds:
 
   `next` is the in-process program when `execution.in_process` (it has the
   TFF computation's `type_signature`), else the TFF computation itself,
-  which is always `tff_next`.
+  which is always `tff_next`. `recipe` is the algorithm's `Recipe` the
+  program runs, for tools that time or inspect its functions on their own.
   """
 
   def __init__(self, *args, execution: CohortExecution, in_process_next, vectorized: bool,
                jit_compile, **kwargs):
     super().__init__(*args, **kwargs)
+    self.recipe: Optional[recipe_lib.Recipe] = None  # set by `build`
     self.execution = execution
     self.vectorized = vectorized
     self.jit_compile = jit_compile  # what `execution.jit_compile` resolved to
