@@ -304,3 +304,18 @@ def test_first_eval_round_refuses_a_schedule_that_watches_evaluations():
     settings, _ = cli.config_from_args([*TINY, '--algorithm=fedavg', '--client_lr_schedule=step',
                                         '--first_eval_round=3'])
     cli.validate(settings)
+
+
+def test_rounds_per_eval_changes_on_resume_only_without_a_step_schedule(tmp_path, capsys):
+  """--rounds_per_eval is a resumable change, except under a `step` schedule,
+  which decays on evaluations (a changed cadence would change the run)."""
+  plain = ('--algorithm=fedavg', '--experiment_name=plain')
+  _run(tmp_path, *plain, '--total_rounds=1', '--rounds_per_eval=1')
+  again, _, _ = _run(tmp_path, *plain, '--total_rounds=2', '--rounds_per_eval=2')
+  assert 'Resuming from the checkpoint after round 1' in capsys.readouterr().err
+  assert _rounds(cli.experiment_dir(again)) == ['1', '2']
+  stepped = ('--algorithm=fedavg', '--client_lr_schedule=step', '--experiment_name=stepped')
+  _run(tmp_path, *stepped, '--total_rounds=1', '--rounds_per_eval=1')
+  with pytest.raises(cli.UsageError, match=r"--rounds_per_eval=2 \(saved 1\) "
+                     r'\(--client_lr_schedule=step decays on evaluations\)'):
+    _run(tmp_path, *stepped, '--total_rounds=2', '--rounds_per_eval=2')

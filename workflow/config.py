@@ -101,6 +101,12 @@ class ScheduleSettings:
   download_mbps: float
   upload_mbps: float
 
+  def watching_evaluations(self) -> list[str]:
+    """The `--<schedule>=step` flags set: these schedules decay on evaluations,
+    so which rounds evaluate is part of the run's computation."""
+    return [f'--{name}=step' for name in ('local_steps_schedule', 'client_lr_schedule',
+                                          'server_lr_schedule') if getattr(self, name) == 'step']
+
 
 @dataclasses.dataclass(frozen=True)
 class PersonalizedSettings:

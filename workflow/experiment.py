@@ -239,13 +239,18 @@ def _check_resume_flags(out: str, settings: config.Settings) -> None:
   # flags.json is the flat {flag: value}: compared flag by flag with the
   # flat view of these settings.
   values = settings.flag_values()
+  resumable = RESUMABLE_CHANGES
+  if settings.schedules.watching_evaluations():  # evaluations decay the schedule
+    resumable = resumable - {'rounds_per_eval'}
   # A flag added to bin/train after the run was made is absent from its
   # flags.json: at its default it changes nothing, so the run resumes.
   changed = sorted(k for k in set(saved) | set(values)
-                   if k not in RESUMABLE_CHANGES and saved.get(k) != values.get(k)
+                   if k not in resumable and saved.get(k) != values.get(k)
                    and not (k not in saved and values.get(k) == _flag_default(k)))
   if changed:
     diffs = ', '.join(f'--{k}={values.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
+    if 'rounds_per_eval' in changed:
+      diffs += f' ({settings.schedules.watching_evaluations()[0]} decays on evaluations)'
     raise UsageError(f'{out} holds a run with different flags: {diffs}; use another '
                      f'--experiment_name or --root_output_dir, or rerun with the saved flags')
 

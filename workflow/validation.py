@@ -192,9 +192,7 @@ def _check_schedules(settings: config.Settings) -> None:
   decay = settings.schedules.local_steps_decay
   if decay is not None and not 0 < decay <= 1:
     raise UsageError(f'--local_steps_decay must be in (0, 1]; got {decay}')
-  sched = settings.schedules
-  watching = [f'--{name}=step' for name in ('local_steps_schedule', 'client_lr_schedule',
-                                            'server_lr_schedule') if getattr(sched, name) == 'step']
+  watching = settings.schedules.watching_evaluations()
   if settings.loop.first_eval_round and watching:
     # A step schedule decays on evaluations: skipping them would change the run.
     raise UsageError(f'--first_eval_round must be 0 with {watching[0]} (it watches every '
