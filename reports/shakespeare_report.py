@@ -33,7 +33,8 @@ papers ran 1,200–5,000 rounds):
 Sizes (session 9, from rounds measured under load): fedopt 2-5 s per round on an
 idle machine with XLA on each client step (15 s first round); SCAFFOLD runs as a
 cohort too (its c_i travel in the shards, session 10); fedgbo and decayk are
-sized in shakespeare_curves.py. Runs of 2 jobs at a time (--jobs=2) each get about
+sized in shakespeare_curves.py (session 12: 3 seeds of 20 rounds each, one pool
+for both parts, seed by seed). Runs of 2 jobs at a time (--jobs=2) each get about
 one core; their wall-clock in the report is what they took beside the other work
 on the machine, an upper bound.
 """
