@@ -16,6 +16,7 @@ import shlex
 import signal
 import time
 from collections.abc import Sequence
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
@@ -95,8 +96,37 @@ def run_all(jobs: Sequence[Sequence[str]], processes: int = 2) -> dict[tuple, st
     # CPU seconds are this process's only; TFF's C++ worker runs in a child process.
     for args, status, seconds, cpu in pool.imap_unordered(_train, todo):
       print(f'  [{status}, {seconds:.0f}s wall, {cpu:.0f}s CPU] {command_line(args)}', flush=True)
+      log_attempt(args, status, seconds, cpu)
       results[args] = status
   return results
+
+
+WALL_CLOCK = 'wall_clock.csv'
+
+
+def log_attempt(args: Sequence[str], status: str, seconds: float, cpu: float) -> None:
+  """Appends one attempt of a run (a start of bin/train that returned) to its
+  directory's wall_clock.csv: the report's wall-clock per run, evaluation and
+  start-up included. An attempt killed with its pool is not there."""
+  path = os.path.join(run_dir(args), WALL_CLOCK)
+  if not os.path.isdir(os.path.dirname(path)):
+    return  # refused before it made its directory
+  fresh = not os.path.exists(path)
+  with open(path, 'a', newline='') as f:
+    writer = csv.writer(f)
+    if fresh:
+      writer.writerow(['ended_utc', 'status', 'wall_seconds', 'cpu_seconds'])
+    writer.writerow([time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), status,
+                     f'{seconds:.1f}', f'{cpu:.1f}'])
+
+
+def wall_minutes(args: Sequence[str]) -> Optional[float]:
+  """Σ wall-clock of the run's logged attempts (minutes), or None if none was logged."""
+  try:
+    with open(os.path.join(run_dir(args), WALL_CLOCK), newline='') as f:
+      return sum(float(row['wall_seconds']) for row in csv.DictReader(f)) / 60
+  except FileNotFoundError:
+    return None
 
 
 def flag(args: Sequence[str], name: str) -> str:

@@ -25,7 +25,7 @@ def _fmt(value, digits=3):
   return '–' if value is None or math.isnan(value) else f'{value:.{digits}f}'
 
 
-def _wall_minutes(columns):
+def _training_minutes(columns):
   return sum(v for v in columns.get('round_seconds', []) if not math.isnan(v)) / 60
 
 
@@ -39,7 +39,7 @@ def _grid_rows(grid):
       cols = rr.read_columns(job)
       cells = [_fmt(sr.mean_last(cols, LOSS, sr.SELECT_LAST)),
                _fmt(100 * sr.mean_last(cols, ACCURACY, sr.SELECT_LAST), 1),
-               f'{_wall_minutes(cols):.1f}']
+               f'{_training_minutes(cols):.1f}']
     else:
       cells = ['not run yet', '', '']
     rows.append(f'| {label} | {tuned} | {value:g} | ' + ' | '.join(cells) +
@@ -141,7 +141,7 @@ def _time_lines(runs_dir, data_dir, grid):
   planned = (sum(len(values) for *_, values in sr.FEDOPT_METHODS.values()) +
              len(sr.FEDOPT_METHODS) * (len(sr.FEDOPT_SEEDS) - 1) +
              sum(len(jobs) for part, jobs in parts.items() if part != 'fedopt'))
-  hours = {part: sum(_wall_minutes(rr.read_columns(j)) for j in jobs if rr.finished(j)) / 60
+  hours = {part: sum(_training_minutes(rr.read_columns(j)) for j in jobs if rr.finished(j)) / 60
            for part, jobs in parts.items()}
   done = sum(rr.finished(j) for jobs in parts.values() for j in jobs)
   per_part = ', '.join(f'part {part} {h:.1f} h' for part, h in hours.items())
@@ -150,7 +150,11 @@ def _time_lines(runs_dir, data_dir, grid):
       'only (evaluation, start-up and checkpoints excluded), measured with two runs at a time '
       'on the 2 cores beside other work, so an upper bound of an idle machine\'s. The '
       f'{done} finished runs of {planned} took {sum(hours.values()):.1f} hours of training time '
-      f'({per_part}). '
+      f'({per_part}). "Wall-clock per run" is what bin/train took from start to return, '
+      'evaluation, start-up and checkpoints included, summed over the attempts of a run that '
+      'the runner logged (`wall_clock.csv` beside its metrics.csv, written from session 12 on; '
+      'an attempt stopped with its pool is not logged, so a resumed run shows only its '
+      'logged attempts). '
       '**The issue\'s budget (all runs in about 6 hours of this machine) is not met**: a '
       'part-fedopt run takes about twice its training time in wall-clock '
       '(measured for FedAdam η_s = 0.01: 1,567 s wall, of which 775 s rounds; the rest is '
@@ -241,7 +245,8 @@ STEPS = 'cost/cumulative_client_steps'
 def _config_rows(part_jobs, configs, extra=None):
   """One row per configuration: seeds finished, curve measures (mean over seeds)."""
   head = ['configuration', 'seeds finished', 'mean validation accuracy over the run',
-          'highest validation accuracy', 'lowest training loss', 'training time per run (min)']
+          'highest validation accuracy', 'lowest training loss', 'training time per run (min)',
+          'wall-clock per run (min)']
   if extra:
     head.append(extra[0])
   rows = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
@@ -253,11 +258,20 @@ def _config_rows(part_jobs, configs, extra=None):
              _fmt(mean(sc.mean_accuracy)), _fmt(mean(sc.max_accuracy)),
              _fmt(mean(lambda c: min((v for v in c.get(LOSS, []) if not math.isnan(v)),
                                      default=math.nan))),
-             _fmt(mean(_wall_minutes), 1)]
+             _fmt(mean(_training_minutes), 1), _wall_cell(done)]
     if extra:
       cells.append(extra[1](name, cols))
     rows.append('| ' + ' | '.join(cells) + ' |')
   return rows
+
+
+def _wall_cell(jobs) -> str:
+  """Mean wall-clock of the runs' logged attempts (`report_runner.log_attempt`)."""
+  walls = [w for w in map(rr.wall_minutes, jobs) if w is not None]
+  if not walls:
+    return '–'
+  note = '' if len(walls) == len(jobs) else f' ({len(walls)} of {len(jobs)} logged)'
+  return f'{sum(walls) / len(walls):.1f}{note}'
 
 
 def _claim_rows(claims, head='claim (seed\'s words)', verdicts=('verdict',)):

@@ -93,3 +93,13 @@ def test_measures_skip_rounds_without_evaluation(part):
   assert sc.max_accuracy(columns) == pytest.approx(0.25)
   assert sc.mean_train_loss(columns) == pytest.approx(3.0)
   assert math.isnan(sc.mean_accuracy({'round': [1.0], sc.ACCURACY: [math.nan]}))
+
+
+def test_wall_clock_sums_the_logged_attempts(part):
+  job = part['decayk'][('constant', 0)]
+  rr.log_attempt(job, 'ok', 60.0, 5.0)  # no run directory (refused early): nothing written
+  assert rr.wall_minutes(job) is None
+  write_run(job, 0.3, 2.0, rounds=10)
+  rr.log_attempt(job, 'diverged', 90.0, 5.0)
+  rr.log_attempt(job, 'ok', 150.0, 5.0)
+  assert rr.wall_minutes(job) == pytest.approx(4.0)
