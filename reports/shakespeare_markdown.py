@@ -153,6 +153,8 @@ def _time_lines(runs_dir, data_dir, grid):
       f'({per_part}). "Wall-clock per run" is what bin/train took from start to return, '
       'evaluation, start-up and checkpoints included, summed over the attempts of a run that '
       'the runner logged (`wall_clock.csv` beside its metrics.csv, written from session 12 on; '
+      'session 12\'s own runs started before the runner wrote it, so their rows were copied '
+      'from the runner\'s printed lines, matched by their exact command; '
       'an attempt stopped with its pool is not logged, so a resumed run shows only its '
       'logged attempts). '
       '**The issue\'s budget (all runs in about 6 hours of this machine) is not met**: a '
