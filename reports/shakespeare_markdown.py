@@ -394,6 +394,7 @@ def _decayk_section(part_jobs):
       '(not a result to compare).', '',
       *_config_rows(part_jobs, sc.DECAYK_CONFIGS,
                     ('fraction of constant-K SGD steps', _steps_cell(part_jobs))), '',
+      *_plateau_note(part_jobs, sc.DECAYK_CONFIGS),
       *_claim_rows(sc.decayk_claims(part_jobs),
                    verdicts=[f'verdict on the {h}' for h, _, _ in sc.BEST_REACHED]), '']
   if plotted:
