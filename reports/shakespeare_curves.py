@@ -200,9 +200,10 @@ def not_worse(new: dict, old: dict, lower_is_better: bool = False) -> str:
   return text
 
 
-def short_label(name: str) -> str:
-  """'Mimelite-SGDm' of 'mimelite_sgdm' (the configuration's label without its values)."""
-  return FEDGBO_CONFIGS[name][0].split(' (')[0].replace(', ', '-')
+def short_label(name: str, configs=None) -> str:
+  """'Mimelite-SGDm' of 'mimelite_sgdm': the label in `configs` (default: part
+  fedgbo's) without its values."""
+  return (configs or FEDGBO_CONFIGS)[name][0].split(' (')[0].replace(', ', '-')
 
 
 def _versus(part_jobs, name, rival, measure, lower):

@@ -262,8 +262,7 @@ def _config_rows(part_jobs, configs, extra=None):
     mean = lambda f: sum(map(f, cols)) / len(cols) if cols else math.nan
     cells = [label, f'{len(done)} of {sum(n == name for n, _ in part_jobs)}',
              _fmt(mean(sc.mean_accuracy)), _fmt(mean(sc.max_accuracy)),
-             _fmt(mean(lambda c: min((v for v in c.get(LOSS, []) if not math.isnan(v)),
-                                     default=math.nan))),
+             _fmt(mean(sc.min_train_loss)),
              _fmt(mean(_training_minutes), 1), _wall_cell(done)]
     if extra:
       cells.append(extra[1](name, cols))
@@ -337,11 +336,11 @@ def _plateau_note(part_jobs, configs, within=0.005):
   """The configurations whose validation accuracy never moved `within` of its
   first evaluation in any finished seed: their accuracy verdicts compare plateaus."""
   flat = []
-  for name, (label, _) in configs.items():
+  for name in configs:
     curves = [[v for _, v in rr.points(rr.read_columns(j), 'round', sc.ACCURACY)]
               for (n, _), j in part_jobs.items() if n == name and rr.finished(j)]
     if curves and all(c and max(c) - min(c) < within for c in curves):
-      flat.append(f'{label.split(" (")[0].replace(", ", "-")} ({100 * curves[0][0]:.1f}%)')
+      flat.append(f'{sc.short_label(name, configs)} ({100 * curves[0][0]:.1f}%)')
   if not flat:
     return []
   return [f'**Flat curves.** In every finished seed the validation accuracy of {", ".join(flat)} '
