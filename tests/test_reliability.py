@@ -478,6 +478,26 @@ def test_signal_stops_with_one_line_and_resumes(reference, tmp_path, signum, cod
   assert _rounds(run) == [1, 2, 3, 4] and _event_steps(run) == [1, 2, 3, 4]
 
 
+def test_a_finished_or_failed_run_puts_the_signal_handlers_back(tmp_path):
+  """A process that goes on after a run (a report's pool worker) keeps its own handlers:
+  SIGTERM at the pool's exit used to raise `Interrupted` with a traceback."""
+  def mine(signum, frame):
+    del signum, frame
+  before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    signal.signal(signal.SIGTERM, mine)
+    cli.run_training(_settings(tmp_path / 'ok', total_rounds=1))
+    assert signal.getsignal(signal.SIGTERM) is mine
+    assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+    with pytest.raises(cli.RunError):  # diverged: exit status 1
+      cli.run_training(_settings(tmp_path / 'diverged', total_rounds=1,
+                                 client_learning_rate=1e30))
+    assert signal.getsignal(signal.SIGTERM) is mine
+  finally:
+    for s, handler in before.items():
+      signal.signal(s, handler)
+
+
 # ---- helpers ----
 
 async def _read(path):

@@ -176,12 +176,29 @@ def _raise_interrupted(signum, frame):
   raise program.Interrupted(signum)
 
 
-def install_signal_handlers() -> None:
-  """SIGINT and SIGTERM raise `program.Interrupted` (main thread only)."""
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def install_signal_handlers() -> dict:
+  """SIGINT and SIGTERM raise `program.Interrupted` (main thread only).
+
+  Returns the handlers they replace, for `restore_signal_handlers`: a process
+  that goes on after the run (a report's pool worker, a test, a notebook) must
+  not keep raising `Interrupted` outside it.
+  """
   import threading  # pylint: disable=g-import-not-at-top
-  if threading.current_thread() is threading.main_thread():
-    signal.signal(signal.SIGINT, _raise_interrupted)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
+  if threading.current_thread() is not threading.main_thread():
+    return {}
+  previous = {s: signal.getsignal(s) for s in _SIGNALS}
+  for s in _SIGNALS:
+    signal.signal(s, _raise_interrupted)
+  return previous
+
+
+def restore_signal_handlers(previous: dict) -> None:
+  for s, handler in previous.items():
+    if handler is not None:  # None: set outside Python, cannot be put back
+      signal.signal(s, handler)
 
 
 def _stopped(signum: int, out, progress) -> Stopped:
@@ -223,17 +240,23 @@ def run_training(settings: config.Settings, notes=()):
   check_output_paths(settings)
   check_not_busy(experiment_dir(settings))
   from workflow import program  # pylint: disable=g-import-not-at-top
-  install_signal_handlers()
+  previous_handlers = install_signal_handlers()
   state = {'out': None, 'progress': None}
   try:
-    return _run_training(settings, state, notes)
+    result = _run_training(settings, state, notes)
   except program.Interrupted as e:
     raise _stopped(e.signum, state['out'], state['progress']) from None
   except KeyboardInterrupt:
     raise _stopped(signal.SIGINT, state['out'], state['progress']) from None
+  except BaseException:
+    restore_signal_handlers(previous_handlers)
+    raise
   finally:
     if state['out'] is not None:
       unlock_run_dir(state['out'])
+  # After a stop the handlers stay SIG_DFL (`_stopped`: a second signal ends the process).
+  restore_signal_handlers(previous_handlers)
+  return result
 
 
 def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
