@@ -13,8 +13,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import pytest
 
 
-# Files holding the longest tests (a 3-minute pip install, many in-process
-# bin/train runs) go first: `-n 2` hands out tests in collection order, and a
+# Files holding the longest tests (a pip install, many in-process bin/train
+# runs) go first: `-n 3` hands out tests in collection order, and a
 # long test collected last keeps one worker busy long after the other is idle.
 # Whole files move, so module-scoped fixtures are still set up once.
 _LONG_FILES_FIRST = ('test_install.py', 'test_train_workflow.py', 'test_train_cli.py',
