@@ -10,9 +10,10 @@ demo: setup
 	@bash bin/demo.sh $(DEMO_DIR)
 
 # Three pytest workers on the two cores: a worker waiting for a bin/train child, a
-# TFF worker or a sleep leaves its core to the others. Fresh clone, 2 cores: -n 2
-# took 39 min; -n 3 took 32 min, all passing, after test_install stopped reinstalling
-# the stack (about 2 of those 7 minutes' worth of one worker).
+# TFF worker or a sleep leaves its core to the others. Fresh clones, 2 cores, all
+# passing: -n 2 took 39 min (69 CPU-min); -n 3 took 32 and 38 min (59 and 71 CPU-min,
+# the cores' speed varied between runs). Per CPU-minute -n 3 kept 1.85 cores busy
+# against 1.77: a small gain, within the run-to-run spread of the total time.
 test: setup
 	$(PY) -m pytest -q -n 3 tests
 
