@@ -204,8 +204,8 @@ def restore_signal_handlers(previous: dict) -> None:
 def _stopped(signum: int, out, progress) -> Stopped:
   """The error of SIGINT/SIGTERM: one line, exit status 128 + signal number (130, 143)."""
   # A second signal now ends the process at once, without a traceback.
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  for s in _SIGNALS:
+    signal.signal(s, signal.SIG_DFL)
   from workflow import program  # pylint: disable=g-import-not-at-top
   if out is not None:
     program.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
@@ -242,21 +242,20 @@ def run_training(settings: config.Settings, notes=()):
   from workflow import program  # pylint: disable=g-import-not-at-top
   previous_handlers = install_signal_handlers()
   state = {'out': None, 'progress': None}
+  stopped = False
   try:
-    result = _run_training(settings, state, notes)
+    return _run_training(settings, state, notes)
   except program.Interrupted as e:
+    stopped = True
     raise _stopped(e.signum, state['out'], state['progress']) from None
   except KeyboardInterrupt:
+    stopped = True
     raise _stopped(signal.SIGINT, state['out'], state['progress']) from None
-  except BaseException:
-    restore_signal_handlers(previous_handlers)
-    raise
   finally:
     if state['out'] is not None:
       unlock_run_dir(state['out'])
-  # After a stop the handlers stay SIG_DFL (`_stopped`: a second signal ends the process).
-  restore_signal_handlers(previous_handlers)
-  return result
+    if not stopped:  # after a stop they stay the default action (`_stopped`)
+      restore_signal_handlers(previous_handlers)
 
 
 def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
