@@ -1,6 +1,6 @@
 """Client drift: the mean pairwise cosine distance between sampled clients' uploads.
 
-Seed 000 (FedGBO, AAAI 2022) and the thesis (seed 004, §6.1.2, Fig. 6.1) show
+The FedGBO paper and the thesis (thesis §6.1.2, Fig. 6.1) show
 client drift as "the average cosine distance between client models uploaded at
 the end of each communication round": with n sampled clients uploading vectors
 v_1..v_n, drift = mean over ordered pairs i ≠ j of 1 − cos(v_i, v_j). The

@@ -1,7 +1,7 @@
-"""Client FLOPs per round (SPEC §8).
+"""Client FLOPs per round (docs/algorithms.md#costs).
 
 Source: "Accelerating Federated Learning with a Global Biased Optimiser" (FedGBO,
-seed 000), Appendix B.6, eq. 22 and Table 9, which produce its Tables 4 (K = 10)
+the FedGBO paper), Appendix B.6, eq. 22 and Table 9, which produce its Tables 4 (K = 10)
 and 10 (K = 50).  The paper counts a forward pass with the Thop library for
 PyTorch and multiplies by 3 for forward + backward (OpenAI's "AI and Compute"
 rule); this module reproduces Thop's counting rules for Keras layers so that
@@ -60,7 +60,7 @@ FB_MULTIPLIER = 3
 SGD_OPS = 2
 FEDPROX_OPS = 5
 
-# Seed 000 Table 9: (C_fixed, C_moving) operations per parameter per local step.
+# FedGBO paper Table 9: (C_fixed, C_moving) operations per parameter per local step.
 OPTIMIZER_OPS = {
     'sgd': (2, 2),
     'rmsprop': (5, 5),
@@ -237,7 +237,7 @@ def _positive_int(value, name: str) -> int:
 
 def client_flops(algorithm: str, optimizer: Optional[str], model_or_counts: ModelLike,
                  K: int, B: int, n_i: Optional[int] = None) -> int:  # pylint: disable=invalid-name
-  """FLOPs one client spends in one round (seed 000 eq. 22).
+  """FLOPs one client spends in one round (FedGBO paper eq. 22).
 
   Args:
     algorithm: one of `ALGORITHMS`.  fedavg, fedavgm, fedsgd, adaptive_fedopt,

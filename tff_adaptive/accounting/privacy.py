@@ -1,7 +1,7 @@
 """Differential privacy: TFF's DP aggregator and the (ε, δ) it achieves.
 
 Per-client L2 clipping of Δ to C and Gaussian noise of std σC on the sum, with
-uniform weighting (seed 002's DP StackOverflow setting, SPEC §4), through
+uniform weighting (the FedAda2 paper's DP StackOverflow setting, docs/algorithms.md#fedada2), through
 `tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed`. The privacy
 loss is accounted with the RDP accountant of `dp_accounting` (shipped with
 TFF) for Poisson-sampled Gaussian rounds with sampling rate q = clients per

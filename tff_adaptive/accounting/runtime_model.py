@@ -1,4 +1,4 @@
-"""The thesis's wall-clock model of a round (seed 004, §5.1.2, eqs. 5.3-5.5; numbers of §5.2.2).
+"""The thesis's wall-clock model of a round (thesis §5.1.2, eqs. 5.3-5.5; numbers of §5.2.2).
 
 A round lasts, for the slowest client, download + K·β + upload seconds: the
 model bin/train's schedule driver uses for `sim/round_seconds` (with the bits

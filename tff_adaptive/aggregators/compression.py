@@ -9,7 +9,7 @@ as `upload_bits_per_client` (mean over clients).
 
 Why a custom factory rather than `tff.aggregators.EncodedSumFactory`:
 CE-FedAvg sparsifies Δm and Δv at Δω's indices (independent indices make the
-optimiser state diverge, SPEC §6), so the three tensors of a parameter must be
+optimiser state diverge, docs/algorithms.md#ce-fedavg), so the three tensors of a parameter must be
 encoded together; tensor_encoding encoders see one tensor at a time. The
 single-tensor stages are still available for plain FedAvg compression in
 `tff_adaptive.compression.encoding_stages`.

@@ -1,7 +1,7 @@
 """CE-FedAvg: Communication-Efficient FedAvg — distributed Adam, compressed uploads.
 
 Mills, Hu, Min, "Communication-Efficient Federated Learning for Wireless Edge
-Intelligence in IoT", IEEE IoT Journal 2020 (thesis ch. 3); SPEC §6.
+Intelligence in IoT", IEEE IoT Journal 2020 (thesis ch. 3); docs/algorithms.md#ce-fedavg.
 
   server → clients: x_t and Adam's (m_t, v_t, t) — uncompressed.
   client:           K ordinary Adam steps from (x_t, m_t, v_t) (MFL-Adam);

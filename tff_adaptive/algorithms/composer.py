@@ -18,7 +18,7 @@ engine's parts live in `tff_adaptive/rounds/`: client loop, server step and
 costs, state layout, and two executions: per client on TFF's executor, or the
 whole cohort as one compiled program) and measures,
 from the TFF types of what is actually broadcast and aggregated, the bits each
-client downloads and uploads, plus client SGD steps and FLOPs (SPEC §8). It is
+client downloads and uploads, plus client SGD steps and FLOPs (docs/algorithms.md#costs). It is
 TFF's `compose_learning_process` with one difference that adaptive algorithms
 need: the clients receive server-side optimiser state, not only the model.
 
@@ -56,7 +56,7 @@ checkpoint written with it is refused by `workflow.program` in one line
 (`IncompatibleCheckpoint`), never loaded leaf by leaf into the wrong places.
 
 Optionally (`measure_client_drift`), each round also reports client drift,
-seed 000's Fig. 6.1 diagnostic (see `accounting/drift.py`).
+the FedGBO paper's Fig. 6.1 diagnostic (see `accounting/drift.py`).
 """
 
 from collections.abc import Callable

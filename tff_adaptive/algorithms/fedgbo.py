@@ -1,7 +1,7 @@
 """FedGBO: Federated Global Biased Optimiser.
 
 Mills, Hu, Min, "Accelerating Federated Learning with a Global Biased
-Optimiser", IEEE Trans. Computers 2022 (seed 000; thesis ch. 6); SPEC §2.
+Optimiser", IEEE Trans. Computers 2022 (also thesis ch. 6); docs/algorithms.md#fedgbo.
 
   server → clients: x_t and the global optimiser state s_t.
   client:           y_0 = x_t; y_k = y_{k−1} − η U(g_k, s_t), k = 1..K,
@@ -93,8 +93,9 @@ def build_fedgbo(
       `tff.learning.optimizers.build_sgdm(η, momentum=β)` (SGDm; no momentum:
       FedAvg), `build_rmsprop(η, decay=β, epsilon=ε)`, `build_adam(η, beta_1,
       beta_2, epsilon)`, `build_adagrad(η, initial_preconditioner_value,
-      epsilon)` or the package's paper-semantics Adam / client AdaGrad. SPEC
-      §2's table applies (m = 0, v = 1, no bias correction; AdaGrad: see
+      epsilon)` or the package's paper-semantics Adam / client AdaGrad. The
+      table of docs/algorithms.md#fedgbo applies
+ (m = 0, v = 1, no bias correction; AdaGrad: see
       `biased`); η is the initial `state.client_work['learning_rate']`.
       Others (Yogi, SM3, ...) are refused with a ValueError.
     local_steps: K, identical for every client (required).

@@ -2,7 +2,7 @@
 
 Chen et al., "FedMAX: Mitigating Activation Divergence for Accurate and
 Communication-Efficient Federated Learning", ECML-PKDD 2020; a baseline of
-seed 000 (SPEC §3).
+the FedGBO paper (docs/algorithms.md#fedmax).
 
   client:  local SGD on  CE(y, f(x)) + β · KL(softmax(a) ‖ U),  a = the
            penultimate layer's activations, U uniform over a's units;

@@ -6,7 +6,7 @@ Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020.
   client:           local SGD on f_i(y) + (μ/2)‖y − x_t‖²; Δ_i = x_t − y_K.
   clients → server: Δ_i.
   server:           x_{t+1} = ServerOpt(x_t, Δ̄).
-  network per client: down |x|, up |x|.  FLOPs: K(B·fb + 5|x|) (SPEC §8).
+  network per client: down |x|, up |x|.  FLOPs: K(B·fb + 5|x|) (docs/algorithms.md#costs).
 
 Wraps `tff.learning.algorithms.build_weighted_fed_prox` unchanged.
 """

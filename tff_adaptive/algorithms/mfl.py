@@ -1,7 +1,7 @@
 """MFL: Momentum / adaptive Federated Learning with locally moving state.
 
 Liu et al. 2020 ("Accelerating federated learning via momentum gradient
-descent"); the FedGBO paper's baseline (seed 000, SPEC §3). With Adam this is
+descent"); the FedGBO paper's baseline (docs/algorithms.md#mfl). With Adam this is
 the thesis's FedAvg-Adam (ch. 3/4), the base of CE-FedAvg.
 
   server → clients: x_t and the optimiser state s_t.
@@ -74,7 +74,7 @@ def build_mfl(
   `client_optimizer_fn` is read as for FedGBO (`adapters.to_biased`: TFF's
   `build_sgdm`, `build_rmsprop`, `build_adam`, `build_adagrad` or the
   paper-semantics Adam / client AdaGrad);
-  its state moves on the clients (SPEC §2 table, m = 0, v = 1);
+  its state moves on the clients (docs/algorithms.md#fedgbo table, m = 0, v = 1);
   `bias_correction` switches on Adam's bias correction. No server optimiser:
   x_{t+1} = x_t − Δ̄. Other arguments as `fedgbo.build_fedgbo`.
   """

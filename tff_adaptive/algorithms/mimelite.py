@@ -1,7 +1,7 @@
 """Mimelite: TFF's implementation, with the package's cost measurements.
 
 Karimireddy et al., "Breaking the centralized barrier for cross-device
-federated learning" (Mime), NeurIPS 2021; a baseline of seed 000 (SPEC §3).
+federated learning" (Mime), NeurIPS 2021; a baseline of the FedGBO paper (docs/algorithms.md#mimelite-and-mimexlite).
 
   server → clients: x_t and the base optimiser state s_t.
   client:           full gradient ∇f_i(x_t) over the client's dataset; local

@@ -1,8 +1,9 @@
 """MimeXlite: Mimelite whose "full" gradient is one minibatch gradient.
 
 Karimireddy et al., "Breaking the centralized barrier for cross-device
-federated learning" (Mime), NeurIPS 2021; the cheaper variant of seed 000
-(SPEC §3). Mimelite itself is TFF's (`mimelite.py` wraps it).
+federated learning" (Mime), NeurIPS 2021; the cheaper variant of the FedGBO paper
+(docs/algorithms.md#mimelite-and-mimexlite). Mimelite
+ itself is TFF's (`mimelite.py` wraps it).
 
   server → clients: x_t and the base optimiser state s_t.
   client:           g_0 = ∇f(x_t; first minibatch)  (one minibatch, not n_i);

@@ -1,6 +1,6 @@
 """MTFL: Multi-Task Federated Learning with private batch-norm patches.
 
-Mills, Hu and Min, thesis ch. 4 (seed 004), Algorithm 5; SPEC §7.
+Mills, Hu and Min, thesis ch. 4, Algorithm 5; docs/algorithms.md#mtfl.
 
   server → clients: the shared (non-private) weights Ω and shared optimiser
                     values V (FedAvg-Adam only).

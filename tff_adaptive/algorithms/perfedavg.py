@@ -1,6 +1,6 @@
 """Per-FedAvg, first-order (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020).
 
-The personalised-FL baseline of thesis ch. 4 (seed 004, §4.2.4; SPEC §7),
+The personalised-FL baseline of thesis ch. 4 (thesis §4.2.4; docs/algorithms.md#mtfl),
 first-order variant (FO, the paper's §5 (i)), as in the thesis's experiments.
 
   client:  from y_0 = x_t, K meta-steps, each on two fresh minibatches D, D':

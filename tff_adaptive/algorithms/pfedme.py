@@ -1,6 +1,6 @@
 """pFedMe: personalised FL with Moreau envelopes (Dinh, Tran and Nguyen, NeurIPS 2020).
 
-The personalised-FL baseline of thesis ch. 4 (seed 004, §4.2.4; SPEC §7),
+The personalised-FL baseline of thesis ch. 4 (thesis §4.2.4; docs/algorithms.md#mtfl),
 the paper's Algorithm 1 with the thesis's sampling (only the sampled clients
 train each round).
 

@@ -2,7 +2,7 @@
 
 Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic
 Controlled Averaging for Federated Learning", ICML 2020, Algorithm 1; the
-baseline of seed 003 (SPEC §12).
+baseline of the FedOpt paper (docs/algorithms.md#scaffold).
 
   state:            server model x, server control variate c (c_0 = 0);
                     every client i keeps c_i across rounds (0 until its
@@ -23,7 +23,7 @@ With the plain-SGD steps above, (x − y_K) / (K_i η) = mean_k g_k − c_i + c,
 c_i⁺ is the mean of the client's K_i minibatch gradients: computed that way
 (no cancellation of x − y_K in float32; equal to the paper's formula, tested
 against it in NumPy). Δy is averaged uniformly by default, as in the paper
-(`client_weighting=NUM_EXAMPLES` weights it by examples, as seed 003 weights
+(`client_weighting=NUM_EXAMPLES` weights it by examples, as the FedOpt paper weights
 every method); Δc is always summed and divided by N, so c stays the mean of
 all N clients' c_i. The clients' c_i enter and leave the round as
 per-client data (`rounds.stateful.StatefulClientsProcess`; in the cohort

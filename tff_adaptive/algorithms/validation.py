@@ -5,7 +5,8 @@ is not a `tff.learning.ClientWeighting`, an aggregator that is not an
 aggregation factory, and a `model_fn` whose call returns something other than
 a `tff.learning.models.VariableModel`. Without these checks a string weighting
 was silently uniform and `lambda: 0` failed deep inside the build with an
-AttributeError (issue 26).
+AttributeError.
+
 """
 
 from collections.abc import Callable

@@ -1,7 +1,7 @@
 """Message-level CE-FedAvg upload codec with exact bit counting.
 
-Implements the client-to-server compression of thesis chapter 3 (seed 004,
-Algorithm 2 lines 28-34 and eqs. 3.1-3.2; SPEC section 6): per weight tensor,
+Implements the client-to-server compression of thesis chapter 3 (its
+Algorithm 2 lines 28-34 and eqs. 3.1-3.2; docs/algorithms.md#ce-fedavg): per weight tensor,
 top-(1 - s) sparsification of delta-omega (rank >= 2), Golomb-coded indices,
 UniQ on the kept weight deltas and ExpQ on the delta-m, delta-v entries at the
 same indices. `encode_upload` builds the real payload and `num_bits` counts
@@ -201,7 +201,8 @@ def encode_upload(
       (for CE-FedAvg `[delta_m, delta_v]`). Gathered at delta-omega's indices.
     quantize_states: ExpQ on the states if True, float32 otherwise; defaults
       to `quantize_weights`.
-    min_sparsify_rank: Tensors of lower rank are sent dense (SPEC: 2).
+    min_sparsify_rank: Tensors of lower rank are sent dense (default 2: rank-1 tensors go dense, docs/algorithms.md#ce-fedavg)
+.
     index_checksum: Attach (and count) a CRC-32 to each index stream so that
       any corruption of it is detected on decoding.
 

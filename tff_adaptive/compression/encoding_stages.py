@@ -1,7 +1,7 @@
 """CE-FedAvg encoders as tensor_encoding stages for TFF's EncodedSumFactory.
 
 Implements the per-tensor part of the upload compression of thesis chapter 3
-(seed 004, section 3.2; SPEC section 6) on top of
+(thesis section 3.2; docs/algorithms.md#ce-fedavg) on top of
 tensorflow_model_optimization's tensor_encoding framework, which
 `tff.aggregators.EncodedSumFactory` consumes:
 

@@ -1,9 +1,9 @@
 """Golomb (Rice) coding of sparse-tensor index gaps for CE-FedAvg.
 
 Implements the lossless index coding of thesis chapter 3, section 3.2
-(seed 004, eqs. 3.3-3.4, "the same [implementation] as used in [45]", i.e.
-Sattler et al.'s Sparse Ternary Compression), with the errata of SPEC section
-10: the Golomb parameter uses logarithms (STC form),
+(eqs. 3.3-3.4, "the same [implementation] as used in [45]", i.e.
+Sattler et al.'s Sparse Ternary Compression), read as in docs/algorithms.md#errata: the Golomb parameter
+ uses logarithms (STC form),
 
   b* = max(0, 1 + floor(log2(ln(phi - 1) / ln(s)))),    phi = golden ratio,
 

@@ -1,8 +1,8 @@
 """UniQ and ExpQ: the 8-bit quantisers of CE-FedAvg (NumPy reference).
 
 Implements Algorithms 3 (Uniform Quantization) and 4 (Exponential
-Quantization) of thesis chapter 3, section 3.2 (seed 004), as fixed by SPEC
-sections 6 and 10. Both map a float32 vector to uint8 codes plus a few float32
+Quantization) of thesis chapter 3, section 3.2, as read in
+docs/algorithms.md#ce-fedavg and #errata. Both map a float32 vector to uint8 codes plus a few float32
 side values. `tf_ops` holds the TensorFlow twins, which are tested to produce
 bit-identical codes, side information and decoded values.
 
@@ -33,7 +33,8 @@ made where the thesis is silent or ambiguous:
 Side information: the 4 float32 values (lz_min, lz_max, gz_min, gz_max).
 
 ExpQ (Adam moment deltas m, v). With delta = min nonzero |a| and base
-b = delta^(-1/127) (SPEC erratum; the thesis prints delta^(1/127)):
+b = delta^(-1/127) (docs/algorithms.md#errata; the thesis
+ prints delta^(1/127)):
 
   p = clip(round(ln|a| / ln b), -127, -1),
   q = |p| for a < 0, 128 + |p| for a > 0, q = 0 for a == 0,

@@ -1,9 +1,10 @@
 """Top-(1 - s) sparsification with shared indices for CE-FedAvg (NumPy).
 
-Implements the sparsification step of thesis chapter 3, section 3.2 (seed 004)
-as fixed by SPEC section 6: for each weight-delta tensor of rank >= 2 keep
+Implements the sparsification step of thesis chapter 3, section 3.2
+as fixed by docs/algorithms.md#ce-fedavg: for each weight-delta tensor of rank >= 2 keep
 the k = ceil((1 - s) * n) entries with the largest |delta-omega| ("top (s-1)%"
-in the thesis means keep the (1 - s) fraction, SPEC section 10) together with
+in the thesis means keep the (1 - s) fraction, docs/algorithms.md#errata)
+ together with
 their flat indices; tensors of lower rank are sent dense. The Adam moment
 deltas (delta-m, delta-v) are gathered at the SAME indices as delta-omega:
 sparsifying them independently makes clients diverge (thesis section 3.2).

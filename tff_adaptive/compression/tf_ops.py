@@ -1,7 +1,7 @@
 """TensorFlow twins of the CE-FedAvg encoders, usable in `tff.tf_computation`.
 
-Implements the client-side compression of thesis chapter 3 (seed 004,
-Algorithm 2 lines 28-34, Algorithms 3-4; SPEC section 6) in graph-mode TF so
+Implements the client-side compression of thesis chapter 3 (its
+Algorithm 2 lines 28-34, Algorithms 3-4; docs/algorithms.md#ce-fedavg) in graph-mode TF so
 a TFF client can upload exactly what the server would decode:
 `tf_sparsify_quantize` returns the lossy (decoded) weight and state deltas
 and the exact number of bits of the corresponding encoded message.
@@ -274,7 +274,8 @@ def tf_sparsify_quantize(
     quantize: UniQ on weights and ExpQ on states if True, float32 otherwise.
     shared_states: Optional list of state lists (e.g. `[delta_m, delta_v]`),
       each parallel to `delta_tensors`, sparsified at delta-omega's indices.
-    min_sparsify_rank: Tensors of lower rank are sent dense (SPEC: 2).
+    min_sparsify_rank: Tensors of lower rank are sent dense (default 2: rank-1 tensors go dense, docs/algorithms.md#ce-fedavg)
+.
 
   Returns:
     A `TFCompressedUpload` with what the server decodes and the exact bits.

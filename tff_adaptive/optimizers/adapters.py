@@ -2,7 +2,7 @@
 
 The builders take their client and server optimisers as TFF `Optimizer`s, as
 TFF's own builders do. Most algorithms just call `initialize`/`next`; FedGBO
-and MFL cannot: their client step is the table of SPEC §2 (fixed-state U,
+and MFL cannot: their client step is the table of docs/algorithms.md#fedgbo (fixed-state U,
 server inverse I, state track T; `biased.BiasedOptimizer`), which only needs
 the optimiser's *kind* and *hyperparameters*. This module reads both:
 
@@ -30,7 +30,7 @@ from tff_adaptive.optimizers import sm3
 
 TFF_BUILDERS = ('tff.learning.optimizers.build_sgdm', 'build_rmsprop', 'build_adam',
                 'build_adagrad', 'build_yogi')
-# Ops per parameter per local step (SPEC §8) when the optimiser state moves
+# Ops per parameter per local step (docs/algorithms.md#costs) when the optimiser state moves
 # (MFL, FedAda2, FedOpt clients) and when it is held fixed (Mime's base
 # optimiser): SGD 2 (w − ηg), momentum 5/8, RMSProp 5/5, Adam 8/11; AdaGrad and
 # SM3-AdaGrad as RMSProp without the decay, Yogi as Adam.
@@ -119,12 +119,12 @@ BIASED_ACCEPTS = ('tff.learning.optimizers.build_sgdm (SGD or momentum), build_r
 
 def to_biased(optimizer: Any, *, algorithm: str,
               bias_correction: bool = False) -> tuple[biased.BiasedOptimizer, float]:
-  """(the SPEC §2 optimiser with `optimizer`'s hyperparameters, its learning rate).
+  """(the docs/algorithms.md#fedgbo optimiser with `optimizer`'s hyperparameters, its learning rate).
 
   SGD → 'sgdm' with β = momentum (0 without momentum: FedGBO is then FedAvg);
   RMSProp → 'rmsprop' with β = decay; Adam (TFF's or paper semantics) →
   'adam' with β1, β2, ε; AdaGrad (TFF's, or the paper-semantics one without
-  momentum) → 'adagrad' with ε and its initial accumulator as v_0. The state starts as SPEC §2 says (m = 0, v = 1) and
+  momentum) → 'adagrad' with ε and its initial accumulator as v_0. The state starts as docs/algorithms.md#fedgbo says (m = 0, v = 1) and
   the table's semantics apply whatever the optimiser's own (TFF's Adam is
   bias-corrected, for instance): the optimiser names the row of the table
   and its hyperparameters. `bias_correction` (or a paper-semantics Adam built
@@ -151,5 +151,5 @@ def to_biased(optimizer: Any, *, algorithm: str,
   else:
     raise ValueError(f'{algorithm} cannot take the client optimiser {type(optimizer).__name__} '
                      f'({info.kind}): its client step is the SGDm / RMSProp / Adam (/ AdaGrad) '
-                     f'table of SPEC §2; it accepts {BIASED_ACCEPTS}')
+                     f'table of docs/algorithms.md#fedgbo; it accepts {BIASED_ACCEPTS}')
   return opt, info.learning_rate

@@ -1,4 +1,4 @@
-"""The biased optimisers of FedGBO and MFL (seed 000, SPEC §2), as plain math.
+"""The biased optimisers of FedGBO and MFL (docs/algorithms.md#fedgbo), as plain math.
 
 Each optimiser O with state s has
   U(g, s)        the update direction with s held FIXED (FedGBO clients),
@@ -6,7 +6,7 @@ Each optimiser O with state s has
   T(g̃, s)        the state update from a gradient estimate (FedGBO server),
   I(Δ̄, s, K, η)  the inverse of K fixed-state steps: the g̃ whose K steps of
                  U from x_t reproduce x_{t+1} = x_t − Δ̄ (FedGBO tracking).
-Corrected table (SPEC §2: ε outside √, g² in v), init m = 0, v = 1, no bias
+Corrected table (docs/algorithms.md#fedgbo: ε outside √, g² in v), init m = 0, v = 1, no bias
 correction (MFL-Adam may switch it on; its step counter t is part of s):
 
   SGDm     U = βm + (1−β)g                 T: m ← βm + (1−β)g̃
@@ -15,13 +15,13 @@ correction (MFL-Adam may switch it on; its step counter t is part of s):
            I = Δ̄(√v + ε)/(ηK)
   Adam     U = (β1 m + (1−β1)g)/(√v + ε)   T: m, v as above
            I = (Δ̄(√v + ε)/(ηK) − β1 m)/(1−β1)
-Ops per parameter per step (SPEC §8): C_fixed / C_moving = SGDm 5/8,
+Ops per parameter per step (docs/algorithms.md#costs): C_fixed / C_moving = SGDm 5/8,
 RMSProp 5/5, Adam 8/11.
 
 AdaGrad is not in the seed's table; it is the RMSProp row with the decay
 replaced by accumulation (U = g/(√v + ε), T: v ← v + g̃², I as RMSProp's),
 ε outside √ like the other rows, and v_0 = `initial_v` (the AdaGrad
-optimiser's own initial accumulator, since seed 000's v = 1 is a choice for
+optimiser's own initial accumulator, since the FedGBO paper's v = 1 is a choice for
 its three rows). Ops 5/6.
 """
 

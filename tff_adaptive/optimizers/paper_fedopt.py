@@ -1,6 +1,6 @@
 """Adaptive optimisers with the FedOpt paper's exact (Algorithm 2) semantics.
 
-Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (seed 003),
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021,
 Algorithm 2. With Δ̄ the aggregated client update in TFF's sign convention
 (x_t − y, so it is consumed as a gradient):
 
@@ -14,15 +14,15 @@ and no bias correction. This differs from `tff.learning.optimizers.build_*`
 (bias-corrected Adam/Yogi, Adagrad without momentum and ε inside the √). Since
 τ is outside the √ and v_{−1} = τ², scaling Δ̄ by c, τ by c and v_{−1} by c²
 scales both m_t and √v_t + τ by c, which leaves the iterates unchanged
-(SPEC §1).
+(docs/algorithms.md#fedopt).
 
-The same update, with other options, is what the other seeds call:
-  * seed 000's AdaptiveFedOpt (SPEC §3): server Adam =
+The same update, with other options, is what the other papers call:
+  * the FedGBO paper's AdaptiveFedOpt (docs/algorithms.md#fedopt): server Adam =
     `build_paper_adam(..., initial_accumulator_value=1.0)`, server RMSProp =
     the same with `beta_1=0.0`; its SGDm is TFF's `build_sgdm`.
-  * seed 002's server AdaGrad (SPEC §4, v = Σ Δ̄², optional momentum):
+  * the FedAda2 paper's server AdaGrad (docs/algorithms.md#fedada2, v = Σ Δ̄², optional momentum):
     `build_paper_adagrad(..., beta_1=β1 or 0.0, initial_accumulator_value=0.0)`.
-  * seed 002's client Adam/AdaGrad (FedAda2 baselines, SPEC §4):
+  * the FedAda2 paper's client Adam/AdaGrad (FedAda2 baselines, docs/algorithms.md#fedada2):
     `build_paper_client_adam` / `build_paper_client_adagrad`: zero initial
     state, ε outside the √, Adam optionally bias-corrected
     (m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t)). For direct joint adaptivity the
@@ -73,7 +73,7 @@ class PaperAdaptive(common.HparamsInState, optimizer.Optimizer[State, Any, State
     common.check_range('initial_accumulator_value', initial_accumulator_value, 0.0)
     self._kind = kind
     # A literal β1 = 0 (plain AdaGrad, RMSProp) keeps no first moment, so the
-    # state holds only the floats the algorithm needs (client memory, SPEC §4).
+    # state holds only the floats the algorithm needs (client memory, docs/algorithms.md#fedada2).
     self._momentum = tf.is_tensor(beta_1) or beta_1 != 0
     self._hparams = collections.OrderedDict([(common.LR, learning_rate)])
     if self._momentum:

@@ -1,11 +1,11 @@
 """SM3 client optimisers (memory-efficient AdaGrad and Adam) for FedAda2.
 
 SM3 is from Anil, Gupta, Koren & Singer, "Memory-Efficient Adaptive
-Optimization", NeurIPS 2019; FedAda2 (seed 002, "Efficient Adaptive Federated
+Optimization", NeurIPS 2019; FedAda2 (Lee et al. 2024, "Efficient Adaptive Federated
 Optimization", Appendix B, Algorithms 3-4 and eq. (SM3)) uses it as the client
 optimiser, with ε added outside the √ and optionally delayed statistics.
 
-Covers (SPEC §4). A tensor of rank ≤ 1 gets one accumulator per coordinate
+Covers (docs/algorithms.md#fedada2). A tensor of rank ≤ 1 gets one accumulator per coordinate
 (singleton covers: plain diagonal AdaGrad). A tensor of rank r ≥ 2 with shape
 (n_1, …, n_r) gets one accumulator vector per axis, μ_a of length n_a, whose
 entry i covers the slice {j : j_a = i} (rows and columns for a matrix), so
@@ -32,9 +32,9 @@ untouched and g_t only enters the numerator (and Adam's dense m), with
 refresh; for SM3-II it is the cover bound min_b max_{i∈S_b} ν_i ≥ that stale
 ν, because keeping the stale ν itself would need |x| floats and forfeit SM3's
 memory saving. Gradients of non-refresh steps never enter μ, so with z > 1
-the |Δx_j| ≤ η bound no longer holds (seed 002, Appendix F). The Adam bias
+the |Δx_j| ≤ η bound no longer holds (the FedAda2 paper, Appendix F). The Adam bias
 correction for ν uses r = ⌊(t − 1)/z⌋ + 1, the number of refreshes so far,
-as seed 002 (Appendix E) asks for an adjusted debiasing term.
+as the FedAda2 paper (Appendix E) asks for an adjusted debiasing term.
 
 State: hparams (`learning_rate`, `epsilon`, and for Adam `beta_1`, `beta_2`),
 `step`, Adam's dense first moment `accumulator` (weights' structure), and

@@ -1,4 +1,4 @@
-"""Personalised FL (thesis ch. 4, SPEC §7): the pieces MTFL, Per-FedAvg and pFedMe share.
+"""Personalised FL (thesis ch. 4, docs/algorithms.md#mtfl): the pieces MTFL, Per-FedAvg and pFedMe share.
 
   process       `PersonalizedProcess`: a learning process whose clients also take
                 and return private per-client state (MTFL's private patches);

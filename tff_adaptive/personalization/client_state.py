@@ -1,6 +1,6 @@
 """Persistent per-client state: each client's private values, kept across rounds.
 
-MTFL (thesis ch. 4, Algorithm 5, SPEC §7) has every client keep private
+MTFL (thesis ch. 4, Algorithm 5, docs/algorithms.md#mtfl) has every client keep private
 "patch" values (batch-norm μ, σ, γ, β) and the optimiser values of those
 patches from one round it takes part in to the next, and never upload them.
 A simulation must therefore hold one small state per client for the whole run,

@@ -1,7 +1,7 @@
 """Federated rounds with per-client private state and user-accuracy evaluation.
 
 The machinery shared by MTFL (thesis ch. 4, Algorithm 5), Per-FedAvg and
-pFedMe (SPEC §7): the composer's round (`composer.py`) with three additions.
+pFedMe (docs/algorithms.md#mtfl): the composer's round (`composer.py`) with three additions.
 
   1. Private values. Some model weights (MTFL's batch-norm patches) and the
      client-optimiser values of those weights belong to the client. They enter
@@ -81,7 +81,7 @@ class PersonalizedProcess(stateful.ClientStateProcess):
     private_initial: name → np.ndarray, the private state of a client that
       has not trained yet (empty: nothing is private).
     upload_type: TFF type of one client's upload (what is aggregated).
-    upload_bits: bits per client of `upload_type` (SPEC §8).
+    upload_bits: bits per client of `upload_type` (docs/algorithms.md#costs).
     fingerprint: describes the algorithm for the client-state store.
   """
 
@@ -232,7 +232,7 @@ def _server_update_computation(m: _Model, local: LocalRecipe, server_optimizer, 
 
 
 def _cost_computation(m: _Model, local: LocalRecipe, down_bits: int, upload_bits: int):
-  """(grad examples, steps, clients) → the round's cost metrics (SPEC §8)."""
+  """(grad examples, steps, clients) → the round's cost metrics (docs/algorithms.md#costs)."""
   split, fb_flops_per_example = m.split, m.fb_flops_per_example
   num_params = sum(int(np.prod(s.shape)) for s in m.trainable_specs)
   opt_floats = sum(int(np.prod(np.shape(v))) for key in split.opt_lists
@@ -369,7 +369,7 @@ def build_personalized_process(
     client_learning_rate: initial η (state hparams; schedules may change it).
     local_steps: K > 0 local steps (cycling the data), 0: one pass.
     client_weighting: weights of the uploads in the average.
-    fb_flops_per_example: forward+backward FLOPs per example (SPEC §8);
+    fb_flops_per_example: forward+backward FLOPs per example (docs/algorithms.md#costs);
       None: counted from the model, or the FLOP metrics left out (warned).
     fingerprint: extra JSON-able identity for the client-state store.
   """

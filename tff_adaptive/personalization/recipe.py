@@ -75,7 +75,7 @@ class StepContext:
     grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
              for g, v in zip(grads, self.trainable)]
     loss = tf.cast(output.loss, tf.float32)
-    # Every gradient costs fb FLOPs per example (SPEC §8), also repeated ones;
+    # Every gradient costs fb FLOPs per example (docs/algorithms.md#costs), also repeated ones;
     # the first one's loss is the round's first-minibatch loss.
     self._counters.grad_examples.assign_add(tf.cast(output.num_examples, tf.int64))
     self._counters.first_loss.assign(
@@ -100,7 +100,7 @@ class LocalRecipe:
       downloaded model before UA is measured (Per-FedAvg, pFedMe). MTFL's
       personalisation is the patch itself.
     batches_per_step: minibatches a local step consumes.
-    optimizer_ops_per_param: C of the FLOP model (SPEC §8).
+    optimizer_ops_per_param: C of the FLOP model (docs/algorithms.md#costs).
     share_optimizer_state: the shared part of the client-optimiser state is
       broadcast, moved locally and averaged by the server (MFL / FedAvg-Adam);
       otherwise it restarts from `init_optimizer` every round.

@@ -2,11 +2,12 @@
 
   core           what a schedule is (a value per round, feedback, a plain-data
                  state that `schedule_from_state` rebuilds), the constant one;
-  learning_rate  FedOpt's learning-rate decays and warm-up (SPEC §1, seed 003);
-  local_steps    decaying local work and its step accounting (SPEC §5: seed
-                 001, thesis ch. 5);
+  learning_rate  FedOpt's learning-rate decays and warm-up (docs/algorithms.md#fedopt, the FedOpt paper);
+  local_steps    decaying local work and its step accounting (docs/algorithms.md#schedules:
+                 the decaying-K paper, thesis ch. 5);
+
   driver         applies them to a learning process between rounds;
-  quadratic_toy  seed 001's quadratic toy, in NumPy and as a TFF process.
+  quadratic_toy  the decaying-K paper's quadratic toy, in NumPy and as a TFF process.
 
 The thesis's runtime model is `tff_adaptive.accounting.runtime_model`.
 """

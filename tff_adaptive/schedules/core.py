@@ -2,9 +2,9 @@
 
 The TFF training loop asks a schedule for the value of round `t` (rounds count
 from 0) and, for feedback-driven schedules, reports what the schedule needs back
-through `observe`. The schedules themselves are in `learning_rate` (SPEC §1,
-FedOpt's decays and warm-up, seed 003) and `local_steps` (SPEC §5, decaying
-local work: seed 001 and the thesis, seed 004, ch. 5); `driver` applies them to
+through `observe`. The schedules themselves are in `learning_rate` (docs/algorithms.md#fedopt,
+FedOpt's decays and warm-up, the FedOpt paper) and `local_steps` (docs/algorithms.md#schedules, decaying
+local work: the decaying-K paper and the thesis, ch. 5); `driver` applies them to
 a learning process between rounds.
 
 Conventions fixed here (the sources are silent):

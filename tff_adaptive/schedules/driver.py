@@ -1,7 +1,7 @@
 """Drives the per-round schedules of K, η (client) and η_s (server) in the loop.
 
-Seed 001 ("Faster Federated Learning with Decaying Number of Local SGD
-Steps") and the thesis (seed 004, ch. 5), SPEC §5: K_t and the client
+The decaying-K paper ("Faster Federated Learning with Decaying Number of Local SGD
+Steps") and the thesis, ch. 5, docs/algorithms.md#schedules: K_t and the client
 learning rate γ_t are server state, broadcast every round; η_s is the server
 optimiser's learning rate.
 
@@ -45,7 +45,7 @@ validation accuracy on the loop's regular evaluation rounds only. The
 driver's whole state is a JSON string saved with every checkpoint, so a
 resumed run continues the exact same sequence.
 
-It also keeps seed 001's accounting (client steps against constant K_0) and
+It also keeps the decaying-K paper's accounting (client steps against constant K_0) and
 the thesis's runtime model (eqs. 5.3-5.5): a round lasts, for the slowest
 client, download + K_t·β + upload seconds, with the per-client bits that the
 process itself measured from the real model.

@@ -1,8 +1,8 @@
-"""Learning-rate schedules of FedOpt (SPEC §1; Reddi et al., seed 003).
+"""Learning-rate schedules of FedOpt (docs/algorithms.md#fedopt; Reddi et al. 2021).
 
 Client and server learning-rate decays: constant, exp_decay, inv_lin_decay,
 inv_sqrt_decay (optionally staircased), and a linear warm-up around any of
-them. `ExponentialDecay` with steps = 1 is also SPEC §5's `exp` (seed 001 §3),
+them. `ExponentialDecay` with steps = 1 is also the `exp` schedule of docs/algorithms.md#schedules (decaying-K paper §3),
 for learning rates and for local steps.
 """
 
@@ -41,8 +41,8 @@ class _StepDecay(core.Schedule):
 class ExponentialDecay(_StepDecay):
   """base * rate**(t / steps); staircase uses floor(t / steps).
 
-  SPEC §1 `exp_decay` (FedOpt; the paper's ExpDecay is rate 0.1, steps 500,
-  staircase) and, with steps = 1, SPEC §5 `exp` (seed 001 §3: gamma_t =
+  docs/algorithms.md#fedopt `exp_decay` (FedOpt; the paper's ExpDecay is rate 0.1, steps 500,
+  staircase) and, with steps = 1, docs/algorithms.md#schedules `exp` (decaying-K paper §3: gamma_t =
   gamma_0 * d**t, K_t = ceil(K_0 * d**t)).  For local steps the ceiling is
   float-guarded (`CEIL_TOLERANCE`) and K >= 1.
   """
@@ -60,7 +60,7 @@ class ExponentialDecay(_StepDecay):
 
 @core.register
 class InverseDecay(_StepDecay):
-  """base / (1 + rate * t / steps)**power (SPEC §1 inv_lin_decay / inv_sqrt_decay).
+  """base / (1 + rate * t / steps)**power (docs/algorithms.md#fedopt inv_lin_decay / inv_sqrt_decay).
 
   power = 1 is FedOpt's `inv_lin_decay`, power = 0.5 its `inv_sqrt_decay`;
   staircase uses floor(t / steps).

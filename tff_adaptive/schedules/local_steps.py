@@ -1,11 +1,11 @@
-"""Decaying local work (SPEC §5) and its step accounting.
+"""Decaying local work (docs/algorithms.md#schedules) and its step accounting.
 
-"Faster Federated Learning with Decaying Number of Local SGD Steps" (seed 001,
+"Faster Federated Learning with Decaying Number of Local SGD Steps" (the decaying-K paper,
 §3 and Table 1) and the thesis "Federated Machine Learning in Edge Computing"
-(seed 004), ch. 5: the `rounds` (eqs. 5.10/5.12), `error` (eqs. 5.13-5.15),
-`step` and `theory` (seed 001, Theorem 2, eq. 11) schedules, each for local
+(the thesis), ch. 5: the `rounds` (eqs. 5.10/5.12), `error` (eqs. 5.13-5.15),
+`step` and `theory` (the decaying-K paper, Theorem 2, eq. 11) schedules, each for local
 steps K and (but `theory`) for a learning rate, and the total-SGD-steps
-accounting of seed 001 Table 1. `exp` is `learning_rate.ExponentialDecay`
+accounting of decaying-K paper Table 1. `exp` is `learning_rate.ExponentialDecay`
 with steps = 1.
 """
 
@@ -49,10 +49,10 @@ class RoundsDecay(core.Schedule):
 
 @core.register
 class TheoryDecay(core.Schedule):
-  """Seed 001 Theorem 2 (eq. 11): K_t = max(K_0 / (b + t), 1).
+  """decaying-K paper Theorem 2 (eq. 11): K_t = max(K_0 / (b + t), 1).
 
   Rounded up (float-guarded, `CEIL_TOLERANCE`), so that K_t never falls below
-  the continuous value the theorem assumes; seed 001 says only that "continuous
+  the continuous value the theorem assumes; the decaying-K paper says only that "continuous
   K can be approximated by rounding K_t".  The guard, not exact rational
   arithmetic on the float b, is deliberate: b = 0.3 is stored as
   0.29999999999999998..., and 3 / that is just above 10, but the user meant 10.
@@ -90,8 +90,9 @@ class ErrorDrivenDecay(core.Schedule):
   0 .. s - 1), so round s again gets K_0.  The ceiling is exact (rational
   arithmetic on the float ratio F_r / F_0).
 
-  Decisions where the thesis is silent: non-finite losses are dropped (SPEC
-  §0); if the first window holds no finite loss, F_0 comes from the first later
+  Decisions where the thesis is silent: non-finite losses are dropped (a
+  non-finite update gets weight 0 everywhere, docs/algorithms.md#conventions); if
+ the first window holds no finite loss, F_0 comes from the first later
   window that does; while F_0 is unknown or zero, or the current window is
   empty, the base value is used.  The formula is not capped: if the loss rises
   above F_0, K exceeds K_0 as eq. 5.13 says.
@@ -257,7 +258,7 @@ class PlateauStepDecay(core.Schedule):
 
 
 # ---------------------------------------------------------------------------
-# Accounting (seed 001 Table 1; thesis Table 5.4).
+# Accounting (decaying-K paper Table 1; thesis Table 5.4).
 
 def local_steps_sequence(schedule: core.Schedule, num_rounds: int) -> list[int]:
   """K_t for t = 0 .. num_rounds - 1 of a schedule without feedback."""
@@ -291,7 +292,7 @@ def step_fraction(k_sequence: Sequence[int], k0: int,
                   clients_per_round: Union[int, Sequence[int]] = 1) -> float:
   """total_client_steps against constant K_0 over the same rounds and clients.
 
-  Seed 001 Table 1's "fraction SGD steps used": e.g. K_0 = 33, d = 0.999 over
+  decaying-K paper Table 1's "fraction SGD steps used": e.g. K_0 = 33, d = 0.999 over
   4000 rounds gives 0.2601 (the abstract's "3.8x fewer").
   """
   k = np.asarray(k_sequence, dtype=np.int64).reshape(-1)

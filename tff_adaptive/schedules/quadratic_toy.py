@@ -1,7 +1,7 @@
-"""Seed 001 §3's quadratic toy as a TFF federated process.
+"""The decaying-K paper's quadratic toy (§3) as a TFF federated process.
 
-"Faster Federated Learning with Decaying Number of Local SGD Steps" (seed 001),
-§3 and Figure 1; SPEC §5. A one-parameter model x and clients with one
+"Faster Federated Learning with Decaying Number of Local SGD Steps" (the decaying-K paper),
+§3 and Figure 1; docs/algorithms.md#schedules. A one-parameter model x and clients with one
 example z each, loss f(x; z) = ½ z x² − x (client minimiser 1/z), drawn from
 p(z) ∝ z^(−1/2) on [1, 3]. The true minimiser of E_p[f] is 1/E_p[z] =
 0.523373 (`TRUE_MINIMISER`); K > 1 local GD steps with a constant client step γ
@@ -34,7 +34,7 @@ from tff_adaptive.schedules import core as schedules
 from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import learning_rate
 
-# Seed 001 §3: f(x; z) = z x**2 / 2 - x with z ~ p(z) proportional to z**(-1/2)
+# decaying-K paper §3: f(x; z) = z x**2 / 2 - x with z ~ p(z) proportional to z**(-1/2)
 # on [1, 3].  With u = sqrt(z), p(z) dz is proportional to du: u is uniform on
 # [1, sqrt(3)], which gives both quadratures below.
 
@@ -46,7 +46,7 @@ def clients(num_clients: int) -> tuple[np.ndarray, np.ndarray]:
 
   Midpoint rule in u = sqrt(z): z_j = u_j**2 with u_j the midpoints of
   `num_clients` equal cells of [1, sqrt(3)]; all clients are equally likely,
-  so equal weights.  Each client holds one example z_j (seed 001 §3), hence
+  so equal weights.  Each client holds one example z_j (decaying-K paper §3), hence
   its "minibatch" gradient is its full-batch gradient.
   """
   h = (math.sqrt(3.0) - 1.0) / num_clients
@@ -60,7 +60,7 @@ def fixed_point(gamma: float, k: int, num_nodes: int = 200) -> float:
   K client GD steps from x give y_K - 1/z = (1 - gamma z)**K (x - 1/z), so the
   expected update E_p[(1 - (1 - gamma z)**K)(x - 1/z)] vanishes at
   x = E_p[(1 - (1 - gamma z)**K) / z] / E_p[1 - (1 - gamma z)**K]
-  (Charles & Konecny's surrogate minimiser, seed 001 eqs. 4-7).  K = 1 gives
+  (Charles & Konecny's surrogate minimiser, decaying-K paper eqs. 4-7).  K = 1 gives
   1/E_p[z], the true minimiser.
   """
   nodes, weights = np.polynomial.legendre.leggauss(num_nodes)
@@ -93,7 +93,7 @@ def simulate_fedsgd(local_steps: ScheduleLike, num_rounds: int, *,
                     x0: float = 0.4, num_clients: int = 1000,
                     clients_per_round: Optional[int] = None,
                     seed: int = 0) -> np.ndarray:
-  """Runs FedSGD (seed 001 Algorithms 1-2) on the quadratic toy.
+  """Runs FedSGD (decaying-K paper Algorithms 1-2) on the quadratic toy.
 
   Each participating client runs K_t explicit steps y <- y - gamma_t (z y - 1)
   on its single example; the server averages Delta = x - y_K with the clients'
@@ -103,8 +103,8 @@ def simulate_fedsgd(local_steps: ScheduleLike, num_rounds: int, *,
     local_steps: K_t (a Schedule, an int, or a function of the round).
     num_rounds: rounds to run.
     gamma: client learning rate gamma_t (same kinds as `local_steps`).
-    server_lr: eta (seed 001 uses 0.001 with 10 sampled clients; 1 is FedAvg).
-    x0: initial model (seed 001: 0.4).
+    server_lr: eta (the decaying-K paper uses 0.001 with 10 sampled clients; 1 is FedAvg).
+    x0: initial model (the decaying-K paper: 0.4).
     num_clients: number of quadrature clients (`clients`).
     clients_per_round: None for full participation (deterministic, the
       expected FedSGD update); else that many clients sampled uniformly
