@@ -1,4 +1,4 @@
-"""CIFAR-10 as in seed 003 (FedOpt, Reddi et al. 2021, Appendix C): LDA over labels.
+"""CIFAR-10 as in the FedOpt paper (Reddi et al. 2021, Appendix C): LDA over labels.
 
 `--task=cifar10 --partition=dirichlet --dirichlet_alpha=0.1` splits CIFAR-10's
 50,000 training images over 500 clients of 100 images each (`--num_clients`;
@@ -162,7 +162,7 @@ def _thesis_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, seed: int):
 def create_task(*, cifar10_model: str, dirichlet_alpha: float, num_clients: int, data_dir: str,
                 batch_size: int, num_epochs: int, seed: int,
                 run_dir: Optional[str] = None) -> base.FederatedTask:
-  """Seed 003's CIFAR-10 split; `run_dir` (the run's directory) keeps it, if given."""
+  """The FedOpt paper's CIFAR-10 split; `run_dir` (the run's directory) keeps it, if given."""
   model = cifar10_model
   if model not in MODELS:
     raise ValueError(f'--cifar10_model must be one of {", ".join(MODELS)}; got {model!r}')
@@ -224,7 +224,7 @@ def create_task(*, cifar10_model: str, dirichlet_alpha: float, num_clients: int,
 def create_cifar10(*, partition: str, cifar10_model: str, dirichlet_alpha: float,
                    num_clients: int, data_dir: str, batch_size: int, num_epochs: int, seed: int,
                    run_dir: Optional[str] = None) -> base.FederatedTask:
-  """The `cifar10` task: seed 003's split for `--partition=dirichlet`, else the thesis' task."""
+  """The `cifar10` task: the FedOpt paper's split for `--partition=dirichlet`, else the thesis' task."""
   if partition == 'dirichlet':
     return create_task(cifar10_model=cifar10_model, dirichlet_alpha=dirichlet_alpha,
                        num_clients=num_clients, data_dir=data_dir, batch_size=batch_size,

@@ -1,4 +1,4 @@
-"""GLD-23K: seed 002's landmark task, through TFF's Google Landmarks v2 loader.
+"""GLD-23K: the FedAda2 paper's landmark task, through TFF's Google Landmarks v2 loader.
 
 Data: `tff.simulation.datasets.gldv2.load_data(gld23k=True, cache_dir=D)`,
 233 clients (photographers), 23,080 training images of 203 landmarks, and a
@@ -26,10 +26,10 @@ functions with the missing argument bound.
 Preprocessing: TFF's landmark baseline pipeline (`tff.simulation.baselines.
 landmark`: map, shuffle with a 3,500 buffer, repeat, take, batch; training
 images randomly flipped, pixels rescaled to [-1, 1], labels of shape [1]) at
-seed 002's 224x224 instead of TFF's 128x128: images are resized to 224x224
-(seed 002, Appendix H.2) before TFF's crop (then a no-op) and flip. Model:
+the FedAda2 paper's 224x224 instead of TFF's 128x128: images are resized to 224x224
+(the FedAda2 paper, Appendix H.2) before TFF's crop (then a no-op) and flip. Model:
 the ViT-S/16 with a 203-class head (`tasks/vit_tasks.py`; `--finetune`,
-`--pretrained_weights`). Seed 002 samples a fraction of the 233 clients per
+`--pretrained_weights`). The FedAda2 paper samples a fraction of the 233 clients per
 round and uses client batch size 32.
 """
 
@@ -133,7 +133,7 @@ def preprocess_fn(spec: tff.simulation.baselines.ClientSpec, is_training: bool,
       image = tf.cond(tf.shape(image)[-1] == 1, lambda: tf.image.grayscale_to_rgb(image),
                       lambda: image)
       image = tf.ensure_shape(image, [None, None, 3])
-      image = tf.image.resize(image, [image_size, image_size])  # seed 002: resized to 224
+      image = tf.image.resize(image, [image_size, image_size])  # the FedAda2 paper: resized to 224
       return model(image), element['class']
 
     dataset = dataset.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)

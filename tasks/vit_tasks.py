@@ -1,6 +1,6 @@
-"""Seed 002's (FedAda2) ViT-S/16 fine-tuning tasks: shared plumbing and CIFAR-100.
+"""The FedAda2 paper's ViT-S/16 fine-tuning tasks: shared plumbing and CIFAR-100.
 
-Seed 002 (Appendix H.2) fine-tunes an ImageNet-21k ViT-S/16 with images
+The FedAda2 paper (Appendix H.2) fine-tunes an ImageNet-21k ViT-S/16 with images
 resized to 224x224 and client batch size 32, training either the new linear
 head (`--finetune=head`) or the whole network after the head is replaced
 (`--finetune=full`). Pretrained weights come from a local file
@@ -11,7 +11,7 @@ papers' accuracies need the pretrained backbone.
 `cifar100_image` with `--cifar100_image_model=vit_s16` keeps TFF's federated
 CIFAR-100 (500 clients, `cifar100.sqlite`, read as `tasks/tff_native.py`
 reads it) and TFF's pipeline order (shuffle, repeat, take, map, batch), with
-seed 002's image map instead of the 24x24 crops: scale to [0, 1], bilinear
+the FedAda2 paper's image map instead of the 24x24 crops: scale to [0, 1], bilinear
 resize 32 → 224, normalise with ImageNet's mean and standard deviation. No
 augmentation (the seed names none). The GLD-23K task is in `tasks/gld.py`.
 """
@@ -57,7 +57,7 @@ def vit_keras_model_fn(task: str, num_classes: int, *, finetune: str, pretrained
     raise ValueError(f'--task={task} fine-tunes a pretrained ViT-S/16: pass '
                      '--pretrained_weights=<file.npz> (Google\'s ViT checkpoint layout, e.g. the '
                      'ImageNet-21k AugReg ViT-S/16), or --allow_random_init to train from random '
-                     'initialisation (not what seed 002 measures)')
+                     'initialisation (not what the FedAda2 paper measures)')
   return lambda: vit.create_vit(num_classes, config, finetune=finetune, seed=seed,
                                 pretrained=pretrained)
 
@@ -79,7 +79,7 @@ def logits_evaluation(datasets) -> base.KerasEvaluation:
 
 
 def cifar100_vit_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, image_size: int):
-  """Seed 002's CIFAR-100 images (224x224, ImageNet-normalised), TFF's pipeline order."""
+  """The FedAda2 paper's CIFAR-100 images (224x224, ImageNet-normalised), TFF's pipeline order."""
   mean = tf.constant(vit.IMAGENET_MEAN)
   std = tf.constant(vit.IMAGENET_STD)
 
@@ -94,7 +94,7 @@ def cifar100_vit_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, image_
 def create_cifar100_vit(*, finetune: str, pretrained_weights: str, allow_random_init: bool,
                         data_dir: str, num_clients: int, max_client_examples: int,
                         batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
-  """`cifar100_image` with the ViT-S/16 (seed 002)."""
+  """`cifar100_image` with the ViT-S/16 (the FedAda2 paper)."""
   keras_model_fn = vit_keras_model_fn(
       'cifar100_image', CIFAR100_CLASSES, finetune=finetune,
       pretrained_weights=pretrained_weights, allow_random_init=allow_random_init, seed=seed)

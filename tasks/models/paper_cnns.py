@@ -1,4 +1,4 @@
-"""The CNNs of the FedGBO paper (seed 000, Appendix B, Tables 5 and 6).
+"""The CNNs of the FedGBO paper (Appendix B, Tables 5 and 6).
 
 Both are conv3x3-32 - maxpool2 - conv3x3-64 - maxpool2 - FC512 - FC(classes),
 ReLU after each conv and the first FC, stride 1, "valid" padding (the only
@@ -7,14 +7,14 @@ the paper's softmax lives in its (PyTorch) loss, so use
 `SparseCategoricalCrossentropy(from_logits=True)`.
 
 Checks (tests/test_flops.py):
-  * CIFAR100 (32x32x3 input, SPEC §10): 1,250,852 parameters, 5,163,072
+  * CIFAR100 (32x32x3 input, docs/algorithms.md#errata): 1,250,852 parameters, 5,163,072
     forward FLOPs per example; thesis Table 5.1 lists it as 40.0 Mbit.
-  * FEMNIST (28x28x1 input, LEAF's image size; 62 classes, SPEC §10):
+  * FEMNIST (28x28x1 input, LEAF's image size; 62 classes, docs/algorithms.md#errata):
     870,334 parameters, 3,305,280 forward FLOPs per example.  Both reproduce
-    every CIFAR100/FEMNIST cell of seed 000's FLOP Tables 4 and 10.
-Seed 001's FEMNIST CNN (Appendix B, Table 2) has the same layers with 62
-outputs after SPEC §10's erratum, but states 32x32 inputs; 28x28 is the size
-that matches seed 000's counts, so this builder takes `input_shape` should a
+    every CIFAR100/FEMNIST cell of the FedGBO paper's FLOP Tables 4 and 10.
+The decaying-K paper's FEMNIST CNN (Appendix B, Table 2) has the same layers with 62
+outputs after the erratum in docs/algorithms.md#errata, but states 32x32 inputs; 28x28 is the size
+that matches the FedGBO paper's counts, so this builder takes `input_shape` should a
 32x32 variant be wanted.
 """
 
@@ -47,12 +47,12 @@ def _paper_cnn(input_shape: Sequence[int], num_classes: int, seed: int) -> tf.ke
 def create_cifar100_cnn(num_classes: int = CIFAR100_NUM_CLASSES,
                         input_shape: Sequence[int] = CIFAR100_INPUT_SHAPE,
                         seed: int = 0) -> tf.keras.Model:
-  """Seed 000 Table 5: the CIFAR100 CNN (1,250,852 parameters at 32x32x3)."""
+  """FedGBO paper Table 5: the CIFAR100 CNN (1,250,852 parameters at 32x32x3)."""
   return _paper_cnn(input_shape, num_classes, seed)
 
 
 def create_femnist_cnn(num_classes: int = FEMNIST_NUM_CLASSES,
                        input_shape: Sequence[int] = FEMNIST_INPUT_SHAPE,
                        seed: int = 0) -> tf.keras.Model:
-  """Seed 000 Table 6: the FEMNIST CNN (870,334 parameters at 28x28x1)."""
+  """FedGBO paper Table 6: the FEMNIST CNN (870,334 parameters at 28x28x1)."""
   return _paper_cnn(input_shape, num_classes, seed)

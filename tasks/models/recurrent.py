@@ -1,12 +1,12 @@
-"""GRU next-character models of the FedGBO paper (seed 000), seed 001 and the thesis.
+"""GRU next-character models of the FedGBO paper, the decaying-K paper and the thesis.
 
-* `create_gru_char_model(vocab_size=79, units=128)` is seed 000 Table 7 and
+* `create_gru_char_model(vocab_size=79, units=128)` is FedGBO paper Table 7 and
   thesis ch. 5-6: Embedding 79 -> 8, two stacked GRUs of 128 units, softmax
   output over 79 characters, predicting the character that follows an
   80-character LEAF sequence (the output of the last step). 162,887
   parameters: Keras' GRU with `reset_after=True` keeps separate input and
   recurrent biases, exactly as PyTorch's `nn.GRU` that the paper used.
-* `units=256` is seed 001's Table 3 GRU (its stated 77-character vocabulary
+* `units=256` is the decaying-K paper's Table 3 GRU (its stated 77-character vocabulary
   belongs to its own preprocessing; here the vocabulary is the task's).
 * `create_gru_sequence_model` is the same architecture in the form TFF's
   Shakespeare task needs (a prediction at every position, padding masked), for

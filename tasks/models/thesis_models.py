@@ -1,4 +1,4 @@
-"""Models of the thesis (seed 004) chapters 3-5, as its published code builds them.
+"""Models of the thesis chapters 3-5, as its published code builds them.
 
 Chapter 3 (CE-FedAvg, section 3.3.1; the authors' TensorFlow code):
   * MNIST-2NN: FC200-ReLU, FC200-ReLU, FC10 (199,210 parameters).

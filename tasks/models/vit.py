@@ -1,6 +1,6 @@
-"""ViT-S/16 in Keras, for seed 002's (FedAda2) fine-tuning experiments.
+"""ViT-S/16 in Keras, for the FedAda2 paper's fine-tuning experiments.
 
-Seed 002 fine-tunes a ViT-S/16 pretrained on ImageNet-21k (Dosovitskiy et al.
+The FedAda2 paper fine-tunes a ViT-S/16 pretrained on ImageNet-21k (Dosovitskiy et al.
 2021; Steiner et al.'s "AugReg" checkpoints) on CIFAR-100 and GLD-23K, images
 resized to 224x224, either the new linear head only or the whole network after
 the head is replaced ("full fine-tuning"). The architecture is Google's
@@ -9,7 +9,7 @@ width 384, a learned class token and position embeddings (197 = 14² + 1
 tokens), 12 pre-LayerNorm encoder blocks (6-head self-attention, MLP
 384 → 1536 → 384 with GELU), a final LayerNorm, and a linear head on the class
 token. Parameters: 21,665,664 in the backbone, + 385 per class: 21,704,164
-with 100 classes (CIFAR-100) and 21,743,819 with 203 (GLD-23K), seed 002's
+with 100 classes (CIFAR-100) and 21,743,819 with 203 (GLD-23K), the FedAda2 paper's
 counts. As in Google's code, LayerNorm ε = 1e-6, GELU is the tanh
 approximation (Flax's `nn.gelu`), and the new head is zero-initialised (the
 ViT paper's fine-tuning recipe). The model returns logits.
@@ -51,7 +51,7 @@ layers = tf.keras.layers
 
 FINETUNE_MODES = ('head', 'full')
 LAYER_NORM_EPSILON = 1e-6
-# ImageNet statistics (seed 002's CIFAR-100 normalisation).
+# ImageNet statistics (the FedAda2 paper's CIFAR-100 normalisation).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
