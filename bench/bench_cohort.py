@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
+from workflow import algorithm_builders as builders
 from workflow import algorithms as registry
 
 EXECUTIONS = collections.OrderedDict([
@@ -78,11 +79,12 @@ def build(algorithm: str, task, settings, key: str):
   if not entry.cohort:
     return None, entry.cohort.why
   execution = cohort.CohortExecution(**EXECUTIONS[key])
-  # What registry.build does for --execution=cohort, with the execution given
+  # What builders.build does for --execution=cohort, with the execution given
   # whole (the registry's flags do not reach in_process).
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
-    process = entry.build(task, settings, execution=execution, measure_client_drift=False)
+    process = builders.entry_builder(algorithm)(task, settings, execution=execution,
+                                                measure_client_drift=False)
   if cohort.is_cohort(process):
     return process, None
   notes = [str(w.message) for w in caught if 'cohort execution does not apply' in str(w.message)]

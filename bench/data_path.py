@@ -93,11 +93,11 @@ def child_rounds(args, task_name, clients):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  from workflow import algorithm_builders  # pylint: disable=g-import-not-at-top
   from workflow import program  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   task = _create_task(args, task_name)
-  process = algorithms.build(task, _settings(args))
+  process = algorithm_builders.build(task, _settings(args))
   state = process.initialize()
   ids_all = list(task.train_data.client_ids)
   k = args.local_steps

@@ -65,7 +65,7 @@ import tensorflow_federated as tff
 import bench_cohort
 import bench_models
 from tff_adaptive.execution import runtime
-from workflow import algorithms as registry
+from workflow import algorithm_builders as registry
 
 SCHEMA_VERSION = 1
 OTHER_SCRIPTS = ('conditioning', 'client_step_cost')

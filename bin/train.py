@@ -20,40 +20,49 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 
-# pylint: disable=g-import-not-at-top,unused-import
-# TensorFlow must be imported before absl's app.run: imported inside main(),
-# Keras 2.14 builds Sequential models from plain tensors and fails.
-import tensorflow as tf
+# pylint: disable=g-import-not-at-top
 from workflow import cli
 from workflow import train_flags
 from workflow import train_help
-from tff_adaptive.execution import runtime
 
 train_flags.define_flags()  # the table of workflow/train_flags.py, in groups
 FLAGS = flags.FLAGS
+_RESOLVED = []  # (settings, notes) of the parsed command line, for main()
 
 
 def parse_flags(argv):
-  """absl's parser for bin/train: one-line errors; `--help` is the grouped help."""
+  """absl's parser for bin/train: --help and every refusal before TensorFlow loads.
+
+  The flag table, the registries' names and every check of the settings load
+  without TensorFlow, so `--help` and a refused command (one line, exit 2)
+  answer at once.
+  """
   if cli.wants_help(argv):
-    runtime.track_tff_workers()  # TFF's default context then exits quietly
     sys.stdout.write(train_help.grouped_help(os.path.basename(argv[0]), __doc__))
     sys.exit(0)
   try:
-    return cli.parse_flags(argv, FLAGS)
+    rest = cli.parse_flags(argv, FLAGS)
+    if len(rest) > 1:
+      raise cli.UsageError(f'unexpected arguments: {" ".join(rest[1:])}')
+    settings, notes = cli.resolve_flags(FLAGS)
+    cli.check_settings(settings)
   except cli.UsageError as e:
     sys.exit(cli.report(e))
+  _RESOLVED.append((settings, notes))
+  # TensorFlow loads here, before absl calls main(): imported inside main(),
+  # Keras 2.14 builds Sequential models from plain tensors and fails.
+  import tensorflow  # pylint: disable=unused-import
+  return rest
 
 
 def main(argv):
+  del argv  # parse_flags refused any left over
+  from tff_adaptive.execution import runtime
   # First: from here on TFF's workers are tracked and its exit-time
   # ServiceManager noise is disarmed, whichever way this program ends.
   runtime.track_tff_workers()
   try:
-    if len(argv) > 1:
-      raise cli.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-    settings, notes = cli.resolve_flags(FLAGS)
-    cli.run_training(settings, notes)
+    cli.run_training(*_RESOLVED[-1])
   except cli.RunError as e:
     sys.exit(cli.report(e))
 

@@ -6,19 +6,19 @@ holding LEAF's JSON: the per-user train/test split files `train/*.json` and
 unsplit `all_data/*.json`, which we then split per user ourselves (80/20; a
 random 20% of each user's samples, or for Shakespeare the last 20%).
 
-* `sent140` (seed 000 Appendix B.2, thesis §5.2.1): LEAF's users with >= 10
+* `sent140` (FedGBO paper Appendix B.2, thesis §5.2.1): LEAF's users with >= 10
   tweets; each tweet becomes a normalised bag-of-words over the 5,000 most
   frequent space-separated tokens of the training tweets; tweets with none of
   them are discarded. Binary sentiment, linear model (10,002 parameters). The
   papers' batch size is 8.
-* `femnist` (seed 000 B.3, thesis §5.2.1): 28x28 images inverted to
-  white-on-black as in seed 000, 62 classes; the first 3,000 writers (in file
+* `femnist` (FedGBO paper B.3, thesis §5.2.1): 28x28 images inverted to
+  white-on-black as in the FedGBO paper, 62 classes; the first 3,000 writers (in file
   order, as the FedGBO code loads them) unless `--num_clients` says otherwise.
-  Models: seed 000's CNN (870,334 parameters) or the thesis' DNN (209,662).
-* `shakespeare_leaf` (seed 000 B.4, thesis §5.2.1): LEAF's 80-character
+  Models: the FedGBO paper's CNN (870,334 parameters) or the thesis' DNN (209,662).
+* `shakespeare_leaf` (FedGBO paper B.4, thesis §5.2.1): LEAF's 80-character
   sequences, each labelled with the next character, over the 79-character
   vocabulary of the FedGBO code (LEAF's letters without the newline); GRU
-  models of seed 000/thesis (128 units, 162,887 parameters) or seed 001 (256).
+  models of the FedGBO paper/thesis (128 units, 162,887 parameters) or the decaying-K paper (256).
 
 LEAF's JSON has to be parsed whole, file by file, so on first use each task
 converts it once into TFF's SQLite client-data layout (one tf.Example per
@@ -292,7 +292,7 @@ def _encode_sent140(samples: UserSamples, settings: Mapping[str, Any]):
     examples = []
     for sample, label in zip(xs, ys):
       tokens = [index[w] for w in _tweet_text(sample).split(' ') if w in index]
-      if tokens:  # seed 000 discards tweets without any vocabulary token
+      if tokens:  # the FedGBO paper discards tweets without any vocabulary token
         examples.append(data_files.serialize_example({'tokens': tokens,
                                                        'label': _label(label, 2)}))
     splits.append(examples)
@@ -431,7 +431,7 @@ def _preprocess_fn(to_xy: Callable, batch_size: int, num_epochs: int, seed: int,
 
 
 def _femnist_xy(example):
-  # Seed 000: inverted so that strokes are bright on a dark background.
+  # The FedGBO paper: inverted so that strokes are bright on a dark background.
   x = tf.reshape(1.0 - example['pixels'], (28, 28, 1))
   return collections.OrderedDict(x=x, y=tf.cast(example['label'], tf.int32))
 
@@ -517,12 +517,3 @@ def create_shakespeare_leaf(*, shakespeare_leaf_model: str, data_dir: str, num_c
                                                         SHAKESPEARE_SEQUENCE_LENGTH, units, seed),
                 len(SHAKESPEARE_VOCAB), data_dir=data_dir, num_clients=num_clients,
                 batch_size=batch_size, num_epochs=num_epochs, seed=seed, shuffle_buffer=10_000)
-
-
-# Task name → factory; keyword parameters named after tasks.settings.TaskSettings
-# fields and the run's batch_size / num_epochs / seed (tasks/registry.py).
-TASK_BUILDERS: dict[str, Callable[..., base.FederatedTask]] = {
-    'sent140': create_sent140,
-    'femnist': create_femnist,
-    'shakespeare_leaf': create_shakespeare_leaf,
-}

@@ -9,6 +9,10 @@ TaskSettings` (bin/train's task flags: `data_dir`, `num_clients`,
 (the run's directory, None outside a training run). A factory's signature is
 therefore the list of what it reads.
 
+The names load without TensorFlow (bin/train checks --task before it
+imports TensorFlow): `TASKS` names each factory's module and function, and
+`factory(name)` imports it when a task is built.
+
 Besides the registered names, `--task=package.module:function` trains a task
 defined outside this package, by the same rule: `function` names the
 arguments it wants (a parameter outside that set is a ValueError naming
@@ -24,18 +28,12 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-from tasks import base
-from tasks import cifar10_lda
-from tasks import digits
-from tasks import gld
-from tasks import leaf
-from tasks import synthetic
-from tasks import thesis
-from tasks import tff_native
-from tasks import vit_tasks
 from tasks.settings import TaskSettings
+
+if TYPE_CHECKING:
+  from tasks import base  # pylint: disable=g-import-not-at-top
 
 # What a task factory may name besides the TaskSettings fields.
 RUN_ARGUMENTS = ('batch_size', 'num_epochs', 'seed', 'run_dir')
@@ -43,31 +41,53 @@ ARGUMENT_NAMES = tuple(f.name for f in dataclasses.fields(TaskSettings)) + RUN_A
 
 
 def _digits(*, partition: str, num_clients: int, dirichlet_alpha: float, digits_model: str,
-            batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
+            batch_size: int, num_epochs: int, seed: int) -> 'base.FederatedTask':
+  from tasks import digits  # pylint: disable=g-import-not-at-top
   return digits.create_task(
       partition=partition, num_clients=num_clients or 20, alpha=dirichlet_alpha,
       model=digits_model, batch_size=batch_size, num_epochs=num_epochs, seed=seed)
 
 
 def _synthetic(*, synthetic_alpha: float, synthetic_beta: float, num_clients: int,
-               batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
+               batch_size: int, num_epochs: int, seed: int) -> 'base.FederatedTask':
+  from tasks import synthetic  # pylint: disable=g-import-not-at-top
   return synthetic.create_task(
       alpha=synthetic_alpha, beta=synthetic_beta, num_clients=num_clients or 30,
       batch_size=batch_size, num_epochs=num_epochs, seed=seed)
 
 
-TASKS: dict[str, Callable[..., base.FederatedTask]] = {
-    'digits': _digits,
-    'synthetic': _synthetic,
-    **tff_native.TASK_BUILDERS,
-    **leaf.TASK_BUILDERS,
-    **thesis.TASK_BUILDERS,
-    # Seed 002's ViT-S/16 tasks and seed 003's CIFAR-10 split (docs/tasks_vit.md), which
-    # dispatch to the entries above they replace.
-    'cifar100_image': vit_tasks.create_cifar100_image,
-    'cifar10': cifar10_lda.create_cifar10,
-    'gld23k': gld.create_gld23k,
+# Task name → its factory, as 'module:function' (imported by `factory`), or the
+# factory itself (a script or test may register one at run time).
+TASKS: dict[str, Union[str, Callable[..., 'base.FederatedTask']]] = {
+    'digits': 'tasks.registry:_digits',
+    'synthetic': 'tasks.registry:_synthetic',
+    # TFF's simulation datasets (docs/tasks.md).
+    'emnist_character': 'tasks.tff_native:create_emnist_character',
+    'emnist_autoencoder': 'tasks.tff_native:create_emnist_autoencoder',
+    'shakespeare_character': 'tasks.tff_native:create_shakespeare_character',
+    'stackoverflow_word': 'tasks.tff_native:create_stackoverflow_word',
+    'stackoverflow_tag': 'tasks.tff_native:create_stackoverflow_tag',
+    # LEAF's JSON format.
+    'sent140': 'tasks.leaf:create_sent140',
+    'femnist': 'tasks.leaf:create_femnist',
+    'shakespeare_leaf': 'tasks.leaf:create_shakespeare_leaf',
+    # The thesis' MNIST; its CIFAR-10 goes through cifar10_lda (Dirichlet split).
+    'mnist': 'tasks.thesis:create_mnist',
+    # The ViT-S/16 image tasks (docs/tasks_vit.md), which dispatch to TFF's
+    # CIFAR-100 and the thesis' CIFAR-10 for their CNNs.
+    'cifar100_image': 'tasks.vit_tasks:create_cifar100_image',
+    'cifar10': 'tasks.cifar10_lda:create_cifar10',
+    'gld23k': 'tasks.gld:create_gld23k',
 }
+
+
+def factory(name: str) -> Callable[..., 'base.FederatedTask']:
+  """The factory of the registered task `name` (its module imported now)."""
+  target = TASKS[name]
+  if callable(target):
+    return target
+  module_name, _, function_name = target.partition(':')
+  return getattr(importlib.import_module(module_name), function_name)
 
 
 def is_custom(name: str) -> bool:
@@ -75,7 +95,7 @@ def is_custom(name: str) -> bool:
   return ':' in name
 
 
-def custom_task_function(name: str) -> Callable[..., base.FederatedTask]:
+def custom_task_function(name: str) -> Callable[..., 'base.FederatedTask']:
   """The function of `--task=package.module:function`; ValueError naming --task if absent,
   or if it has a parameter that `create_task` cannot fill (checked here, before any output)."""
   module_name, _, function_name = name.partition(':')
@@ -148,7 +168,8 @@ def _import_user_module(name: str, module_name: str):
 
 
 def _call_task_function(name: str, arguments: Callable[[tuple[str, ...]], dict[str, Any]]
-                        ) -> base.FederatedTask:
+                        ) -> 'base.FederatedTask':
+  from tasks import base  # pylint: disable=g-import-not-at-top,redefined-outer-name
   function = custom_task_function(name)
   wanted = arguments(_custom_parameters(name, function))
   try:
@@ -162,7 +183,7 @@ def _call_task_function(name: str, arguments: Callable[[tuple[str, ...]], dict[s
 
 
 def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, seed: int,
-                run_dir: Optional[str] = None) -> base.FederatedTask:
+                run_dir: Optional[str] = None) -> 'base.FederatedTask':
   """The task `settings.task` names, built from the arguments its factory names.
 
   Args:
@@ -185,5 +206,5 @@ def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, see
   if name not in TASKS:
     raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}, or '
                      f'package.module:function; got {name!r}')
-  factory = TASKS[name]
-  return factory(**arguments(tuple(inspect.signature(factory).parameters)))
+  build = factory(name)
+  return build(**arguments(tuple(inspect.signature(build).parameters)))

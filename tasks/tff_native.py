@@ -1,19 +1,19 @@
 """TFF's own simulation tasks, with the source papers' model variants.
 
 The task suite of "Adaptive Federated Optimization" (Reddi et al., ICLR 2021;
-seed 003, section 5 and its Appendix C), built with `tff.simulation.baselines`
+the FedOpt paper, section 5 and its Appendix C), built with `tff.simulation.baselines`
 on the federated datasets of `tff.simulation.datasets`, with TFF's own
 preprocessing:
 
 | task                  | data (file in --data_dir)  | models (`--<task>_model`)              |
 |-----------------------|----------------------------|----------------------------------------|
 | cifar100_image        | cifar100.sqlite            | resnet18 (GroupNorm, 24x24 crops),     |
-|                       |                            | fedgbo_cnn (seed 000, 32x32)           |
+|                       |                            | fedgbo_cnn (FedGBO paper, 32x32)       |
 | emnist_character      | emnist_all.sqlite          | cnn_dropout (Reddi), cnn, 2nn,         |
-|                       |                            | fedgbo_cnn (seed 000's FEMNIST CNN)    |
+|                       |                            | fedgbo_cnn (FedGBO paper's FEMNIST CNN)|
 | emnist_autoencoder    | emnist_all.sqlite          | TFF's bottleneck autoencoder           |
-| shakespeare_character | shakespeare.sqlite         | lstm (TFF), gru128 (seed 000),         |
-|                       |                            | gru256 (seed 001)                      |
+| shakespeare_character | shakespeare.sqlite         | lstm (TFF), gru128 (FedGBO paper),     |
+|                       |                            | gru256 (decaying-K paper)              |
 | stackoverflow_word    | stackoverflow.sqlite + the | TFF's LSTM 670 (10k vocabulary)        |
 |                       | word counts                |                                        |
 | stackoverflow_tag     | stackoverflow.sqlite + the | logistic regression 10k -> 500 tags,   |
@@ -23,10 +23,10 @@ Data are never loaded whole: TFF's `SqlClientData` reads one client's
 examples per query when that client is sampled, and the Stack Overflow
 evaluation reads only the 10,000 test examples Reddi et al. validate on.
 
-Model variants reuse the TFF task's datasets and preprocessing, except seed
-000's CIFAR-100 CNN, which takes seed 000's own preprocessing: 32x32 images
+Model variants reuse the TFF task's datasets and preprocessing, except the
+FedGBO paper's CIFAR-100 CNN, which takes the FedGBO paper's own preprocessing: 32x32 images
 normalised per channel, random horizontal flip, then a random 32x32 crop of
-the image zero-padded by 4 (SPEC §9/§10; the FedGBO code's
+the image zero-padded by 4 (docs/tasks.md and docs/algorithms.md#errata; the FedGBO code's
 `RandomCrop(32, padding=4)`).
 
 TFF's shuffle buffers are unseeded (TFF's choice), so client datasets, unlike
@@ -60,7 +60,7 @@ _BASELINES = tff.simulation.baselines
 CIFAR100_MODELS = ('resnet18', 'fedgbo_cnn')
 EMNIST_CHARACTER_MODELS = ('cnn_dropout', 'cnn', '2nn', 'fedgbo_cnn')
 SHAKESPEARE_CHARACTER_MODELS = ('lstm', 'gru128', 'gru256')
-RESNET_CROP = 24  # SPEC §9: ResNet-18 on 24x24 crops, as Reddi et al.
+RESNET_CROP = 24  # docs/tasks.md: ResNet-18 on 24x24 crops, as Reddi et al.
 SHAKESPEARE_SEQUENCE_LENGTH = 80
 STACKOVERFLOW_SEQUENCE_LENGTH = 20
 STACKOVERFLOW_WORD_VOCAB = 10_000
@@ -216,7 +216,7 @@ def _restrict_train_data(data: tff.simulation.datasets.ClientData, num_clients: 
   """Optionally caps each client's examples and samples a subset of clients.
 
   The cap keeps each client's first examples (the same ones every round, as
-  seed 001's "maximum of 250 samples per client"); the subset is a seeded
+  the decaying-K paper's "maximum of 250 samples per client"); the subset is a seeded
   uniform sample, kept lazy by reusing the serializable per-client dataset
   function.
   """
@@ -290,7 +290,7 @@ FEDGBO_CIFAR_STD = (0.2023, 0.1994, 0.2010)
 
 
 def fedgbo_cifar100_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, distort: bool):
-  """Seed 000's CIFAR-100 pipeline, in the order of TFF's preprocess functions."""
+  """The FedGBO paper's CIFAR-100 pipeline, in the order of TFF's preprocess functions."""
   mean = tf.constant(FEDGBO_CIFAR_MEAN)
   std = tf.constant(FEDGBO_CIFAR_STD)
 
@@ -307,8 +307,9 @@ def fedgbo_cifar100_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, dis
 
 
 def create_cifar100_model(model: str = 'resnet18', seed: int = 0) -> tf.keras.Model:
-  """TFF's ResNet-18 with GroupNorm on 24x24 crops (softmax output), or seed
-  000's CNN on 32x32 images (logits)."""
+  """TFF's ResNet-18 with GroupNorm on 24x24 crops (softmax output), or the
+  FedGBO paper's CNN on 32x32
+ images (logits)."""
   _check_model('cifar100_image_model', model, CIFAR100_MODELS)
   if model == 'resnet18':
     return tff.simulation.models.resnet_models.create_resnet18(
@@ -352,7 +353,7 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
 
 
 def create_emnist_character_model(model: str = 'cnn_dropout', seed: int = 0) -> tf.keras.Model:
-  """TFF's EMNIST-62 models (softmax outputs) or seed 000's FEMNIST CNN (logits)."""
+  """TFF's EMNIST-62 models (softmax outputs) or the FedGBO paper's FEMNIST CNN (logits)."""
   _check_model('emnist_character_model', model, EMNIST_CHARACTER_MODELS)
   if model == 'fedgbo_cnn':
     return paper_cnns.create_femnist_cnn(seed=seed)
@@ -528,15 +529,3 @@ def create_stackoverflow_tag(*, data_dir: str, num_clients: int, max_client_exam
       trace_client_datasets=True, name='stackoverflow_tag', baseline=baseline,
       keras_model_fn=lambda: create_stackoverflow_logistic_regression(len(words), len(tags)),
       num_classes=len(tags), evaluation=evaluation)
-
-
-# Task name → factory; keyword parameters named after tasks.settings.TaskSettings
-# fields and the run's batch_size / num_epochs / seed (tasks/registry.py).
-TASK_BUILDERS: dict[str, Callable[..., base.FederatedTask]] = {
-    'cifar100_image': create_cifar100_image,
-    'emnist_character': create_emnist_character,
-    'emnist_autoencoder': create_emnist_autoencoder,
-    'shakespeare_character': create_shakespeare_character,
-    'stackoverflow_word': create_stackoverflow_word,
-    'stackoverflow_tag': create_stackoverflow_tag,
-}

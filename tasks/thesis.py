@@ -1,4 +1,4 @@
-"""The thesis' MNIST and CIFAR-10 tasks (seed 004, chapters 3 and 4).
+"""The thesis' MNIST and CIFAR-10 tasks (thesis chapters 3 and 4).
 
 Chapter 3 (CE-FedAvg) and chapter 4 (MTFL) split the official training set
 over W clients (`--num_clients`):
@@ -314,11 +314,3 @@ def create_cifar10(*, cifar10_model: str, data_dir: str, partition: str, num_cli
   return _create('cifar10', load_cifar10, lambda: builder(seed=seed), data_dir=data_dir,
                  partition=partition, num_clients=num_clients, dirichlet_alpha=dirichlet_alpha,
                  batch_size=batch_size, num_epochs=num_epochs, seed=seed)
-
-
-# Task name → factory; keyword parameters named after tasks.settings.TaskSettings
-# fields and the run's batch_size / num_epochs / seed (tasks/registry.py).
-TASK_BUILDERS: dict[str, Callable[..., base.FederatedTask]] = {
-    'mnist': create_mnist,
-    'cifar10': create_cifar10,
-}

@@ -4,7 +4,7 @@ The processes are built the way bin/train builds them (the algorithm registry,
 on the digits task with its MLP), run for one round, and their `cost/...`
 measurements are checked against numbers derived independently: bits from the
 parameter count |x| of the Keras model, FLOPs from `flops.client_flops`
-(SPEC §8, eq. 22 of seed 000).
+(docs/algorithms.md#costs, eq. 22 of the FedGBO paper).
 
 What the download counts (the composer's processes): the model weights, the
 broadcast optimiser state, and the round's hyperparameters η (float32) and K
@@ -27,7 +27,7 @@ from workflow import program
 from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
 from tff_adaptive.algorithms import composer
-from workflow import algorithms as registry
+from workflow import algorithm_builders as registry
 from workflow import config
 
 K, B = 3, 10

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from workflow import algorithm_builders
 from workflow import algorithm_table
 from workflow import algorithms
 from workflow import cli
@@ -66,7 +67,7 @@ def test_one_check_refuses_in_validation_and_in_build(args, flag):
   with pytest.raises(cli.UsageError) as usage:
     cli.validate(settings)
   with pytest.raises(algorithms.ConfigError) as refused:
-    algorithms.build(None, settings)  # refused before the task is used
+    algorithm_builders.build(None, settings)  # refused before the task is used
   assert str(usage.value) == str(refused.value)
   assert flag in str(usage.value) and '\n' not in str(usage.value)
 
@@ -86,12 +87,12 @@ def test_round_options_reach_the_entry_as_keywords(monkeypatch):
   monkeypatch.setitem(algorithms.ALGORITHMS, 'recorder', algorithms.AlgorithmEntry(build, 'test'))
   settings = config.from_flags({'algorithm': 'recorder', 'client_learning_rate': 0.1,
                                 'measure_client_drift': True, 'execution': 'per_client'})
-  process = algorithms.build(None, settings)
+  process = algorithm_builders.build(None, settings)
   assert seen == {'measure_client_drift': True, 'execution': 'per_client'}
   assert process.execution_line == 'execution: per_client (--execution=per_client)'
   monkeypatch.setitem(algorithms.ALGORITHMS, 'recorder', algorithms.AlgorithmEntry(
       build, 'test', cohort=algorithms.No('a reason of its own')))
-  process = algorithms.build(None, settings.replace(execution='cohort'))
+  process = algorithm_builders.build(None, settings.replace(execution='cohort'))
   assert seen['execution'] == 'per_client'
   assert process.execution_line == 'execution: per_client (--algorithm=recorder: a reason of its own)'
 
@@ -108,14 +109,13 @@ def build_toy(model_fn, client_optimizer_fn, server_optimizer_fn=None, *, local_
   return fedopt.build_fedopt(model_fn, client_optimizer_fn, server_optimizer_fn,
                              local_steps=local_steps, algorithm='toy', **options)
 '''
-TOY_IMPORT = 'from tff_adaptive.algorithms import toy\n'
-TOY_ENTRY = ("    'toy': AlgorithmEntry(builders.standard(toy.build_toy), 'a toy FedAvg', "
+TOY_ENTRY = ("    'toy': AlgorithmEntry('tff_adaptive.algorithms.toy:build_toy', 'a toy FedAvg', "
              "('sgd', 'sgdm')),\n")
 REGISTRY_START = 'ALGORITHMS: dict[str, AlgorithmEntry] = {\n'
 
 
 def _copy_with_toy(tmp_path):
-  """The checkout's code in tmp_path, plus the toy's module, its import and its entry."""
+  """The checkout's code in tmp_path, plus the toy's module and its one entry."""
   ignore = shutil.ignore_patterns('__pycache__', '*.pyc')
   for folder in ('tff_adaptive', 'workflow', 'tasks', 'bin'):
     shutil.copytree(os.path.join(ROOT, folder), tmp_path / folder, ignore=ignore)
@@ -123,9 +123,7 @@ def _copy_with_toy(tmp_path):
   registry = tmp_path / 'workflow' / 'algorithms.py'
   text = registry.read_text()
   assert text.count(REGISTRY_START) == 1
-  anchor = 'from tff_adaptive.algorithms import fedopt\n'
-  text = text.replace(anchor, anchor + TOY_IMPORT).replace(REGISTRY_START,
-                                                           REGISTRY_START + TOY_ENTRY)
+  text = text.replace(REGISTRY_START, REGISTRY_START + TOY_ENTRY)
   registry.write_text(text)
 
 
@@ -143,7 +141,7 @@ def _flag_block(help_text, flag):
 
 @pytest.fixture(scope='module')
 def toy_copy(tmp_path_factory):
-  """A copy of the checkout's code with the toy added (module, import, one entry)."""
+  """A copy of the checkout's code with the toy added (its module and one entry)."""
   path = tmp_path_factory.mktemp('toy')
   _copy_with_toy(path)
   return path

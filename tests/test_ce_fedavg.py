@@ -1,4 +1,4 @@
-"""CE-FedAvg and compressed uploads at the TFF level (thesis ch. 3, SPEC §6).
+"""CE-FedAvg and compressed uploads at the TFF level (thesis ch. 3, docs/algorithms.md#ce-fedavg).
 
 The NumPy codec (Golomb, UniQ, ExpQ, top-k, bit counts, corrupted or
 truncated bitstrings) is unit-tested in test_compression.py; here the codec
@@ -8,7 +8,7 @@ inside learning processes:
     decodes;
   * compressed FedAvg with s = 0 and no quantisation is FedAvg (and CE-FedAvg
     is MFL-Adam);
-  * the bits the aggregator measures on seed 000's CIFAR100 CNN (1.25M
+  * the bits the aggregator measures on the FedGBO paper's CIFAR100 CNN (1.25M
     parameters) are within a few percent of eqs. 3.1/3.2 and of the nominal
     ratios 7.62/9.06 (s = 0.6) and 25.09/33.38 (s = 0.9);
   * bad flags exit 2 naming the flag.
@@ -30,7 +30,7 @@ from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
-from workflow import algorithms as registry
+from workflow import algorithm_builders as registry
 from workflow import config
 from tff_adaptive.compression import codec
 from tff_adaptive.compression import sparsify
@@ -259,8 +259,7 @@ def test_builders_name_the_argument_and_the_registry_the_flag():
     registry.build(None, config.from_flags(dict(algorithm='ce_fedavg', client_optimizer='adam',
                                                 upload_compression='none')))
   with pytest.raises(registry.ConfigError, match='--upload_compression'):
-    registry.upload_compression(config.from_flags(dict(algorithm='mimelite',
-                                                       upload_compression='topk')))
+    registry.build(None, config.from_flags(dict(algorithm='mimelite', upload_compression='topk')))
 
 
 def test_bin_train_bad_input_exits_2_with_one_line(tmp_path):

@@ -1,4 +1,4 @@
-"""Client drift (seed 000 Fig. 6.1): the sum-of-unit-vectors identity and the round metric.
+"""Client drift (FedGBO paper Fig. 6.1): the sum-of-unit-vectors identity and the round metric.
 
 The composer measures mean pairwise cosine distances from Σ u_i alone
 (`accounting/drift.py`); these tests compare it with a pair-by-pair NumPy
@@ -18,7 +18,7 @@ import algorithm_testing as at
 from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
-from workflow import algorithms as registry
+from workflow import algorithm_builders as registry
 from workflow import config
 
 K = 3

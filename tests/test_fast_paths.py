@@ -73,7 +73,7 @@ def test_client_model_zeroes_trainables_and_keeps_other_initialisers():
 
 def test_client_model_trains_like_the_plain_model_in_a_process():
   """Weights assigned from the broadcast: FedAvg rounds are identical."""
-  from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
+  from workflow import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
   from workflow import config  # pylint: disable=g-import-not-at-top
@@ -187,7 +187,7 @@ def test_native_profile_smoke(tmp_path):
 def test_in_place_serialization_gives_tffs_protos():
   from tensorflow_federated.python.core.impl.executors import value_serialization as vs  # pylint: disable=g-import-not-at-top
   import collections  # pylint: disable=g-import-not-at-top
-  from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
+  from workflow import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
   from workflow import config  # pylint: disable=g-import-not-at-top

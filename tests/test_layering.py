@@ -185,6 +185,44 @@ def test_the_probe_sees_explicit_tracking(tmp_path):
       '_serialize_struct_type', '_serialize_federated_value', 'subprocess'}
 
 
+# What bin/train runs before it imports TensorFlow: the flag table, both
+# registries' names, defaults and checks, --help, and the run-directory checks.
+_BEFORE_TENSORFLOW = textwrap.dedent('''
+    import sys
+    from tasks import registry
+    from workflow import cli, train_help
+    settings, _ = cli.config_from_args(['--algorithm=fedgbo', '--task=shakespeare_leaf',
+                                        '--root_output_dir=/nonexistent/runs'])
+    cli.validate(settings)
+    cli.experiment_dir(settings)
+    train_help.grouped_help()
+    for refused in (['--algorithm=nope'], ['--task=nope'], ['--algorithm=mfl', '--dp']):
+        try:
+            cli.validate(cli.config_from_args(refused)[0])
+        except cli.UsageError:
+            pass
+        else:
+            raise AssertionError(refused)
+    print(sorted(m for m in ('tensorflow', 'tensorflow_federated', 'keras') if m in sys.modules))
+''')
+
+
+def test_flag_checks_and_registry_names_load_without_tensorflow():
+  out = subprocess.run([sys.executable, '-c', _BEFORE_TENSORFLOW], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().splitlines()[-1] == '[]', out.stdout
+
+
+def test_the_tensorflow_probe_can_fail():
+  """Building a process does load TensorFlow: the probe above would see it."""
+  code = _BEFORE_TENSORFLOW.replace('train_help.grouped_help()',
+                                    'from workflow import algorithm_builders')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert 'tensorflow' in out.stdout.strip().splitlines()[-1], out.stdout + out.stderr[-2000:]
+
+
 def test_library_does_not_see_the_checkout_tooling(tmp_path):
   """Installed editable, only `tff_adaptive` is importable from outside the checkout."""
   code = ('import importlib.util as u; import tff_adaptive; '

@@ -25,8 +25,9 @@ from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
-from workflow import algorithms as registry
+from workflow import algorithm_builders as registry
 from workflow import config
+from workflow import validation
 
 D, C, B = at.D, at.C, at.B
 K = 3
@@ -499,9 +500,9 @@ def test_bad_input_gets_clear_errors(tmp_path):
                      match=r"different experiment \(experiment is 'a' there, 'b' here\)"):
     client_state.ClientStateStore(str(tmp_path), layout, {'experiment': 'b'})
   with pytest.raises(ValueError, match='--noisy_client_fraction needs a personalised'):
-    personalization.validate(config.from_flags({'algorithm': 'fedavg',
-                                                'noisy_client_fraction': 0.2,
-                                                'noise_stddev': 1.0}))
+    validation.check_personalized(config.from_flags({'algorithm': 'fedavg',
+                                                     'noisy_client_fraction': 0.2,
+                                                     'noise_stddev': 1.0}))
 
 
 def test_personalized_process_hyperparameters_round_trip():

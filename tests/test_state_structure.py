@@ -13,7 +13,7 @@ import tensorflow_federated as tff
 from tasks import digits
 from workflow import program
 from tff_adaptive.execution import runtime
-from workflow import algorithms as registry
+from workflow import algorithm_builders as registry
 from workflow import config
 
 # (algorithm, extra flags): one client optimiser with state for each.

@@ -20,7 +20,7 @@ RUN = dict(batch_size=5, num_epochs=2, seed=7, run_dir='/tmp/run')
 
 @pytest.mark.parametrize('name', sorted(registry.TASKS))
 def test_registered_factories_name_only_what_create_task_passes(name):
-  parameters = inspect.signature(registry.TASKS[name]).parameters.values()
+  parameters = inspect.signature(registry.factory(name)).parameters.values()
   assert parameters, name
   for parameter in parameters:
     assert parameter.name in registry.ARGUMENT_NAMES, (name, parameter.name)

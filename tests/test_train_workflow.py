@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+from workflow import algorithm_builders
 from workflow import algorithms
 from workflow import cli
 from workflow import config
@@ -113,7 +114,7 @@ def test_explicit_flags_win_and_contradictions_fail_in_one_line():
     settings, _ = cli.config_from_args(args)
     with pytest.raises((cli.UsageError, algorithms.ConfigError)) as error:
       cli.validate(settings)
-      algorithms.build(None, settings)
+      algorithm_builders.build(None, settings)
     assert flag in str(error.value) and '\n' not in str(error.value)
   # A preset's flags count as given: the algorithm's default does not override them.
   settings, notes = cli.config_from_args(['--preset=fedgbo:femnist', '--algorithm=fedgbo'])

@@ -1,18 +1,23 @@
-"""Typed settings (`workflow.config.Settings`) turned into each library builder's arguments.
+"""The learning process of the typed settings (`build`), and each algorithm's builder.
 
-One function per `--algorithm` entry of workflow/algorithms.py: (task, settings,
-**round options) -> learning process. The round options (`measure_client_drift`,
-`execution`: `composer.RoundOptions` fields) come from `algorithms.build`,
-which has already refused every flag the entry says the algorithm lacks
-(`AlgorithmEntry`), so these functions only translate.
+`build(task, settings)` builds the process of `settings.server.algorithm`:
+its registry entry (workflow/algorithms.py, which loads without TensorFlow)
+names one function here, (task, settings, **round options) -> learning
+process. The round options (`measure_client_drift`, `execution`:
+`composer.RoundOptions` fields) come from `build`, which has already refused
+every flag the entry says the algorithm lacks (`AlgorithmEntry`), so these
+functions only translate settings into the library builder's arguments.
 
-`standard` is the entry of a library builder with the package's usual
-signature; a new algorithm that has it needs no function here.
+An entry may instead name a library builder with the package's usual
+signature as 'package.module:function' (`standard`): a new algorithm that
+has it needs no function here.
 """
 
 import dataclasses
+import importlib
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -36,31 +41,22 @@ from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
 from tff_adaptive.algorithms import scaffold
+from tff_adaptive.execution import worker_process
 from tff_adaptive.optimizers import biased as biased_optimizers
+from tff_adaptive.rounds import cohort
+from workflow import algorithms
 from workflow import config
-
-
-class ConfigError(ValueError):
-  """A flag value the chosen algorithm cannot use; the message names the flag."""
-
+from workflow import library_flags
 
 # (task, settings, **round options) -> learning process.
 Builder = Callable[..., tff.learning.templates.LearningProcess]
 
 WEIGHTINGS = {'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
               'uniform': tff.learning.ClientWeighting.UNIFORM}
-UPLOAD_COMPRESSIONS = ('none', 'topk', 'topk_uniq')
-AGGREGATORS = ('mean', 'robust', 'secure')
-# The seed's table (SPEC §2); the library's FedGBO/MFL also take an AdaGrad.
-BIASED_FLAG_OPTIMIZERS = ('sgdm', 'rmsprop', 'adam')
-MIME_OPTIMIZERS = ('sgd', 'sgdm', 'rmsprop', 'adam')
 
-
+ConfigError = algorithms.ConfigError
 Settings = config.Settings
-
-
-def uses_dp(settings: Settings) -> bool:
-  return bool(settings.aggregation.dp)
+uses_dp = algorithms.uses_dp
 
 
 def _weighting(settings: Settings):
@@ -104,13 +100,8 @@ def model_aggregator(settings: Settings):
   return tff.learning.secure_aggregator(**kwargs)
 
 
-def needs_secure_context(settings: Settings) -> bool:
-  """Secure aggregation's intrinsics run on TFF's test C++ context, not the native one."""
-  return (settings.aggregation.aggregator or 'mean') == 'secure'
-
-
 def fb_flops_per_example(task: task_base.FederatedTask) -> float:
-  """Forward+backward FLOPs per example of the task's Keras model (SPEC §8)."""
+  """Forward+backward FLOPs per example of the task's Keras model (docs/algorithms.md#costs)."""
   try:
     return float(flops.model_counts(task.keras_model_fn()).fb_flops)
   except (NotImplementedError, ValueError) as e:
@@ -119,7 +110,7 @@ def fb_flops_per_example(task: task_base.FederatedTask) -> float:
 
 
 def round_keywords(task, settings: Settings, **options) -> dict[str, Any]:
-  """The `RoundOptions` keywords of the settings, with the round options from `algorithms.build`."""
+  """The `RoundOptions` keywords of the settings, with the round options from `build`."""
   return dict(client_weighting=_weighting(settings), model_aggregator=model_aggregator(settings),
               upload_compression=upload_compression(settings),
               fb_flops_per_example=fb_flops_per_example(task), **options)
@@ -154,8 +145,8 @@ def client_optimizer(client: config.ClientSettings):
 
 def biased_client_optimizer(client: config.ClientSettings):
   """--client_optimizer of FedGBO/MFL as the TFF optimiser whose hyperparameters
-  the builders read (β1 is SGDm's momentum and RMSProp's decay, SPEC §2)."""
-  # Validates the values (`algorithms.build` names the flags in its messages).
+  the builders read (β1 is SGDm's momentum and RMSProp's decay, docs/algorithms.md#fedgbo)."""
+  # Validates the values (`build` names the flags in its messages).
   biased_optimizers.BiasedOptimizer(client.client_optimizer, beta_1=client.client_beta_1,
                                     beta_2=client.client_beta_2, epsilon=client.client_epsilon)
   return client_optimizer(client)
@@ -185,15 +176,15 @@ def _refuse_server_optimizer(settings: Settings, implied: str, because: str) -> 
                       f'{implied}); leave it unset')
 
 
-def fedopt_family(algorithm: str) -> Builder:
-  def build(task, settings: Settings, **options):
-    _refuse_server_optimizer(settings, fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm],
-                             f'--algorithm={algorithm}')
-    return fedopt.build_fedopt(
-        task.model_fn, client_sgd(settings.client), server_optimizer(algorithm, settings),
-        local_steps=settings.client.local_steps, algorithm=algorithm,
-        **round_keywords(task, settings, **options))
-  return build
+def build_fedopt(task, settings: Settings, **options):
+  """FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi: --algorithm names the server optimiser."""
+  algorithm = settings.server.algorithm
+  _refuse_server_optimizer(settings, fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm],
+                           f'--algorithm={algorithm}')
+  return fedopt.build_fedopt(
+      task.model_fn, client_sgd(settings.client), server_optimizer(algorithm, settings),
+      local_steps=settings.client.local_steps, algorithm=algorithm,
+      **round_keywords(task, settings, **options))
 
 
 def build_fedgbo(task, settings: Settings, **options):
@@ -336,3 +327,86 @@ def build_scaffold(task, settings: Settings, **options):
       local_steps=settings.client.local_steps, total_clients=len(task.train_data.client_ids),
       client_weighting=_weighting(settings), model_aggregator=model_aggregator(settings),
       fb_flops_per_example=fb_flops_per_example(task), **options)
+
+
+# ---- building ----
+
+
+def entry_builder(name: str) -> Builder:
+  """The builder the registry entry of --algorithm=`name` names (`AlgorithmEntry.build`)."""
+  named = algorithms.ALGORITHMS[name].build
+  if callable(named):  # registered at run time by a script or a test
+    return named
+  module, _, function = named.rpartition(':')
+  if module:  # a library builder with the package's usual signature
+    return standard(getattr(importlib.import_module(module), function))
+  return globals()[function]
+
+
+def build(task: task_base.FederatedTask,
+          settings: Settings) -> tff.learning.templates.LearningProcess:
+  """The learning process of `settings.server.algorithm` (ConfigError naming a flag).
+
+  The round options (`measure_client_drift`, `execution`) go to the entry's
+  build as keywords; `process.execution_line` says how rounds run and why.
+  """
+  algorithms.check(settings)
+  execution, reason = _execution(settings)
+  options = dict(measure_client_drift=bool(settings.diagnostics.measure_client_drift),
+                 execution=execution)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    # The library names its arguments; the settings name the flags.
+    with library_flags.named_by_flags(settings, ConfigError):
+      process = entry_builder(settings.server.algorithm)(task, settings, **options)
+  for warning in caught:
+    text = str(warning.message)
+    if 'the cohort execution does not apply' in text:
+      reason = text.split('does not apply (', 1)[1].rsplit(')', 1)[0]
+    else:
+      warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+  # program.run prints it when the rounds start (after every check that
+  # may still refuse the command in one line).
+  process.execution_line = execution_line(process, reason,
+                                          bool(settings.execution.data_on_workers))
+  return process
+
+
+# --cohort_jit_compile → CohortExecution.jit_compile.
+_JIT = {'auto': 'auto', 'none': False, 'step': 'step', 'program': 'program'}
+
+
+def _execution(settings: Settings):
+  """(execution for the builders, why per client or None) from --execution and the setup."""
+  name, execution = settings.server.algorithm, settings.execution
+  if execution.execution == 'per_client':
+    return 'per_client', '--execution=per_client'
+  entry = algorithms.ALGORITHMS[name]
+  if not entry.cohort:
+    return 'per_client', f'--algorithm={name}: {entry.cohort.why}'
+  if execution.data_on_workers and not execution.workers:
+    return 'per_client', ("--data_on_workers without --workers: each client's dataset is built "
+                          'from its id')
+  options = dict(mode=execution.cohort_mode, jit_compile=_JIT[execution.cohort_jit_compile])
+  if execution.workers:
+    # One padded shard per worker, sent as the CLIENTS value: each worker returns
+    # its shard's weighted sums, summed once (tests/test_cohort_workers.py);
+    # with --data_on_workers the value is the shard's client ids and the worker
+    # builds the shard (cli._build, tests/test_cohort_data_on_workers.py).
+    options.update(in_process=False,
+                   num_shards=len(worker_process.parse_addresses(execution.workers)))
+  return cohort.CohortExecution(**options), None
+
+
+def execution_line(process, reason: Optional[str], shard_data_on_workers: bool = False) -> str:
+  """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
+  if cohort.is_cohort(process):
+    how = 'clients vectorised' if process.vectorized else 'clients in sequence'
+    how += {False: '', 'step': ', XLA per client step', 'program': ', XLA over the program'}[
+        process.jit_compile]
+    if not process.execution.in_process:
+      how += ', one shard per TFF worker'
+      if shard_data_on_workers:
+        how += ', its data built on the worker from client ids'
+    return f'execution: cohort (one compiled program per round, {how})'
+  return f'execution: per_client ({reason})' if reason else 'execution: per_client'

@@ -1,4 +1,4 @@
-"""Algorithm names (`--algorithm`) → what each supports, and its learning process.
+"""Algorithm names (`--algorithm`) → what each supports; loads without TensorFlow.
 
 `ALGORITHMS` is the one place that says what an algorithm supports: its
 client optimisers, whether it needs K, takes the aggregation flags, compresses
@@ -6,43 +6,48 @@ its uploads, is personalised, keeps client state, measures client drift, runs
 as a cohort, and its defaults. Validation (`check`), bin/train's --help
 (`having`) and the README's table (workflow/algorithm_table.py) are derived
 from the entries. The algorithm itself lives in its own module of
-tff_adaptive/algorithms/; workflow/algorithm_builders.py turns the typed
-settings (`workflow.config.Settings`) into its builder's arguments. Adding an
-algorithm = its module and one entry here, its defaults included (with
-`builders.standard` when its builder has the package's usual signature).
+tff_adaptive/algorithms/; each entry names the function of
+workflow/algorithm_builders.py that turns the typed settings
+(`workflow.config.Settings`) into its builder's arguments, and
+`algorithm_builders.build` builds the process. Adding an algorithm = its
+module, its function there and one entry here, its defaults included.
 
-Run names and plot legends compare a run's flags with its algorithm's
-defaults, so they import this module, and with it TensorFlow.
+Nothing here imports TensorFlow or TFF: bin/train checks every flag against
+these entries before it loads them, so a refused command answers at once.
 """
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Optional, Union
+from typing import Any, Union
 
-import tensorflow_federated as tff
-
-from tasks import base as task_base
-from tff_adaptive.algorithms import fedada2
-from tff_adaptive.algorithms import fedopt
-from tff_adaptive.execution import worker_process
-from tff_adaptive.rounds import cohort
-from workflow import algorithm_builders as builders
+from tff_adaptive.algorithms import names as library_names
 from workflow import config
 from workflow import library_flags
 
-ConfigError = builders.ConfigError
-Builder = builders.Builder
+
+class ConfigError(ValueError):
+  """A flag value the chosen algorithm cannot use; the message names the flag."""
+
+
 Settings = config.Settings
 # settings -> {flag: value}: the algorithm's defaults, given the other flags.
 Defaults = Callable[[Settings], Mapping[str, Any]]
-# Re-exported: callers read them as the registry's.
-AGGREGATORS = builders.AGGREGATORS
-UPLOAD_COMPRESSIONS = builders.UPLOAD_COMPRESSIONS
-needs_secure_context = builders.needs_secure_context
-uses_dp = builders.uses_dp
-fb_flops_per_example = builders.fb_flops_per_example
+UPLOAD_COMPRESSIONS = ('none', 'topk', 'topk_uniq')
+AGGREGATORS = ('mean', 'robust', 'secure')
+# FedGBO's and MFL's client optimisers as flags (the FedGBO paper's table;
+# the library's FedGBO/MFL also take an AdaGrad).
+BIASED_FLAG_OPTIMIZERS = ('sgdm', 'rmsprop', 'adam')
+MIME_OPTIMIZERS = ('sgd', 'sgdm', 'rmsprop', 'adam')
+
+
+def uses_dp(settings: Settings) -> bool:
+  return bool(settings.aggregation.dp)
+
+
+def needs_secure_context(settings: Settings) -> bool:
+  """Secure aggregation's intrinsics run on TFF's test C++ context, not the native one."""
+  return (settings.aggregation.aggregator or 'mean') == 'secure'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +79,12 @@ class AlgorithmEntry:
   """An algorithm of `--algorithm`: how to build it and what it supports.
 
   Attributes:
-    build: (task, settings, **round options) -> learning process; the round
+    build: the name of its function in workflow/algorithm_builders.py,
+      (task, settings, **round options) -> learning process (the round
       options are `composer.RoundOptions`' `measure_client_drift` and
-      `execution` (workflow/algorithm_builders.py).
+      `execution`); or 'package.module:function', a library builder with the
+      package's usual signature (`algorithm_builders.standard`); or such a
+      callable itself, for an entry a script registers at run time.
     doc: one line for --help and the README table.
     client_optimizers: the `--client_optimizer` values it takes.
     needs_local_steps: whether it needs `--local_steps` > 0.
@@ -99,7 +107,7 @@ class AlgorithmEntry:
       (learning rates), a value chosen here, marked "chosen", with where it
       comes from. Explicit flags always win.
   """
-  build: Builder
+  build: Union[str, Callable[..., Any]]
   doc: str = ''
   client_optimizers: tuple[str, ...] = ('sgd',)
   needs_local_steps: bool = False
@@ -128,7 +136,7 @@ def _tff_template(build, doc, **fields) -> AlgorithmEntry:
                         cohort=No("built by TFF's template"), **fields)
 
 
-# chosen: seed 003 tunes η_s per task (FedAdam/FedYogi/FedAdagrad need one far
+# chosen: Reddi et al. 2021 tune η_s per task (FedAdam/FedYogi/FedAdagrad need one far
 # below FedAvg's 1, τ = 1e-3); 0.01 is the demo's value on digits.
 _ADAPTIVE_SERVER = _fixed(server_learning_rate=0.01)
 _ADAPTIVE_SERVER_OPTIMIZERS = ('adagrad', 'adam', 'yogi')
@@ -136,10 +144,11 @@ MTFL_MODELS = library_flags.MTFL_MODELS
 
 
 def _fedada2_defaults(settings: Settings) -> dict[str, Any]:
-  """Seed 002: SM3-Adam clients, Adam server, K = 10 (dense Adam clients with
+  """The FedAda2 paper: SM3-Adam clients, Adam server, K = 10 (dense Adam clients with
   --preconditioner=dja, which SM3 cannot start from)."""
   dense = settings.algorithm.preconditioner == 'dja'
-  # chosen: the learning rates selected on digits in reports/fedada2.md (seed 002 tunes per task).
+  # chosen: the learning rates selected on digits in reports/fedada2.md (the FedAda2
+  # paper tunes them per task).
   return {'client_optimizer': 'adam' if dense else 'sm3_adam', 'local_steps': 10,
           'client_learning_rate': 0.01, 'server_learning_rate': 0.03}
 
@@ -152,52 +161,52 @@ def _mtfl_defaults(settings: Settings) -> dict[str, Any]:
   return out
 
 
-# Seed 000 (FedGBO, MFL, MimeXlite) runs Adam clients with K = 10; thesis ch. 3
+# The FedGBO paper (FedGBO, MFL, MimeXlite) runs Adam clients with K = 10; thesis ch. 3
 # (CE-FedAvg) top-k + 8-bit quantised uploads of Adam clients.
 ALGORITHMS: dict[str, AlgorithmEntry] = {
-    **{name: AlgorithmEntry(builders.fedopt_family(name), f'FedOpt, server {opt} (seed 003)',
+    **{name: AlgorithmEntry('build_fedopt', f'FedOpt, server {opt} (Reddi et al. 2021)',
                             defaults=(_ADAPTIVE_SERVER if opt in _ADAPTIVE_SERVER_OPTIMIZERS
                                       else _no_defaults))
-       for name, opt in fedopt.ALGORITHM_SERVER_OPTIMIZER.items()},
-    'fedgbo': AlgorithmEntry(builders.build_fedgbo,
-                             'global biased optimiser, fixed on clients (seed 000)',
-                             builders.BIASED_FLAG_OPTIMIZERS, needs_local_steps=True,
+       for name, opt in library_names.FEDOPT_ALGORITHM_SERVER_OPTIMIZER.items()},
+    'fedgbo': AlgorithmEntry('build_fedgbo',
+                             'global biased optimiser, fixed on clients (FedGBO paper)',
+                             BIASED_FLAG_OPTIMIZERS, needs_local_steps=True,
                              server_optimizer='',
                              defaults=_fixed(client_optimizer='adam', local_steps=10)),
-    'mfl': AlgorithmEntry(builders.build_mfl, 'locally moving optimiser state, averaged (seed 000)',
-                          builders.BIASED_FLAG_OPTIMIZERS, server_optimizer='',
+    'mfl': AlgorithmEntry('build_mfl', 'locally moving optimiser state, averaged (FedGBO paper)',
+                          BIASED_FLAG_OPTIMIZERS, server_optimizer='',
                           defaults=_fixed(client_optimizer='adam')),
-    'mimelite': _tff_template(builders.build_mimelite, "TFF's Mimelite",
-                              client_optimizers=builders.MIME_OPTIMIZERS),
-    'mimexlite': AlgorithmEntry(builders.build_mimexlite,
-                                'Mimelite with a one-minibatch gradient (seed 000)',
-                                builders.MIME_OPTIMIZERS, needs_local_steps=True,
+    'mimelite': _tff_template('build_mimelite', "TFF's Mimelite",
+                              client_optimizers=MIME_OPTIMIZERS),
+    'mimexlite': AlgorithmEntry('build_mimexlite',
+                                'Mimelite with a one-minibatch gradient (FedGBO paper)',
+                                MIME_OPTIMIZERS, needs_local_steps=True,
                                 compressible=No("its upload is aggregated inside TFF's own "
                                                 'builder'),
                                 defaults=_fixed(local_steps=10)),
-    'fedprox': _tff_template(builders.build_fedprox, "TFF's FedProx"),
-    'fedmax': AlgorithmEntry(builders.build_fedmax, 'max-entropy activation penalty'),
-    'ce_fedavg': AlgorithmEntry(builders.build_ce_fedavg,
+    'fedprox': _tff_template('build_fedprox', "TFF's FedProx"),
+    'fedmax': AlgorithmEntry('build_fedmax', 'max-entropy activation penalty'),
+    'ce_fedavg': AlgorithmEntry('build_ce_fedavg',
                                 'MFL-Adam with compressed uploads (thesis ch. 3)', ('adam',),
                                 server_optimizer='',
                                 aggregator=No('its compressed upload is its own aggregator'),
                                 defaults=_fixed(client_optimizer='adam',
                                                 upload_compression='topk_uniq')),
-    'fedada2': AlgorithmEntry(builders.build_fedada2,
-                              'joint client+server adaptivity, SM3 clients (seed 002)',
-                              fedada2.CLIENT_OPTIMIZERS, server_optimizer='fedada2',
+    'fedada2': AlgorithmEntry('build_fedada2',
+                              'joint client+server adaptivity, SM3 clients (FedAda2)',
+                              library_names.FEDADA2_CLIENT_OPTIMIZERS, server_optimizer='fedada2',
                               defaults=_fedada2_defaults),
-    'mtfl': _personalised(builders.build_mtfl,
+    'mtfl': _personalised('build_mtfl',
                           'private batch-norm patches, per-client state (thesis ch. 4)',
                           client_optimizers=('sgd', 'adam'), defaults=_mtfl_defaults),
-    'perfedavg': _personalised(builders.build_perfedavg,
+    'perfedavg': _personalised('build_perfedavg',
                                'Per-FedAvg, first order (thesis ch. 4)'),
-    'pfedme': _personalised(builders.build_pfedme, 'pFedMe, Moreau envelopes (thesis ch. 4)',
+    'pfedme': _personalised('build_pfedme', 'pFedMe, Moreau envelopes (thesis ch. 4)',
                             server_optimizer=''),
     # The paper's server step (SGD, η_g = 1: --server_learning_rate's default)
     # and unweighted means (the builder's default weighting): no defaults.
-    'scaffold': AlgorithmEntry(builders.build_scaffold,
-                               'control variates c, c_i kept by clients (seed 003 baseline)',
+    'scaffold': AlgorithmEntry('build_scaffold',
+                               'control variates c, c_i kept by clients (Karimireddy et al. 2020)',
                                keeps_client_state=True,
                                compressible=No('its control-variate upload is summed, not '
                                                'compressed')),
@@ -289,13 +298,6 @@ def check(settings: Settings) -> None:
   check_aggregation(settings)
 
 
-def upload_compression(settings: Settings):
-  """The --upload_compression factory of the settings (None: none), once the algorithm may
-  have one."""
-  check_aggregation(settings)
-  return builders.upload_compression(settings)
-
-
 # ---- defaults ----
 
 
@@ -347,74 +349,3 @@ def documented_defaults(flag: str) -> dict[str, str]:
   if flag == 'client_optimizer':
     out['mtfl'] = 'adam with --mtfl_strategy=fedavg_adam'
   return out
-
-
-# ---- building ----
-
-
-def build(task: task_base.FederatedTask,
-          settings: Settings) -> tff.learning.templates.LearningProcess:
-  """The learning process of `settings.server.algorithm` (ConfigError naming a flag).
-
-  The round options (`measure_client_drift`, `execution`) go to the entry's
-  build as keywords; `process.execution_line` says how rounds run and why.
-  """
-  check(settings)
-  execution, reason = _execution(settings)
-  options = dict(measure_client_drift=bool(settings.diagnostics.measure_client_drift),
-                 execution=execution)
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter('always')
-    # The library names its arguments; the settings name the flags.
-    with library_flags.named_by_flags(settings, ConfigError):
-      process = ALGORITHMS[settings.server.algorithm].build(task, settings, **options)
-  for warning in caught:
-    text = str(warning.message)
-    if 'the cohort execution does not apply' in text:
-      reason = text.split('does not apply (', 1)[1].rsplit(')', 1)[0]
-    else:
-      warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-  # program.run prints it when the rounds start (after every check that
-  # may still refuse the command in one line).
-  process.execution_line = execution_line(process, reason,
-                                          bool(settings.execution.data_on_workers))
-  return process
-
-
-# --cohort_jit_compile → CohortExecution.jit_compile.
-_JIT = {'auto': 'auto', 'none': False, 'step': 'step', 'program': 'program'}
-
-
-def _execution(settings: Settings):
-  """(execution for the builders, why per client or None) from --execution and the setup."""
-  name, execution = settings.server.algorithm, settings.execution
-  if execution.execution == 'per_client':
-    return 'per_client', '--execution=per_client'
-  if not ALGORITHMS[name].cohort:
-    return 'per_client', f'--algorithm={name}: {ALGORITHMS[name].cohort.why}'
-  if execution.data_on_workers and not execution.workers:
-    return 'per_client', ("--data_on_workers without --workers: each client's dataset is built "
-                          'from its id')
-  options = dict(mode=execution.cohort_mode, jit_compile=_JIT[execution.cohort_jit_compile])
-  if execution.workers:
-    # One padded shard per worker, sent as the CLIENTS value: each worker returns
-    # its shard's weighted sums, summed once (tests/test_cohort_workers.py);
-    # with --data_on_workers the value is the shard's client ids and the worker
-    # builds the shard (cli._build, tests/test_cohort_data_on_workers.py).
-    options.update(in_process=False,
-                   num_shards=len(worker_process.parse_addresses(execution.workers)))
-  return cohort.CohortExecution(**options), None
-
-
-def execution_line(process, reason: Optional[str], shard_data_on_workers: bool = False) -> str:
-  """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
-  if cohort.is_cohort(process):
-    how = 'clients vectorised' if process.vectorized else 'clients in sequence'
-    how += {False: '', 'step': ', XLA per client step', 'program': ', XLA over the program'}[
-        process.jit_compile]
-    if not process.execution.in_process:
-      how += ', one shard per TFF worker'
-      if shard_data_on_workers:
-        how += ', its data built on the worker from client ids'
-    return f'execution: cohort (one compiled program per round, {how})'
-  return f'execution: per_client ({reason})' if reason else 'execution: per_client'

@@ -115,6 +115,20 @@ unlock_run_dir = experiment.unlock_run_dir
 prepare_output_dir = experiment.prepare_output_dir
 
 
+def check_settings(settings: config.Settings) -> None:
+  """Every check of a run's settings that needs neither TensorFlow nor the built task.
+
+  The flags (`validate`), the data directory, the output paths and the run
+  directory's lock: UsageError naming the first bad one, before anything is
+  written. bin/train calls it before it imports TensorFlow; `run_training`
+  calls it first.
+  """
+  validate(settings)
+  check_data_dir(settings)
+  check_output_paths(settings)
+  check_not_busy(experiment_dir(settings))
+
+
 def _round_schedules(settings: config.Settings, task, process):
   """The K/η/η_s schedule driver; UsageError (naming the flag) if `process` cannot follow it."""
   from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
@@ -235,10 +249,7 @@ def run_training(settings: config.Settings, notes=()):
   # values serialise without TFF's nested copies, and TFF's exit-time noise is
   # disarmed even when the command is refused (tff_adaptive.execution.runtime).
   runtime.track_tff_workers()
-  validate(settings)
-  check_data_dir(settings)
-  check_output_paths(settings)
-  check_not_busy(experiment_dir(settings))
+  check_settings(settings)
   from workflow import program  # pylint: disable=g-import-not-at-top
   previous_handlers = install_signal_handlers()
   state = {'out': None, 'progress': None}
@@ -278,7 +289,7 @@ def _build(settings: config.Settings, status: dict):
   """
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow import algorithm_builders  # pylint: disable=g-import-not-at-top
   from workflow import personalization  # pylint: disable=g-import-not-at-top
   run_dir = experiment_dir(settings)
   try:
@@ -286,7 +297,7 @@ def _build(settings: config.Settings, status: dict):
         settings.task, batch_size=settings.client.client_batch_size,
         num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
     check_task_counts(settings, task)
-    process = algorithm_registry.build(task, settings)
+    process = algorithm_builders.build(task, settings)
     schedules = _round_schedules(settings, task, process)
     client_data_fn = None
     if settings.execution.data_on_workers:

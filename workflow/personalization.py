@@ -1,6 +1,6 @@
 """The training loop's side of per-client state: personalised FL, SCAFFOLD; UA, noise.
 
-Thesis ch. 4 (seed 004) and SPEC §7. `PersonalizationHook` is what
+Thesis ch. 4 and docs/algorithms.md#mtfl. `PersonalizationHook` is what
 `program.run` calls when `LoopConfig.client_state` is set:
 
   before a round   `client_data`: pairs each sampled client's training
@@ -244,26 +244,6 @@ class PersonalizationHook(ClientStateHook):
 
 def is_personalized(process) -> bool:
   return isinstance(process, personalized.PersonalizedProcess)
-
-
-def validate(settings: config.Settings) -> None:
-  """Raises ValueError naming the flag (cli turns it into a usage error)."""
-  personalized, algorithm = settings.personalized, settings.server.algorithm
-  fraction = personalized.noisy_client_fraction or 0.0
-  if fraction and algorithm not in PERSONALIZED_ALGORITHMS:
-    raise ValueError(f'--noisy_client_fraction needs a personalised algorithm '
-                     f'({", ".join(PERSONALIZED_ALGORITHMS)}) that reports user accuracy')
-  if not 0.0 <= fraction < 1.0:
-    raise ValueError(f'--noisy_client_fraction must be in [0, 1); got {fraction}')
-  if fraction and not (personalized.noise_stddev or 0) > 0:
-    raise ValueError(f'--noise_stddev must be positive; got {personalized.noise_stddev}')
-  stateful_clients = algorithm in CLIENT_STATE_ALGORITHMS
-  if stateful_clients and settings.execution.data_on_workers:
-    raise ValueError(f'--data_on_workers is not available for --algorithm={algorithm} '
-                     '(its clients also need their own state from the store)')
-  if personalized.client_state_dir and not stateful_clients:
-    raise ValueError('--client_state_dir is only used by algorithms whose clients keep state '
-                     f'({", ".join(CLIENT_STATE_ALGORITHMS)})')
 
 
 def experiment_fingerprint(settings: config.Settings, ignored: Iterable[str]) -> str:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from tasks.settings import TaskSettings
+from tff_adaptive.algorithms import names as library_names
 from workflow import config
 from workflow import errors
 from workflow import library_flags
@@ -35,7 +36,7 @@ UNIT_INTERVAL = ('server_beta_1', 'server_beta_2', 'client_beta_1', 'client_beta
                  'sparsity')  # [0, 1)
 CLOSED_UNIT_INTERVAL = ('noisy_client_fraction',)  # [0, 1]
 MAX_SEED = 2**32 - 1  # NumPy's and TF's seeds
-# Upper (and lower) bounds beyond which a flag only hangs or overflows (issue 26).
+# Upper (and lower) bounds beyond which a flag only hangs or overflows.
 # Dirichlet(α) sampling (NumPy's) takes time ~1/α: 0.1 ms per draw of 50 shares at
 # α = 1e-4, 0.5 s at 1e-9, no end at 1e-30; below ~1e-3 every client holds one label anyway.
 MIN_DIRICHLET_ALPHA = 1e-4
@@ -79,11 +80,29 @@ def validate(settings: config.Settings) -> None:
     raise UsageError(str(e)) from None
   _check_execution(settings.execution, settings.aggregation)
   _check_schedules(settings)
-  from workflow import personalization  # pylint: disable=g-import-not-at-top
-  try:
-    personalization.validate(settings)
-  except ValueError as e:
-    raise UsageError(str(e)) from None
+  check_personalized(settings)
+
+
+def check_personalized(settings: config.Settings) -> None:
+  """Noisy clients and the client-state flags against the algorithm's entry."""
+  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  personalized, algorithm = settings.personalized, settings.server.algorithm
+  fraction = personalized.noisy_client_fraction or 0.0
+  with_ua = algorithms.having('personalized')
+  if fraction and algorithm not in with_ua:
+    raise UsageError(f'--noisy_client_fraction needs a personalised algorithm '
+                     f'({", ".join(with_ua)}) that reports user accuracy')
+  if not 0.0 <= fraction < 1.0:
+    raise UsageError(f'--noisy_client_fraction must be in [0, 1); got {fraction}')
+  if fraction and not (personalized.noise_stddev or 0) > 0:
+    raise UsageError(f'--noise_stddev must be positive; got {personalized.noise_stddev}')
+  keeping_state = algorithms.having('keeps_client_state')
+  if algorithm in keeping_state and settings.execution.data_on_workers:
+    raise UsageError(f'--data_on_workers is not available for --algorithm={algorithm} '
+                     '(its clients also need their own state from the store)')
+  if personalized.client_state_dir and algorithm not in keeping_state:
+    raise UsageError('--client_state_dir is only used by algorithms whose clients keep state '
+                     f'({", ".join(keeping_state)})')
 
 
 def _check_task_name(task: TaskSettings) -> None:
@@ -135,9 +154,9 @@ def _check_client(client: config.ClientSettings) -> None:
 
 
 def _check_server(server: config.ServerSettings) -> None:
-  from tff_adaptive.algorithms import fedopt  # pylint: disable=g-import-not-at-top
-  if server.server_optimizer and server.server_optimizer not in fedopt.SERVER_OPTIMIZERS:
-    raise UsageError(f'--server_optimizer must be one of {", ".join(fedopt.SERVER_OPTIMIZERS)}; '
+  known = library_names.FEDOPT_SERVER_OPTIMIZERS
+  if server.server_optimizer and server.server_optimizer not in known:
+    raise UsageError(f'--server_optimizer must be one of {", ".join(known)}; '
                      f'got {server.server_optimizer!r}')
 
 

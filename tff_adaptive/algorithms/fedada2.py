@@ -1,6 +1,7 @@
 """FedAda2 and its baselines: joint server + client adaptivity.
 
-Lee et al., "Efficient Adaptive Federated Optimization" (seed 002), SPEC §4.
+Lee, Sharma, Zaheer, Li, "Efficient Adaptive Federated Optimization", arXiv:2410.18117,
+2024; docs/algorithms.md#fedada2.
 
   server → clients: x_t; with `preconditioner='dja'` (direct joint
                     adaptivity) also the server's second moment v_t.
@@ -31,13 +32,13 @@ import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms.names import FEDADA2_CLIENT_OPTIMIZERS as CLIENT_OPTIMIZERS
+from tff_adaptive.algorithms.names import FEDADA2_PRECONDITIONERS as PRECONDITIONERS
+from tff_adaptive.algorithms.names import FEDADA2_SERVER_OPTIMIZERS as SERVER_OPTIMIZERS
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
 
-PRECONDITIONERS = ('dja', 'none')
-CLIENT_OPTIMIZERS = ('sm3_adam', 'sm3_adagrad', 'adam', 'adagrad')
-SERVER_OPTIMIZERS = ('adam', 'adagrad')
 WARMUP_STEPS = 10
 
 
@@ -65,7 +66,7 @@ def build_server_optimizer(name: str, learning_rate: float, *, beta_1: float = 0
                            beta_2: float = 0.99, tau: float = 1e-3) -> tff.learning.optimizers.Optimizer:
   if name == 'adam':
     return paper_fedopt.build_paper_adam(learning_rate, beta_1=beta_1, beta_2=beta_2, tau=tau)
-  if name == 'adagrad':  # seed 002: v = Σ Δ̄² from 0, optional momentum β1
+  if name == 'adagrad':  # the FedAda2 paper: v = Σ Δ̄² from 0, optional momentum β1
     return paper_fedopt.build_paper_adagrad(learning_rate, beta_1=beta_1, tau=tau,
                                             initial_accumulator_value=0.0)
   raise ValueError('fedada2.build_server_optimizer: name must be one of '
@@ -135,7 +136,7 @@ def build_fedada2(
       rate is the initial η (`state.client_work['learning_rate']`, which the
       round writes into the optimiser state at every step, warm-up applied).
       'dja' needs a state with a dense `preconditioner` (Adam, AdaGrad).
-    server_optimizer_fn: the server optimiser (seed 002: paper-semantics Adam
+    server_optimizer_fn: the server optimiser (the FedAda2 paper: paper-semantics Adam
       or AdaGrad, `build_server_optimizer`).
     local_steps: K > 0 steps, or 0 for one pass (epochs).
     preconditioner: 'none' (no-PC, FedAda2) or 'dja'.

@@ -1,6 +1,6 @@
 """FedAvg, FedAvgM, FedAdagrad, FedAdam and FedYogi (the FedOpt family).
 
-Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (seed 003),
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021,
 Algorithm 2.
 
   server → clients: x_t.
@@ -28,21 +28,18 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import composer
+from tff_adaptive.algorithms.names import (
+    FEDOPT_ALGORITHM_SERVER_OPTIMIZER as ALGORITHM_SERVER_OPTIMIZER)
+from tff_adaptive.algorithms.names import FEDOPT_SEMANTICS as SEMANTICS
+from tff_adaptive.algorithms.names import FEDOPT_SERVER_OPTIMIZERS as SERVER_OPTIMIZERS
 from tff_adaptive.optimizers import adapters
-
-SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adagrad', 'adam', 'yogi')
-ALGORITHM_SERVER_OPTIMIZER = {
-    'fedavg': 'sgd', 'fedavgm': 'sgdm', 'fedadagrad': 'adagrad', 'fedadam': 'adam',
-    'fedyogi': 'yogi',
-}
-SEMANTICS = ('tff', 'paper')
 
 
 def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 'tff',
                            beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3,
                            initial_accumulator: Optional[float] = None,
                            momentum: float = 0.9) -> tff.learning.optimizers.Optimizer:
-  """Server optimiser of SPEC §1 under `tff` (as shipped) or `paper` semantics.
+  """Server optimiser of docs/algorithms.md#fedopt under `tff` (as shipped) or `paper` semantics.
 
   `tff` semantics: TFF's optimisers as shipped (Adam/Yogi bias-corrected with ε =
   τ, Adagrad's ε inside the square root; `initial_accumulator` defaults to each

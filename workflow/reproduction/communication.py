@@ -1,6 +1,6 @@
 """Communication and memory per client, read from real learning processes.
 
-Thesis Table 6.2 (= seed 000 Table 2) and seed 002's table in App. G.4:
+Thesis Table 6.2 (= FedGBO paper Table 2) and the FedAda2 paper's table in App. G.4:
 download, upload and client memory, read from the cost metrics of real
 learning processes built by the algorithm registry (one round on `digits`),
 whose bits are measured from TFF types.
@@ -13,7 +13,7 @@ from typing import Optional
 
 from workflow.reproduction.provenance import (Check, SEED, Source, status)
 
-COMMUNICATION_SECTION = ('Communication and memory (thesis Table 6.2 = seed 000 Table 2, seed 002 '
+COMMUNICATION_SECTION = ('Communication and memory (thesis Table 6.2 = FedGBO paper Table 2, the FedAda2 paper '
                          'App. G.4)')
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,7 @@ def measure_process_costs(
   from workflow import program  # pylint: disable=g-import-not-at-top
   from tff_adaptive.algorithms import composer  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from workflow import algorithms as registry  # pylint: disable=g-import-not-at-top
+  from workflow import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
   from workflow import config  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   task = digits.create_task(partition='iid', num_clients=4, model='mlp', batch_size=10)
@@ -91,9 +91,9 @@ def measure_process_costs(
   return out
 
 
-# Thesis Table 6.2 (= seed 000 Table 2, which its extracted text lacks): the row as
+# Thesis Table 6.2 (= FedGBO paper Table 2, which its extracted text lacks): the row as
 # printed, then down and up in floats of |x|. The table prints symbols (x; x, s;
-# x, ∇f); the multiples use |s| = |x| for SGDm and RMSProp and 2|x| for Adam (seed 000
+# x, ∇f); the multiples use |s| = |x| for SGDm and RMSProp and 2|x| for Adam (the FedGBO paper
 # §4: "for RMSProp and SGDm, the total download cost is doubled, and tripled for Adam").
 _TABLE_6_2_ROWS = {
     'FedAvg': r'FedAvg [24] Averages models \mathbf{x} \mathbf{x}',
@@ -105,7 +105,7 @@ _TABLE_6_2_ROWS = {
                 r'\nabla f$',
     'FedGBO': r'FedGBO Biased global optimiser \mathbf{x}, \mathbf{s} \mathbf{x}',
 }
-_S_SIZE = ('|s| = |x| (SGDm), 2|x| (Adam): seed 000 §4 "the total download cost is doubled, '
+_S_SIZE = ('|s| = |x| (SGDm), 2|x| (Adam): FedGBO paper §4 "the total download cost is doubled, '
            'and tripled for Adam"')
 SEED000_TABLE2 = {
     'FedAvg': ('x', 'x', 1, 1), 'FedAdam (FedOpt / AdaptiveFedOpt)': ('x', 'x', 1, 1),
@@ -114,7 +114,7 @@ SEED000_TABLE2 = {
     'Mimelite-SGDm': ('x, s', 'x, ∇f', 2, 2), 'Mimelite-Adam': ('x, s', 'x, ∇f', 3, 2),
     'FedGBO-SGDm': ('x, s', 'x', 2, 1), 'FedGBO-Adam': ('x, s', 'x', 3, 1),
 }
-# Seed 002 App. G.4's table: communication (down + up) and client memory, in d = |x|.
+# FedAda2 paper App. G.4's table: communication (down + up) and client memory, in d = |x|.
 SEED002_TABLE_G4 = {'FedAvg': (2, 1), 'FedAdaGrad': (2, 1), 'DJA (AdaGrad-AdaGrad)': (3, 2),
                     'FedAda2 (SM3-AdaGrad)': (2, 2), 'Mimelite-SGDm': (4, 3)}
 _G4_ROWS = {'FedAvg': '| FedAvg | N | 2d | 1 | d |', 'FedAdaGrad': '| FedAdaGrad | N | 2d | 1 | d |',
@@ -126,7 +126,7 @@ FEDADA2_MD_SM3_ADAM_FLOATS = 5086
 
 
 def _d(k) -> str:
-  """k·d as seed 002's table prints it ('d', '2d')."""
+  """k·d as the FedAda2 paper's table prints it ('d', '2d')."""
   return 'd' if k == 1 else f'{k:g}d'
 
 
@@ -146,7 +146,7 @@ def communication_checks(costs: dict[str, ProcessCost]) -> list[Check]:
     # Scalars (the round's η and K, Adam's step counter, TFF's hyperparameters)
     # are below one float per parameter: they are not part of the table.
     ok = kd == down_k and ku == up_k and rd < 32 * 64 and ru < 32 * 64
-    rows.append(Check('thesis Table 6.2 (= seed 000 Table 2)', f'{label}: download; upload',
+    rows.append(Check('thesis Table 6.2 (= FedGBO paper Table 2)', f'{label}: download; upload',
                       f'{down_sym} = {down_k}|x|; {up_sym} = {up_k}|x|',
                       f'{c.describe(c.down_bits)}; {c.describe(c.up_bits)}',
                       status(ok),
@@ -166,7 +166,7 @@ def communication_checks(costs: dict[str, ProcessCost]) -> list[Check]:
               f'for |x| = {c.num_params}, i.e. d + o(d). The table\'s 2d is what a client with a '
               'dense first moment holds: dense AdaGrad (2d), or SM3-Adam, whose first moment '
               f'stays dense ({sm3_adam:.2f}d: reports/fedada2.md measures '
-              f'{FEDADA2_MD_SM3_ADAM_FLOATS:,} floats for |x| = 4,810); seed 002 runs SM3 '
+              f'{FEDADA2_MD_SM3_ADAM_FLOATS:,} floats for |x| = 4,810); the FedAda2 paper runs SM3 '
               '"adaptations of Adam and Adagrad"')
     ours_memory = _d(float(f'{memory:.3g}'))
     if label.startswith('Mimelite'):
@@ -177,7 +177,7 @@ def communication_checks(costs: dict[str, ProcessCost]) -> list[Check]:
       note = 'memory: model d + optimiser state (momentum) d, measured from the cost metrics'
       ours_memory = f'{_d(float(f"{memory:.3g}"))} + d (∇f, by construction)'
       mem_ok = math.isclose(memory + 1, mem_k)
-    rows.append(Check('seed 002 App. G.4 table', f'{label}: communication; client memory',
+    rows.append(Check('FedAda2 paper App. G.4 table', f'{label}: communication; client memory',
                       f'{_d(comm_k)}; {_d(mem_k)}', f'{_d(kd + ku)}; {ours_memory}',
                       status(comm_ok and mem_ok), note,
                       Source(SEED, '002', _G4_ROWS[label],

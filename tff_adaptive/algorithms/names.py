@@ -1,0 +1,21 @@
+"""The algorithms' and optimisers' names, importable without TensorFlow.
+
+A binary checks its flags against these tables before it imports TensorFlow
+(a typo is answered in a fraction of a second); the builders that use them
+(`fedopt`, `fedada2`) import them from here, so each name has one home.
+"""
+
+# The FedOpt family (Reddi et al. 2021, Algorithm 2): each algorithm is
+# FedAvg's round with its server optimiser.
+FEDOPT_SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adagrad', 'adam', 'yogi')
+FEDOPT_ALGORITHM_SERVER_OPTIMIZER = {
+    'fedavg': 'sgd', 'fedavgm': 'sgdm', 'fedadagrad': 'adagrad', 'fedadam': 'adam',
+    'fedyogi': 'yogi',
+}
+# The server optimisers' update rules: TFF's as shipped, or the paper's.
+FEDOPT_SEMANTICS = ('tff', 'paper')
+
+# FedAda2's client optimisers (SM3 or dense) and server optimisers.
+FEDADA2_CLIENT_OPTIMIZERS = ('sm3_adam', 'sm3_adagrad', 'adam', 'adagrad')
+FEDADA2_SERVER_OPTIMIZERS = ('adam', 'adagrad')
+FEDADA2_PRECONDITIONERS = ('dja', 'none')
