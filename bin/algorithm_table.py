@@ -25,7 +25,7 @@ def main(argv=None) -> int:
   action.add_argument('--write', action='store_true', help='update README.md')
   action.add_argument('--check', action='store_true', help='exit 1 if README.md is out of date')
   args = parser.parse_args(argv)
-  runtime.track_tff_workers()  # TFF's default context then exits quietly
+  runtime.shut_down_tff_at_exit()  # the registry may import TFF: a quiet exit
   if not (args.write or args.check):
     sys.stdout.write(algorithm_table.markdown())
     return 0

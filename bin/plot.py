@@ -15,7 +15,12 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from workflow import plotting  # pylint: disable=g-import-not-at-top
+# Before anything imports TensorFlow: its C++ start-up log only when asked
+# (TF_CPP_MIN_LOG_LEVEL set by the caller wins; docs/training.md).
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# pylint: disable=g-import-not-at-top
+from tff_adaptive.execution import runtime
+from workflow import plotting
 
 flags.DEFINE_list('runs', [], 'Experiment directories or metrics CSV files.')
 flags.DEFINE_list('labels', [], 'Legend labels, one per run (default: directory names).')
@@ -29,6 +34,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
+  runtime.shut_down_tff_at_exit()  # quiet exit if anything imported TFF
   try:
     path = plotting.plot_runs(FLAGS.runs, FLAGS.out, x=FLAGS.x, metrics=FLAGS.metrics,
                               labels=FLAGS.labels or None, title=FLAGS.title)

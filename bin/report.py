@@ -31,6 +31,7 @@ if any(a.startswith('--reproduction') for a in sys.argv[1:]):
   # The reproduction builds Keras models: TensorFlow must be imported before
   # absl's app.run (see bin/train.py); plain reports do not need it.
   import tensorflow as tf
+from tff_adaptive.execution import runtime
 from workflow import report
 from workflow import selection
 from workflow import sweep
@@ -66,6 +67,7 @@ def _fail(message: str):
 
 
 def main(argv):
+  runtime.shut_down_tff_at_exit()  # --reproduction imports TFF: a quiet exit
   if len(argv) > 1:
     _fail(f'unexpected arguments: {" ".join(argv[1:])}')
   if not FLAGS.sweep_dir:

@@ -23,10 +23,13 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from workflow import cli  # pylint: disable=g-import-not-at-top
-from workflow import selection  # pylint: disable=g-import-not-at-top
-from workflow import sweep  # pylint: disable=g-import-not-at-top
-from workflow import sweep_runner  # pylint: disable=g-import-not-at-top
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ log only when asked
+# pylint: disable=g-import-not-at-top
+from tff_adaptive.execution import runtime
+from workflow import cli
+from workflow import selection
+from workflow import sweep
+from workflow import sweep_runner
 
 flags.DEFINE_string('sweep_dir', '', 'Directory of the sweep (trials/, logs/, sweep.json).')
 flags.DEFINE_string('grid', '', "Grid(s): 'name=v1,v2;name=v1' ; groups separated by '|', "
@@ -56,6 +59,7 @@ def _interrupt(signum, frame):
 
 
 def main(argv):
+  runtime.shut_down_tff_at_exit()  # quiet exit if a flag check imported TFF
   if len(argv) > 1:
     _fail(f'unexpected arguments: {" ".join(argv[1:])}')
   try:

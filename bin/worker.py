@@ -28,6 +28,7 @@ from absl import flags
 from absl import logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ log only when asked
 # pylint: disable=g-import-not-at-top
 # No TensorFlow here: the binary is self-contained, and this stays light.
 from tff_adaptive.execution import runtime

@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from typing import Optional
@@ -166,8 +167,40 @@ def track_tff_workers(fast_serialization: bool = True) -> None:
     return
   tff_patches.route_worker_launch(_TrackedPopen)
   atexit.register(shutdown_workers)
-  atexit.register(tff_patches.disarm_service_managers)
+  shut_down_tff_at_exit()
   _tracking = True
+
+
+_EXECUTOR_FACTORY = 'tensorflow_federated.python.core.impl.executor_stacks.executor_factory'
+_shutting_down_at_exit = False
+
+
+def shut_down_tff_at_exit() -> None:
+  """At interpreter exit, TFF's executor services stop before Python tears itself down.
+
+  TFF's local context keeps its `worker_binary` in a ServiceManager whose
+  `__del__` only runs at teardown, when the modules it needs are gone: every
+  program that imported TFF (even only to build a computation, or through a
+  module it imports) then ends with "Exception ignored in ...
+  ServiceManager.__del__ ... 'NoneType' object has no attribute 'Popen'".
+  Registered here, an exit handler stops every ServiceManager's worker and
+  disarms that `__del__` (`tff_patches.disarm_service_managers`). It imports
+  nothing: a program that never imported TFF does nothing at exit. Called by
+  `track_tff_workers` (so by `use_local_cpp_context`) and by every binary;
+  idempotent.
+  """
+  global _shutting_down_at_exit
+  with _lock:
+    if _shutting_down_at_exit:
+      return
+    _shutting_down_at_exit = True
+  atexit.register(_shut_down_tff)
+
+
+def _shut_down_tff() -> None:
+  if _EXECUTOR_FACTORY in sys.modules:  # TFF was imported: its services may be running
+    shutdown_workers()
+    tff_patches.disarm_service_managers()
 
 
 def _install_process_hooks() -> None:

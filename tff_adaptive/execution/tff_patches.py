@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import signal
 import subprocess
 
 from absl import logging
@@ -210,18 +211,37 @@ def forget_stopped_workers(children) -> None:
 
 
 def disarm_service_managers() -> None:
-  """Stops TFF's ServiceManager.__del__ from running at interpreter teardown.
+  """Stops TFF's ServiceManagers' workers now, and their __del__ from running at teardown.
 
   TFF creates a ServiceManager for its default context at import; its
   `__del__` refers to the `subprocess` module global, which is already None
   when the interpreter finalises, so every program that imported TFF prints
   "Exception ignored in ... __del__ ... 'NoneType' object has no attribute
-  'Popen'" at exit. Our workers are stopped by `shutdown_workers`.
+  'Popen'" at exit. Called at exit (`runtime.shut_down_tff_at_exit`): a
+  worker TFF started without our tracking (a program that never called
+  `runtime.track_tff_workers`) is stopped here as `__del__` would have
+  (SIGINT, then SIGKILL if it lingers); ours are stopped by
+  `runtime.shutdown_workers`.
   """
   for obj in gc.get_objects():
     cls = type(obj)
     if cls.__name__ == 'ServiceManager' and cls.__module__.endswith('executor_factory'):
+      _stop(getattr(obj, '_process', None))
+      obj._process = None  # pylint: disable=protected-access
       cls.__del__ = lambda self: None
+
+
+def _stop(process, timeout: float = 5.0) -> None:
+  if not isinstance(process, subprocess.Popen) or process.poll() is not None:
+    return
+  try:
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=timeout)
+  except ProcessLookupError:
+    pass
+  except subprocess.TimeoutExpired:
+    process.kill()
+    process.wait()
 
 
 # ---------------------------------------------------------------------------
