@@ -1,4 +1,4 @@
-"""setuptools' PEP 517 build backend, minus what it leaves in the source tree (issue 26).
+"""setuptools' PEP 517 build backend, minus what it leaves in the source tree.
 
 `pip wheel .` / `pip install .` run setuptools in the checkout, and setuptools
 writes `build/` and `tff_adaptive.egg-info/` there as scratch: untracked files

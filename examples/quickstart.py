@@ -79,11 +79,11 @@ def model_fn() -> tff.learning.models.VariableModel:
 def builders():
   """name → f(model_aggregator) → LearningProcess."""
   return {
-      # FedGBO (seed 000): TFF's own Adam is the global biased optimiser.
+      # FedGBO (the FedGBO paper): TFF's own Adam is the global biased optimiser.
       'fedgbo': lambda agg: fedgbo.build_fedgbo(
           model_fn, tff.learning.optimizers.build_adam(0.01), local_steps=3,
           model_aggregator=agg),
-      # FedAdam (seed 003) with Algorithm 2's server Adam (no bias correction, τ outside √).
+      # FedAdam (the FedOpt paper) with Algorithm 2's server Adam (no bias correction, τ outside √).
       'fedadam_paper': lambda agg: fedopt.build_fedopt(
           model_fn, tff.learning.optimizers.build_sgdm(0.1),
           paper_fedopt.build_paper_adam(0.01, tau=1e-3), model_aggregator=agg),
@@ -91,7 +91,7 @@ def builders():
       'mimelite': lambda agg: mimelite.build_mimelite(
           model_fn, tff.learning.optimizers.build_sgdm(0.1, momentum=0.9),
           tff.learning.optimizers.build_sgdm(1.0), model_aggregator=agg),
-      # FedAda2 (seed 002): SM3-Adam on clients, paper Adam on the server.
+      # FedAda2 (the FedAda2 paper): SM3-Adam on clients, paper Adam on the server.
       'fedada2': lambda agg: fedada2.build_fedada2(
           model_fn, sm3.build_sm3_adam(0.05), paper_fedopt.build_paper_adam(0.01),
           local_steps=3, model_aggregator=agg),

@@ -1,4 +1,4 @@
-"""Client drift of FedAvg vs FedGBO-SGDm, β ∈ {0.5, 0.9, 0.99}, on digits (seed 000 Fig. 6.1).
+"""Client drift of FedAvg vs FedGBO-SGDm, β ∈ {0.5, 0.9, 0.99}, on digits (FedGBO paper Fig. 6.1).
 
 Regenerate (from the repository root):
 
@@ -36,7 +36,7 @@ COMMON = ['--task=digits', '--num_clients=20', '--partition=dirichlet', '--diric
           '--clients_per_round=5', '--client_learning_rate=0.1', '--seed=0',
           '--measure_client_drift', f'--total_rounds={ROUNDS}', f'--rounds_per_eval={EVAL_EVERY}',
           f'--rounds_per_checkpoint={ROUNDS}', '--show_progress=false']
-# FedGBO-SGDm with β = 0 is FedAvg (SPEC §2); FedAvg is run as itself.
+# FedGBO-SGDm with β = 0 is FedAvg (docs/algorithms.md#fedgbo); FedAvg is run as itself.
 METHODS = [('fedavg', 'FedAvg', ['--algorithm=fedavg'])] + [
     (f'fedgbo_sgdm_{beta}', f'FedGBO-SGDm β={beta}',
      ['--algorithm=fedgbo', '--client_optimizer=sgdm', f'--client_beta_1={beta}'])

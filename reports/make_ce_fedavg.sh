@@ -1,5 +1,5 @@
 #!/bin/bash
-# Regenerates reports/ce_fedavg.md and reports/figures/ce_fedavg_*.png (issue 6).
+# Regenerates reports/ce_fedavg.md and reports/figures/ce_fedavg_*.png.
 # Runs go to /tmp/ce_fedavg_report (rerunning resumes finished runs instead of repeating them;
 # delete it for a fresh run). About 15 minutes on an idle 2-core machine.
 set -euo pipefail

@@ -1,4 +1,4 @@
-"""Issue 7's "Show it works" report: MTFL vs FL, Per-FedAvg, pFedMe (thesis Table 4.2 style).
+"""The report that shows it works: MTFL vs FL, Per-FedAvg, pFedMe (thesis Table 4.2 style).
 
 Regenerate (from the repository root):
 
@@ -191,7 +191,7 @@ def main():
   plot([f'noisy_{p}_fedavg' for p in PRIVATE], 'mtfl_ua_noisy.png',
        'Mean UA of the clean clients, 20% noisy clients (FedAvg)')
 
-  lines = ['# MTFL: private batch-norm patches (thesis ch. 4, issue 7)', '',
+  lines = ['# MTFL: private batch-norm patches (thesis ch. 4)', '',
            f'Regenerate: `.venv/bin/python reports/mtfl_report.py` ({len(all_runs)} runs, '
            f'{minutes:.1f} min with --jobs={timings["jobs"]} on a {os.cpu_count()}-core machine '
            'shared with other jobs (1-minute load average '

@@ -1,15 +1,15 @@
-"""Issue 5's "Show it works" report: decaying K vs constant K vs decaying γ (SPEC §5).
+"""The report that shows it works: decaying K vs constant K vs decaying γ (docs/algorithms.md#schedules).
 
-Seed 001 ("Faster Federated Learning with Decaying Number of Local SGD
+The decaying-K paper ("Faster Federated Learning with Decaying Number of Local SGD
 Steps") and thesis ch. 5. Regenerate from the repository root
 (reports/make_schedules.sh runs exactly this):
 
   .venv/bin/python reports/schedules_report.py --runs_dir=/tmp/schedules_report
 
 It writes reports/schedules.md and reports/figures/schedules_*.png from:
-  1. seed 001 Table 1's step fractions, recomputed by `local_steps.step_fraction`;
-  2. the quadratic toy (seed 001 §3): Figure 1 in NumPy
-     (`quadratic_toy.simulate_fedsgd`, seed 001's setting: 10 of 1000
+  1. decaying-K paper Table 1's step fractions, recomputed by `local_steps.step_fraction`;
+  2. the quadratic toy (decaying-K paper §3): Figure 1 in NumPy
+     (`quadratic_toy.simulate_fedsgd`, the decaying-K paper's setting: 10 of 1000
      clients per round, η = 0.001, 10 trials), and the same toy as a TFF
      federated process (`tff_adaptive.schedules.quadratic_toy`, full participation)
      with constant K, decaying K and decaying γ;
@@ -46,12 +46,12 @@ REPORT = os.path.join(ROOT, 'reports', 'schedules.md')
 
 
 def _exp_k(k0, decay):
-  """Seed 001's K_t = ⌈K_0 d^t⌉."""
+  """The decaying-K paper's K_t = ⌈K_0 d^t⌉."""
   return learning_rate.ExponentialDecay(k0, decay, quantity=schedules.LOCAL_STEPS)
 
 
-# ---- 1. Seed 001 Table 1 (4000 rounds; decay rates from its Table 5) ----
-TABLE1 = [  # (dataset, K_0, d_K, fraction printed in seed 001 Table 1)
+# ---- 1. decaying-K paper Table 1 (4000 rounds; decay rates from its Table 5) ----
+TABLE1 = [  # (dataset, K_0, d_K, fraction printed in decaying-K paper Table 1)
     ('StackOverflow', 10, 0.9996, 0.55), ('StackOverflow', 33, 0.9996, 0.51),
     ('StackOverflow', 100, 0.9996, 0.50), ('FEMNIST', 3, 0.9996, 0.65),
     ('FEMNIST', 10, 0.9996, 0.55), ('FEMNIST', 33, 0.999, 0.26),
@@ -131,7 +131,7 @@ def evaluated(cols, x, y):
 # ---- 2. the toy ----
 TOY_ROUNDS = 3000
 TOY_TRIALS = 10
-# Seed 001 §3 says η = 0.001 with M = 10 clients per round. With the MEAN of
+# decaying-K paper §3 says η = 0.001 with M = 10 clients per round. With the MEAN of
 # the 10 client updates that barely moves in 3000 rounds (K = 1 contracts by
 # 2e-4 per round), while its Figure 1 has the decaying-γ curve overshooting x*
 # near round 500; η = 0.001 on the SUM of the 10 updates, i.e. 0.01 on their
@@ -140,7 +140,7 @@ TOY_SERVER_LR = 0.01
 
 
 def toy_numpy_figure(out):
-  """Seed 001 Figure 1: |x_t − x*| for constant K, decaying γ and decaying K."""
+  """decaying-K paper Figure 1: |x_t − x*| for constant K, decaying γ and decaying K."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -328,20 +328,20 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
   fixed, gamma, kexp = results['k_fixed'], results['gamma_exp'], results['k_exp']
   target = 0.95 * fixed['max_acc']
   lines = [
-      '# Decaying local steps and learning rates (issue 5, SPEC §5)',
+      '# Decaying local steps and learning rates (docs/algorithms.md#schedules)',
       '',
-      'Seed 001 ("Faster Federated Learning with Decaying Number of Local SGD Steps") and '
+      'The decaying-K paper ("Faster Federated Learning with Decaying Number of Local SGD Steps") and '
       'thesis ch. 5. Regenerate with `reports/make_schedules.sh` (runs go to '
       f'`{runs_dir}`; {timing_text(seconds, timing, runs_dir, os.getloadavg()[1])}). '
       'Everything below is produced by that script.',
       '',
-      '## Step fractions: seed 001 Table 1',
+      '## Step fractions: decaying-K paper Table 1',
       '',
       'Fraction of client SGD steps of K_t = ⌈K_0 d^t⌉ against constant K_0 over 4000 rounds, '
-      '`local_steps.step_fraction` (decay rates from seed 001 Table 5; its FEMNIST K_0 = 33 '
+      '`local_steps.step_fraction` (decay rates from decaying-K paper Table 5; its FEMNIST K_0 = 33 '
       'column uses d_K = 0.999, the abstract\'s "3.8×").',
       '',
-      '| dataset | K_0 | d_K | seed 001 Table 1 | recomputed |',
+      '| dataset | K_0 | d_K | decaying-K paper Table 1 | recomputed |',
       '|---|---|---|---|---|',
   ]
   for dataset, k0, d, paper, ours in table1:
@@ -349,9 +349,9 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
   lines += [
       '',
       f'The toy\'s K_0 = 10, d_K = 0.995 over 3000 rounds uses {toy_fraction:.4f} of the steps '
-      f'(seed 001 §3: "84% less"). 1/0.2601 = {1 / 0.2601:.2f}×.',
+      f'(decaying-K paper §3: "84% less"). 1/0.2601 = {1 / 0.2601:.2f}×.',
       '',
-      '## The quadratic toy (seed 001 §3)',
+      '## The quadratic toy (decaying-K paper §3)',
       '',
       'f(x; z) = ½zx² − x, p(z) ∝ z^(−1/2) on [1, 3]; true minimiser '
       f'x* = {x_star:.6f}; FedSGD\'s fixed point with constant γ = 0.1 is '
@@ -361,9 +361,9 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       '',
       '![toy](figures/schedules_toy.png)',
       '',
-      'Seed 001 Figure 1\'s setting (NumPy, `quadratic_toy.simulate_fedsgd`): 10 of 1000 '
+      'decaying-K paper Figure 1\'s setting (NumPy, `quadratic_toy.simulate_fedsgd`): 10 of 1000 '
       'clients per round, γ = 0.1, x_1 = 0.4, mean of 10 trials, '
-      f'{TOY_ROUNDS} rounds, server step η = {TOY_SERVER_LR} on the mean client update. Seed 001 '
+      f'{TOY_ROUNDS} rounds, server step η = {TOY_SERVER_LR} on the mean client update. The decaying-K paper '
       'says η = 0.001; on the mean of 10 updates that hardly moves in 3000 rounds (K = 1 '
       'contracts by 2e-4 per round), whereas its Figure 1 shows decaying γ overshooting x* near '
       'round 500 — which 0.001 on the SUM of the 10 updates (= 0.01 on their mean) reproduces. '
@@ -376,7 +376,7 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
     lines.append(f'| {panel} | {label} | {x:.5f} | {abs(x - x_star):.2e} |')
   lines += [
       '',
-      'As in seed 001: with constant γ the iterate settles further from x* the larger K is; '
+      'As in the decaying-K paper: with constant γ the iterate settles further from x* the larger K is; '
       'decaying γ or decaying K both remove the bias; too fast a K decay (0.99) is slow like '
       'K = 1, too slow a decay (0.9995) has not yet shed the bias.',
       '',

@@ -1,4 +1,4 @@
-"""User tasks that misbehave (issue 26), for `--task=tests.hostile_task_fixture:<function>`.
+"""User tasks that misbehave, for `--task=tests.hostile_task_fixture:<function>`.
 
 Built on `custom_task_fixture` (four clients, a softmax regression): one task
 function raises, one task evaluates on test data that holds NaN.

@@ -1,6 +1,6 @@
 """Correctness of the FedOpt family (both semantics), Mimelite/MimeXlite, FLOPs and bad input.
 
-Issue 3's "Correctness (tests)" list; FedGBO and MFL are in test_fedgbo.py,
+The algorithms' correctness tests; FedGBO and MFL are in test_fedgbo.py,
 the process-level bits and FLOPs in test_algorithm_costs.py. Every process runs
 on the tiny linear-softmax model of `algorithm_testing` (5 → 3) with a few
 unshuffled clients, and is compared against TFF's own builders or against an
@@ -151,7 +151,7 @@ def test_fedopt_paper_semantics_matches_numpy_algorithm2(clients, kind):
 
 @pytest.mark.parametrize('kind', ['adagrad', 'adam', 'yogi'])
 def test_fedopt_paper_semantics_scale_invariance(clients, kind):
-  """SPEC §1: with K = 1, (η, τ, v_{−1}) → (cη, cτ, c²v_{−1}) leaves the iterates unchanged."""
+  """docs/algorithms.md#fedopt: with K = 1, (η, τ, v_{−1}) → (cη, cτ, c²v_{−1}) leaves the iterates unchanged."""
   c, v0 = 10.0, 4e-4
   process = _paper_process(kind)
   specs = [tf.TensorSpec(w.shape, tf.float32) for w in at.trainable(process, process.initialize())]
@@ -273,7 +273,7 @@ def test_mimexlite_uploads_one_minibatch_gradient(clients, mimexlite_process):
 
 
 # ---------------------------------------------------------------------------
-# FLOPs: seed 000 Table B.2's CIFAR100 row.
+# FLOPs: FedGBO paper Table B.2's CIFAR100 row.
 # ---------------------------------------------------------------------------
 
 
@@ -326,7 +326,7 @@ def test_cifar100_flops_table_row():
 # Bad input: bin/train exits 2 with one line naming the flag.
 # ---------------------------------------------------------------------------
 
-# Each class of bad input of issue 3, several flags each. `cli.validate` is
+# Each class of bad input, several flags each. `cli.validate` is
 # what bin/train runs first; one case per class also goes through the real
 # binary (each run imports TF and TFF: seconds).
 BAD_FLAGS = [

@@ -1,4 +1,4 @@
-"""bench/standins.py (issue 19) at a tiny size: TFF's schema, read by the tasks as TFF's files.
+"""bench/standins.py at a tiny size: TFF's schema, read by the tasks as TFF's files.
 
 The full-size files are written by the bench command, never here.
 """

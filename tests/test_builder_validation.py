@@ -1,4 +1,4 @@
-"""Issue 26: builders check `model_fn`, `client_weighting` and the aggregators as TFF's
+"""Builders check `model_fn`, `client_weighting` and the aggregators as TFF's
 `build_weighted_fed_avg` does (TFF's own fed_avg_test asserts these): TypeError naming the
 argument, raised while building (nothing is run)."""
 

@@ -1,4 +1,4 @@
-"""Seed 003's CIFAR-10 split: per-client Dirichlet(α) label distributions, 500 x 100.
+"""The FedOpt paper's CIFAR-10 split: per-client Dirichlet(α) label distributions, 500 x 100.
 
 The partition is checked on CIFAR-10's real label counts (5,000 per class) without
 images; the task itself on Keras-format fixture files.

@@ -1,4 +1,4 @@
-"""The cohort execution equals the per-client one (issue 23).
+"""The cohort execution equals the per-client one.
 
 For every algorithm the cohort supports: 3 rounds on clients of unequal sizes
 with partial batches, K-step and epoch-based rounds, vectorised and in

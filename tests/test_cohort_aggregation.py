@@ -1,4 +1,4 @@
-"""The cohort program's aggregators equal the per-client round's (issue 23 item 4).
+"""The cohort program's aggregators equal the per-client round's.
 
 Fixed-clip DP with noise 0 and CE-FedAvg compression: cohort and per-client
 rounds equal within 1e-5 over 3 rounds on clients of unequal sizes (weights,

@@ -1,4 +1,4 @@
-"""The cohort on TFF workers with each shard's data built on its worker from ids (issue 23).
+"""The cohort on TFF workers with each shard's data built on its worker from ids.
 
 Two loopback `worker_binary`s (tests/test_workers.py's `pool`) stand in for two
 machines. Each round the driver sends each worker one shard's client ids; the

@@ -1,4 +1,4 @@
-"""The cohort program runs TFF's robust aggregator as the per-client round does (issue 23 item 4).
+"""The cohort program runs TFF's robust aggregator as the per-client round does.
 
 `aggregators.robust.robust_aggregator` (TFF's `tff.learning.robust_aggregator`,
 kept recognisable): adaptive zeroing (inf norm) around adaptive clipping (L2)

@@ -1,4 +1,4 @@
-"""The cohort execution on TFF workers: one shard per worker, one reduce per round (issue 23).
+"""The cohort execution on TFF workers: one shard per worker, one reduce per round.
 
 Two loopback `worker_binary`s (tests/test_workers.py's `pool`) stand in for two
 machines. The cohort is padded on the coordinator into exactly one shard per

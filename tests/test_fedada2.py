@@ -1,11 +1,11 @@
-"""FedAda2 family (seed 002, SPEC §4): DJA vs no-PC, one round against NumPy, costs, DP.
+"""FedAda2 family (the FedAda2 paper, docs/algorithms.md#fedada2): DJA vs no-PC, one round against NumPy, costs, DP.
 
 The SM3 and paper-Adam optimisers themselves are unit-tested in test_sm3.py
 and test_paper_fedopt.py; here they run inside the `fedada2` learning
 process. Every process trains the linear-softmax models of
 `algorithm_testing` (5 → 3, and a 60 → 10 one shaped like `synthetic`), so
 each client trajectory and the server step can be replayed in NumPy
-(float64) from the SPEC §4 formulas, written here independently of the
+(float64) from the docs/algorithms.md#fedada2 formulas, written here independently of the
 implementation.
 """
 
@@ -58,7 +58,7 @@ def _process(client, preconditioner, server='adam', warmup=False):
   return _PROCESSES[key]
 
 
-# ---- SPEC §4 in NumPy ----
+# ---- docs/algorithms.md#fedada2 in NumPy ----
 
 
 def _np_client(x0, client, *, optimizer, lr, steps=K, v0=None, warmup=False,
@@ -101,7 +101,7 @@ def _np_client(x0, client, *, optimizer, lr, steps=K, v0=None, warmup=False,
 
 
 def _np_server(x, s, mean_delta, server):
-  """FedOpt Algorithm 2 (paper semantics); seed 002's AdaGrad: v = Σ Δ̄² from 0."""
+  """FedOpt Algorithm 2 (paper semantics); the FedAda2 paper's AdaGrad: v = Σ Δ̄² from 0."""
   m = [S_BETA_1 * a + (1 - S_BETA_1) * d for a, d in zip(s['m'], mean_delta)]
   if server == 'adam':
     v = [S_BETA_2 * a + (1 - S_BETA_2) * d**2 for a, d in zip(s['v'], mean_delta)]
@@ -187,7 +187,7 @@ def test_process_clients_start_from_injected_server_v(clients, preconditioner):
     ('sm3_adam', 'none', 'adam', False),  # FedAda2 itself
     ('adam', 'none', 'adam', False),  # no-PC (Adam–Adam)
     ('adam', 'dja', 'adam', True),  # DJA (Adam–Adam), client lr warm-up
-    ('adagrad', 'dja', 'adagrad', False),  # DJA with seed 002's server AdaGrad + momentum
+    ('adagrad', 'dja', 'adagrad', False),  # DJA with the FedAda2 paper's server AdaGrad + momentum
 ])
 def test_rounds_match_numpy(clients, client, preconditioner, server, warmup):
   process = _process(client, preconditioner, server, warmup)

@@ -1,4 +1,4 @@
-"""Correctness of FedGBO and MFL (SPEC §2–3), and their composition with TFF aggregators.
+"""Correctness of FedGBO and MFL (docs/algorithms.md#fedgbo and #mfl), and their composition with TFF aggregators.
 
 Every client trajectory is replayed in NumPy (float64) on the linear-softmax
 model of `algorithm_testing`, with the optimiser math written from the SPEC
@@ -74,7 +74,7 @@ def _tff_fedavg_uniform():
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0), client_weighting=UNIFORM))
 
 
-# ---- The SPEC §2 table in NumPy ----
+# ---- The docs/algorithms.md#fedgbo table in NumPy ----
 
 
 def _np_init(name, x):
@@ -160,7 +160,7 @@ def _assert_stats_close(actual, expected, rtol, atol, what):
 
 @pytest.mark.parametrize('name', biased_optimizers.NAMES)
 def test_fedgbo_tracks_mean_of_all_minibatch_gradients(clients, name):
-  """SPEC §2: g̃_t (from the inverse step) = mean of the round's |S|·K minibatch gradients."""
+  """docs/algorithms.md#fedgbo: g̃_t (from the inverse step) = mean of the round's |S|·K minibatch gradients."""
   process = _fedgbo(name)
   state = process.initialize()
   x = at.trainable(process, state)

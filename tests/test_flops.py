@@ -1,4 +1,4 @@
-"""FLOP accounting (SPEC §8) against seed 000's Tables 4 and 10, and the paper CNNs."""
+"""FLOP accounting (docs/algorithms.md#costs) against the FedGBO paper's Tables 4 and 10, and the paper CNNs."""
 
 import math
 
@@ -13,12 +13,12 @@ OPTIMIZERS = ('rmsprop', 'sgdm', 'adam')  # The tables' column order.
 
 
 def _sent140_linear() -> tf.keras.Model:
-  # Seed 000 B.2: a linear model on a 5k bag-of-words, two classes.
+  # FedGBO paper B.2: a linear model on a 5k bag-of-words, two classes.
   return tf.keras.Sequential([L.InputLayer(input_shape=(5000,)), L.Dense(2)])
 
 
 def _shakespeare_gru() -> tf.keras.Model:
-  # Seed 000 Table 7: embedding 8, two GRU-128, FC 79; LEAF's 80-character
+  # FedGBO paper Table 7: embedding 8, two GRU-128, FC 79; LEAF's 80-character
   # sequences predicting the next character (many-to-one).
   return tf.keras.Sequential([
       L.InputLayer(input_shape=(80,), dtype='int32'), L.Embedding(79, 8),
@@ -64,7 +64,7 @@ def test_brief_checks(models):
     assert math.isclose(flops.round_to_significant(got), expected), (alg, opt, got)
 
 
-# Seed 000 Tables 4 (K = 10) and 10 (K = 50), in 1e8 FLOPs, to 3 significant
+# FedGBO paper Tables 4 (K = 10) and 10 (K = 50), in 1e8 FLOPs, to 3 significant
 # figures: rows FedGBO, Mimelite, MFL (columns RMSProp, SGDm, Adam) and SGD.
 TABLES = {
     ('cifar100', 10): ([50.2, 50.2, 50.6], [65.7, 65.7, 66.1], [50.2, 50.6, 50.9], 49.8),
@@ -83,7 +83,7 @@ TABLES = {
     # thesis' Table B.3 whose text lost the MFL row).
     ('shakespeare', 50): ([592] * 3, [2650] * 3, [592] * 3, 591),
 }
-# Seed 000 Table 3 (mean samples per client) and Appendix B batch sizes.
+# FedGBO paper Table 3 (mean samples per client) and Appendix B batch sizes.
 TASKS = {'cifar100': (32, 100), 'femnist': (32, 170), 'sent140': (8, 15),
          'shakespeare': (32, 5573)}
 
@@ -110,7 +110,7 @@ def test_paper_flops_tables(models, task, k):
 
 
 def test_shakespeare_k50_mfl_row_of_table_10(models):
-  """Seed 000 Table 10: Shakespeare, MFL, K = 50 prints 592 for RMSProp, SGDm and Adam."""
+  """FedGBO paper Table 10: Shakespeare, MFL, K = 50 prints 592 for RMSProp, SGDm and Adam."""
   counts = flops.model_counts(models['shakespeare'])
   for opt in OPTIMIZERS:
     got = flops.client_flops('mfl', opt, counts, K=50, B=32) / 1e8

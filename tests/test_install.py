@@ -1,4 +1,4 @@
-"""The library as a user gets it (issue 16): pip-installed into a fresh venv, used from outside.
+"""The library as a user gets it: pip-installed into a fresh venv, used from outside.
 
 One test, because the venv is the expensive part:
   * `pip install <checkout>` (pyproject.toml, the index bin/setup_env.sh uses)

@@ -1,4 +1,4 @@
-"""Issue 25: the library speaks in parameters, not in bin/train's flags.
+"""The library speaks in parameters, not in bin/train's flags.
 
 Read with `ast` from the source of `tff_adaptive/`: no string literal (a
 message, a docstring, a piece of an f-string, a flag name kept in a variable

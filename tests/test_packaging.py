@@ -1,4 +1,4 @@
-"""Building the package leaves the checkout as it was (issue 26): `pip wheel .` of a clone
+"""Building the package leaves the checkout as it was: `pip wheel .` of a clone
 writes no build/ or *.egg-info/ into it (pyproject.toml's backend, build_tools/clean_backend.py).
 """
 

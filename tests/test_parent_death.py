@@ -1,4 +1,4 @@
-"""One die-with-parent helper for every child the package starts (issue 25)."""
+"""One die-with-parent helper for every child the package starts."""
 
 import ctypes
 import os

@@ -1,4 +1,4 @@
-"""Fault injection (issue 17): bad input, damaged files and mistakes never hang,
+"""Fault injection: bad input, damaged files and mistakes never hang,
 never print a traceback and lose nothing but the rounds since the last intact
 checkpoint. docs/reliability.md lists these guarantees and names these tests.
 
@@ -470,7 +470,7 @@ def test_signal_stops_with_one_line_and_resumes(reference, tmp_path, signum, cod
   _one_line(lines, signal.Signals(signum).name, 'stopped at round', 'resume with the same command')
   assert len([l for l in lines if 'stopped' in l]) == 1
   assert not glob.glob(os.path.join(run, 'checkpoints', '*_temp*'))
-  # The checkpoint named is the newest one there (issue 26: the loop's note of it could lag).
+  # The checkpoint named is the newest one there (the loop's own note of it could lag).
   assert f'program_state_{program.newest_checkpoint(run)}' in lines[-1], lines
   got, lines = _train(_settings(tmp_path))
   assert got == 0, lines

@@ -1,4 +1,4 @@
-"""Hostile inputs, round two (issue 26): no write through a symbolic link out of the run
+"""Hostile inputs, round two: no write through a symbolic link out of the run
 directory, no traceback from any flag, spec, directory or user task, no hang, and messages
 and records that say what is true. docs/reliability.md lists these guarantees.
 

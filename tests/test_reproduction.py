@@ -1,4 +1,4 @@
-"""reports/reproduction.md says exactly what was measured (issue 18).
+"""reports/reproduction.md says exactly what was measured.
 
 * Every row of `render.exact_checks` names where its expected value
   comes from, and that is checked here: a value said to be printed in a seed
@@ -70,7 +70,7 @@ def provenance_errors(check: provenance.Check, texts: dict[str, str]) -> list[st
       for number in NUMBER.findall(check.paper):
         if number not in shown:
           errors.append(f'{number} in the paper column is not printed in the seed')
-    if src.kind == provenance.SPEC and '(SPEC, not a seed)' not in rendered:
+    if src.kind == provenance.SPEC and '(not in a paper)' not in rendered:
       errors.append('a SPEC number not labelled as such')
     if src.kind == provenance.SEED and not src.printed and '(statement)' not in rendered:
       errors.append('a statement without a number not labelled as such')
@@ -118,7 +118,7 @@ def test_every_expected_value_is_where_its_row_says(sections):
 
 
 def test_provenance_check_catches_a_value_from_our_own_code():
-  """SPEC §6's 7.62 is eq. 3.1 evaluated by the package: it cannot pass as a printed number."""
+  """docs/algorithms.md#ce-fedavg's 7.62 is eq. 3.1 evaluated by the package: it cannot pass as a printed number."""
   texts = _texts()
   ours = provenance.Check(
       'thesis §3.3.2', 'nominal ratio FedAvg (eq. 3.1), s = 0.6', '7.62×', '7.62×',
@@ -179,8 +179,8 @@ def test_headline_counts_come_from_the_rows(sections):
   text = render.headline_markdown(sections)
   ind = tally[provenance.INDEPENDENT]
   assert text.startswith(f'**{ind.rows} rows recompute independent numbers printed in the '
-                         f'seeds: {ind.matched} match, {ind.mismatched} do not**')
-  assert f'- 88 FLOPs cells (thesis Tables B.2/B.3 = seed 000 Tables 4/10): 86 match, 2 do not' \
+                         f'papers: {ind.matched} match, {ind.mismatched} do not**')
+  assert f'- 88 FLOPs cells (thesis Tables B.2/B.3 = FedGBO paper Tables 4/10): 86 match, 2 do not' \
       in text
   assert 'from 12 model quantities' in text
   assert sum(t.rows for t in tally.values()) == sum(len(r) for r in sections.values())
@@ -196,7 +196,7 @@ def test_committed_report_headline_agrees_with_its_rows():
   """The headline of reports/reproduction.md recounted from its own tables."""
   part = _report_section_1()
   labels = {'(derived: eq. B.16)': provenance.FLOPS, '(derived)': provenance.DERIVED,
-            '(statement)': provenance.STATEMENT, '(SPEC, not a seed)': provenance.SPEC_NUMBER,
+            '(statement)': provenance.STATEMENT, '(not in a paper)': provenance.SPEC_NUMBER,
             '(partly by construction)': provenance.CONSTRUCTION,
             '(package vs package)': provenance.PACKAGE_VS_PACKAGE,
             '(figure only)': provenance.FIGURE_ONLY}
@@ -213,10 +213,10 @@ def test_committed_report_headline_agrees_with_its_rows():
   flops = re.findall(r'\d / [\d.]+ (✓|✗)', part)
   counts[provenance.FLOPS] = [len(flops), flops.count('✓'), flops.count('✗')]
   ind = counts[provenance.INDEPENDENT]
-  assert (f'**{ind[0]} rows recompute independent numbers printed in the seeds: {ind[1]} match, '
+  assert (f'**{ind[0]} rows recompute independent numbers printed in the papers: {ind[1]} match, '
           f'{ind[2]} do not**') in part
   fl = counts[provenance.FLOPS]
-  assert f'- {fl[0]} FLOPs cells (thesis Tables B.2/B.3 = seed 000 Tables 4/10): {fl[1]} match, ' \
+  assert f'- {fl[0]} FLOPs cells (thesis Tables B.2/B.3 = FedGBO paper Tables 4/10): {fl[1]} match, ' \
       f'{fl[2]} do not' in part
   for kind in (provenance.DERIVED, provenance.STATEMENT, provenance.SPEC_NUMBER,
                provenance.CONSTRUCTION, provenance.PACKAGE_VS_PACKAGE,
@@ -233,7 +233,7 @@ def test_parity_claims_count_by_their_means():
 
 
 def test_claims_tally_of_the_committed_report():
-  """Issue 18: by the means 8 hold, 8 fail, 1 tie; 3 supported, 3 contradicted."""
+  """By the means 8 hold, 8 fail, 1 tie; 3 supported, 3 contradicted."""
   with open(REPORT) as f:
     text = f.read()
   data = claims.load_sweep_data(render.sweep_data_path(REPORT))
@@ -267,7 +267,7 @@ def test_report_without_runs_renders_the_stored_sweep_data(tmp_path):
   text = '\n'.join(lines)
   assert text.startswith('*This section comes from the last run of the sweep')
   assert data.sweep_tables in text
-  row = next(l for l in text.splitlines() if l.startswith('| seed 003 (FedOpt) |'))
+  row = next(l for l in text.splitlines() if l.startswith('| FedOpt (Reddi et al. 2021) |'))
   assert row.endswith('| holds (CIs disjoint) |')
   assert 'Supported beyond the noise: 4' in text  # the tally follows the numbers
 

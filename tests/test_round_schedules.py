@@ -1,6 +1,6 @@
-"""Per-round K / γ / η_s schedules driven through the real loop (SPEC §5, issue 5).
+"""Per-round K / γ / η_s schedules driven through the real loop (docs/algorithms.md#schedules).
 
-Seed 001 and thesis ch. 5: clients run exactly K_t steps, the schedules reach
+The decaying-K paper and thesis ch. 5: clients run exactly K_t steps, the schedules reach
 every algorithm through one mechanism (`round_schedules`), an error-driven
 schedule resumes exactly, the quadratic toy's constant-K fixed point is the
 analytic x̃*(γ, K) and decaying K approaches the true minimiser; bad flags
@@ -247,7 +247,7 @@ def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Seed 001 §3's toy as a federated TFF process.
+# decaying-K paper §3's toy as a federated TFF process.
 
 def test_quadratic_toy_fixed_point_and_decaying_k():
   # 8 equal-probability clients, full participation: the deterministic

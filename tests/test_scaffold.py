@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al. 2020, option II; SPEC §12) against a NumPy replay.
+"""SCAFFOLD (Karimireddy et al. 2020, option II; docs/algorithms.md#scaffold) against a NumPy replay.
 
 Every client trajectory, control variate and server step is recomputed in
 NumPy (float64) on the linear-softmax model of `algorithm_testing`, from the
@@ -122,7 +122,7 @@ def test_three_rounds_equal_numpy_with_a_client_sampled_twice(clients, steps):
 
 @pytest.mark.parametrize('variant', ['example_weighted', 'aggregator'])
 def test_weighted_dy_and_a_composed_aggregator_keep_c_the_sum_over_n(clients, variant):
-  """Δy example-weighted (seed 003's weighting), or through a `model_aggregator`
+  """Δy example-weighted (the FedOpt paper's weighting), or through a `model_aggregator`
   (the round's composed path): c still moves by Σ Δc_i / N."""
   if variant == 'example_weighted':
     process = _process(3, client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES)

@@ -1,4 +1,4 @@
-"""Schedules, step accounting, runtime model and the quadratic toy (SPEC §1, §5)."""
+"""Schedules, step accounting, runtime model and the quadratic toy (docs/algorithms.md#fedopt and #schedules)."""
 
 import fractions
 import json
@@ -103,7 +103,7 @@ def test_linear_warmup():
 # Accounting.
 
 @pytest.mark.parametrize('k0,decay,fraction', [
-    (33, 0.999, 0.2601),   # Seed 001: FEMNIST K=33, "3.8x fewer steps".
+    (33, 0.999, 0.2601),   # The decaying-K paper: FEMNIST K=33, "3.8x fewer steps".
     (10, 0.9996, 0.5506),
     (3, 0.9996, 0.6467),
 ])
@@ -346,7 +346,7 @@ def test_deterministic_schedules_round_trip_state():
 
 
 # ----------------------------------------------------------------------------
-# The quadratic toy of seed 001 §3.
+# The quadratic toy of decaying-K paper §3.
 
 def test_quadratic_true_minimiser():
   assert round(quadratic_toy.TRUE_MINIMISER, 6) == 0.523373
@@ -383,7 +383,7 @@ def test_quadratic_decaying_k_approaches_true_minimiser():
   err_decay = abs(decaying[-1] - quadratic_toy.TRUE_MINIMISER)
   assert err_const > 0.03
   assert err_decay < 1e-6
-  # Seed 001: d_K = 0.995 performs "84% less total SGD steps" than constant K = 10
+  # The decaying-K paper: d_K = 0.995 performs "84% less total SGD steps" than constant K = 10
   # over 3000 rounds (84.7%: the paper truncates).
   ks = local_steps.local_steps_sequence(
       schedule_flags.make_local_steps_schedule('exp', 10, decay=0.995), rounds)

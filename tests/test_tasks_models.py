@@ -1,4 +1,4 @@
-"""The papers' models: parameter counts as the papers (and issue 8) state them.
+"""The papers' models: parameter counts as the papers state them.
 
 Only Keras models are built here (no data, no TFF computation), so the large
 ones (ResNet-18, the Stack Overflow LSTM) cost seconds.
@@ -11,7 +11,7 @@ from tasks import tff_native
 from tasks.models import recurrent
 from tasks.models import thesis_models
 
-# (builder, parameters stated by the papers / issue 8)
+# (builder, parameters stated by the papers)
 PAPER_COUNTS = {
     'EMNIST CR CNN (FedOpt)': (lambda: tff_native.create_emnist_character_model('cnn_dropout'),
                                1_206_590),
@@ -21,12 +21,12 @@ PAPER_COUNTS = {
     'SO NWP (FedOpt)': (lambda: tff_native.create_stackoverflow_word_model(10_000), 4_050_748),
     'SO LR (FedOpt)': (lambda: tff_native.create_stackoverflow_logistic_regression(10_000, 500),
                        5_000_500),
-    'CIFAR100 CNN (seed 000)': (lambda: tff_native.create_cifar100_model('fedgbo_cnn'), 1_250_852),
-    'FEMNIST CNN (seed 000)': (lambda: tff_native.create_emnist_character_model('fedgbo_cnn'),
+    'CIFAR100 CNN (the FedGBO paper)': (lambda: tff_native.create_cifar100_model('fedgbo_cnn'), 1_250_852),
+    'FEMNIST CNN (the FedGBO paper)': (lambda: tff_native.create_emnist_character_model('fedgbo_cnn'),
                                870_334),
     'FEMNIST DNN (thesis)': (thesis_models.create_femnist_dnn, 209_662),
     'Sent140 linear (thesis)': (thesis_models.create_sent140_linear, 10_002),
-    'Shakespeare GRU (thesis, seed 000)': (
+    'Shakespeare GRU (thesis, the FedGBO paper)': (
         lambda: recurrent.create_gru_char_model(len(leaf.SHAKESPEARE_VOCAB), 80, 128), 162_887),
 }
 
@@ -38,7 +38,7 @@ def test_paper_parameter_counts(name):
 
 
 def test_leaf_shakespeare_vocabulary_is_the_papers_79_symbols():
-  # Seed 000 / thesis: "a vocabulary size of 79"; LEAF's 80 letters minus '\n'.
+  # The FedGBO paper / thesis: "a vocabulary size of 79"; LEAF's 80 letters minus '\n'.
   assert len(leaf.SHAKESPEARE_VOCAB) == 79
   assert len(set(leaf.SHAKESPEARE_VOCAB)) == 79
   assert '\n' not in leaf.SHAKESPEARE_VOCAB and ' ' in leaf.SHAKESPEARE_VOCAB
@@ -71,7 +71,7 @@ def test_gru_variants_differ_only_in_width():
   wide = recurrent.create_gru_char_model(79, 80, 256)
   assert [l.units for l in small.layers if 'gru' in l.name] == [128, 128]
   assert [l.units for l in wide.layers if 'gru' in l.name] == [256, 256]
-  # Seed 001's GRU: 2 x GRU 256 between an 8-dim embedding and the output layer.
+  # The decaying-K paper's GRU: 2 x GRU 256 between an 8-dim embedding and the output layer.
   assert wide.count_params() == 79 * 8 + 3 * (8 * 256 + 256 * 256 + 512) + \
       3 * (2 * 256 * 256 + 512) + 256 * 79 + 79
 

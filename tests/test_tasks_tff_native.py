@@ -279,7 +279,7 @@ def _example_set(datasets):
 
 
 def test_traced_client_datasets_equal_the_eager_ones(tmp_path):
-  # Issue 19: one traced function of the client id builds a round's datasets.
+  # One traced function of the client id builds a round's datasets.
   data_dir = str(tmp_path)
   fixtures.write_tff_emnist(data_dir, num_clients=4, examples=5)
   task = _create('emnist_character', data_dir)

@@ -1,4 +1,4 @@
-"""One place lists every patch of TFF internals, with the TFF version it targets (issue 25)."""
+"""One place lists every patch of TFF internals, with the TFF version it targets."""
 
 import ast
 import importlib

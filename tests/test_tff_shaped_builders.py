@@ -1,7 +1,7 @@
-"""Issue 16 items 4-5: builders shaped like TFF's, TFF's state/metrics layout, hparams.
+"""Builders shaped like TFF's, TFF's state/metrics layout, hparams.
 
 Equalities are checked against the package's own recipes driven with the
-SPEC §2 optimisers (what the builders computed before they took TFF
+docs/algorithms.md#fedgbo optimisers (what the builders computed before they took TFF
 optimisers), against TFF's FedAvg, and between the FunctionalModel and
 VariableModel paths, on the linear-softmax model of `algorithm_testing`.
 """
@@ -80,7 +80,7 @@ def test_functional_model_gives_the_variable_model_weights(data):
   assert metrics['cost']['client_steps'] == K * len(SIZES)
 
 
-# ---- TFF optimisers read by FedGBO / MFL: equal to the SPEC §2 recipes ----
+# ---- TFF optimisers read by FedGBO / MFL: equal to the docs/algorithms.md#fedgbo recipes ----
 
 
 @pytest.mark.parametrize('optimizer, biased_opt', [
@@ -154,7 +154,7 @@ def test_fedada2_uses_the_learning_rate_of_its_client_optimizer(data):
   small, _ = final(0.01)
   large, _ = final(1.0)
   assert at.max_abs_diff(small, still) > 1e-3
-  # SM3 moves each coordinate by at most η per step (SPEC §4): η = 1 moves further.
+  # SM3 moves each coordinate by at most η per step (docs/algorithms.md#fedada2): η = 1 moves further.
   assert at.max_abs_diff(large, still) > 10 * at.max_abs_diff(small, still)
 
 

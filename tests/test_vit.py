@@ -1,6 +1,6 @@
-"""ViT-S/16 (seed 002): parameter counts, head/full fine-tuning, pretrained weights from a file.
+"""ViT-S/16 (the FedAda2 paper): parameter counts, head/full fine-tuning, pretrained weights from a file.
 
-The full-size model is only built (two builds, for seed 002's two head sizes);
+The full-size model is only built (two builds, for the FedAda2 paper's two head sizes);
 everything that trains or loads weights uses a tiny ViT of the same code
 (32x32 images, two 16x16 patches a side, width 16, one block).
 """

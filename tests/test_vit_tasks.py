@@ -1,4 +1,4 @@
-"""Seed 002's ViT tasks on fixtures: gld23k through TFF's real gldv2 loader, cifar100_image ViT.
+"""The FedAda2 paper's ViT tasks on fixtures: gld23k through TFF's real gldv2 loader, cifar100_image ViT.
 
 `vit_fixtures.write_tff_gld23k` writes the cache layout that
 `tff.simulation.datasets.gldv2.load_data(gld23k=True)` reads, with TFF's own

@@ -57,7 +57,7 @@ COST_LABELS = {
     'client_optimizer_state_floats': ('client optimiser state', 'floats'),
 }
 # Suffixes of training metrics (any prefix: TFF's `client_work/train/`, the
-# learning algorithm's own, or other names issue 16's state layout gives them).
+# learning algorithm's own, or other names TFF's state layout (LearningAlgorithmState) gives them).
 TRAIN_SUFFIXES = {
     'loss': 'training loss (sampled clients)',
     'sparse_categorical_accuracy': 'training accuracy (sampled clients)',

@@ -13,16 +13,16 @@ its hyperparameters) for the method being compared, as the papers do.
 tests/test_presets.py checks that every preset is a command of docs/tasks.md
 and runs on the task's fixture.
 
-Papers: fedopt = seed 003 (Reddi et al., Adaptive Federated Optimization);
-fedgbo = seed 000; decayk = seed 001 (decaying number of local SGD steps);
-thesis3 / thesis4 / thesis5 = seed 004's chapters 3 (CE-FedAvg), 4 (MTFL) and
+Papers: fedopt = the FedOpt paper (Reddi et al., Adaptive Federated Optimization);
+fedgbo = the FedGBO paper; decayk = the decaying-K paper (decaying number of local SGD steps);
+thesis3 / thesis4 / thesis5 = the thesis' chapters 3 (CE-FedAvg), 4 (MTFL) and
 5 (decaying K).
 """
 
 from collections.abc import Mapping
 
 PRESETS: Mapping[str, Mapping[str, str]] = {
-    # seed 003, Appendix D: B, E = 1, clients per round, rounds.
+    # the FedOpt paper, Appendix D: B, E = 1, clients per round, rounds.
     'fedopt:cifar100': dict(task='cifar100_image', cifar100_image_model='resnet18',
                             client_batch_size='20', client_epochs_per_round='1',
                             clients_per_round='10', total_rounds='4000', algorithm='fedadam'),
@@ -43,7 +43,7 @@ PRESETS: Mapping[str, Mapping[str, str]] = {
     'fedopt:stackoverflow_tag': dict(task='stackoverflow_tag', client_batch_size='100',
                                      client_epochs_per_round='1', clients_per_round='10',
                                      total_rounds='1500', algorithm='fedadagrad'),
-    # seed 000: K = 10, evaluation every 50 rounds, 5000 rounds.
+    # the FedGBO paper: K = 10, evaluation every 50 rounds, 5000 rounds.
     'fedgbo:cifar100': dict(task='cifar100_image', cifar100_image_model='fedgbo_cnn',
                             client_batch_size='32', local_steps='10', clients_per_round='5',
                             total_rounds='5000', rounds_per_eval='50', algorithm='fedavg',
@@ -57,7 +57,7 @@ PRESETS: Mapping[str, Mapping[str, str]] = {
     'fedgbo:shakespeare': dict(task='shakespeare_leaf', shakespeare_leaf_model='gru128',
                                client_batch_size='32', local_steps='10', clients_per_round='7',
                                total_rounds='5000', rounds_per_eval='50', algorithm='fedavg'),
-    # seed 001: 4000 rounds, 10 clients per round, K_0 = 10 (K ∈ {3, 10, 33, 100} in the paper).
+    # the decaying-K paper: 4000 rounds, 10 clients per round, K_0 = 10 (K ∈ {3, 10, 33, 100} in the paper).
     'decayk:stackoverflow_tag': dict(task='stackoverflow_tag', num_clients='1000',
                                      max_client_examples='250', client_batch_size='32',
                                      local_steps='10', clients_per_round='10',
@@ -72,21 +72,21 @@ PRESETS: Mapping[str, Mapping[str, str]] = {
                                client_batch_size='32', local_steps='10', clients_per_round='10',
                                client_learning_rate='1.0', total_rounds='4000',
                                algorithm='fedavg'),
-    # seed 004 ch. 3: W = 10, C = 0.5, E = 1, B = 20, 2 label shards per client.
+    # thesis ch. 3: W = 10, C = 0.5, E = 1, B = 20, 2 label shards per client.
     'thesis3:mnist': dict(task='mnist', mnist_model='2nn', partition='shards', num_clients='10',
                           clients_per_round='5', client_batch_size='20',
                           client_epochs_per_round='1', algorithm='fedavg'),
     'thesis3:cifar10': dict(task='cifar10', cifar10_model='cnn', partition='shards',
                             num_clients='10', clients_per_round='5', client_batch_size='20',
                             client_epochs_per_round='1', algorithm='fedavg'),
-    # seed 004 ch. 4: W = 200, C = 0.5, 500 rounds, BN patch models.
+    # thesis ch. 4: W = 200, C = 0.5, 500 rounds, BN patch models.
     'thesis4:mnist': dict(task='mnist', mnist_model='mtfl_2nn', partition='shards',
                           num_clients='200', clients_per_round='100', client_batch_size='20',
                           client_epochs_per_round='1', total_rounds='500', algorithm='fedavg'),
     'thesis4:cifar10': dict(task='cifar10', cifar10_model='mtfl_cnn', partition='shards',
                             num_clients='200', clients_per_round='100', client_batch_size='20',
                             client_epochs_per_round='1', total_rounds='500', algorithm='fedavg'),
-    # seed 004 ch. 5: the K_0 and learning rates of Table 5.1, 10000 rounds.
+    # thesis ch. 5: the K_0 and learning rates of Table 5.1, 10000 rounds.
     'thesis5:cifar100': dict(task='cifar100_image', cifar100_image_model='fedgbo_cnn',
                              client_batch_size='32', local_steps='50', clients_per_round='25',
                              client_learning_rate='0.01', total_rounds='10000',

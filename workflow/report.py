@@ -2,10 +2,10 @@
 
 What the papers report, computed from bin/train's metrics.csv files:
   * a score per configuration, mean ± 95% Student-t CI over seeds
-    (seed 000 Table 6.4; `workflow.stats`), with the selection rule of
+    (FedGBO paper Table 6.4; `workflow.stats`), with the selection rule of
     `workflow.sweep` picking each group's best hyperparameters;
   * the rounds, uploaded bits, client FLOPs and simulated minutes needed to
-    reach a target metric (seed 000 Table 6.4's right half; thesis Tables
+    reach a target metric (FedGBO paper Table 6.4's right half; thesis Tables
     3.1-3.3 "rounds required to reach target test accuracies"; thesis ch. 5's
     runtime model), from the `round`, `cost/cumulative_upload_bits`,
     `cost/cumulative_client_flops` and `sim/cumulative_minutes` columns;

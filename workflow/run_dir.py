@@ -2,7 +2,7 @@
 
 A shared `--root_output_dir` (such as /tmp) lets anyone plant symbolic links
 where a run will write: the run directory itself, its `.lock`, `metrics.csv`,
-`flags.json`, `tensorboard/`, `checkpoints/` or client-state store (issue 26).
+`flags.json`, `tensorboard/`, `checkpoints/` or client-state store.
 So, before the first byte is written:
 
   * the run directory must resolve inside the resolved `--root_output_dir`

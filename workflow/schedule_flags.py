@@ -83,7 +83,7 @@ def make_local_steps_schedule(name: str, k0: int, *, decay: Optional[float] = No
                               min_delta: Optional[float] = None,
                               b: Optional[float] = None,
                               total_rounds: Optional[int] = None) -> core.Schedule:
-  """Builds a local-steps (K) schedule of SPEC §5 from flag values.
+  """Builds a local-steps (K) schedule of docs/algorithms.md#schedules from flag values.
 
   Args:
     name: `--local_steps_schedule`: constant | exp | rounds | error | step | theory.
@@ -92,7 +92,7 @@ def make_local_steps_schedule(name: str, k0: int, *, decay: Optional[float] = No
     window: `--schedule_window`, s (`error` only; default 100).
     patience: `--plateau_patience` (`step` only; default 10 evaluations).
     min_delta: `--plateau_min_delta` (`step` only; default 1e-4).
-    b: `--local_steps_theory_b`, b > 0 of seed 001 eq. 11 (`theory`; required).
+    b: `--local_steps_theory_b`, b > 0 of decaying-K paper eq. 11 (`theory`; required).
     total_rounds: `--total_rounds`, used to validate `window` when given.
 
   Returns:
@@ -145,20 +145,20 @@ def make_lr_schedule(name: str, base: float, *, decay_rate: Optional[float] = No
                      min_delta: Optional[float] = None,
                      total_rounds: Optional[int] = None,
                      flag_prefix: str = 'client') -> core.Schedule:
-  """Builds a learning-rate schedule of SPEC §1 or §5 from flag values.
+  """Builds a learning-rate schedule of docs/algorithms.md#fedopt or #schedules from flag values.
 
   Flags are `--{flag_prefix}_...`, e.g. `--client_lr_decay_rate`,
   `--server_lr_schedule`.
 
   Args:
     name: `--{p}_lr_schedule`: constant | exp_decay | inv_lin_decay |
-      inv_sqrt_decay (SPEC §1, FedOpt) | exp | rounds | error | step (SPEC §5).
+      inv_sqrt_decay (docs/algorithms.md#fedopt) | exp | rounds | error | step (docs/algorithms.md#schedules).
       `exp` is gamma_0 * d**t, i.e. exp_decay with steps 1.
     base: `--{p}_learning_rate` (> 0).
     decay_rate: `--{p}_lr_decay_rate`: in (0, 1] for exp_decay/exp, >= 0 for
       inv_lin_decay/inv_sqrt_decay (required by all four).
-    decay_steps: `--{p}_lr_decay_steps` (>= 1, default 1; SPEC §1 only).
-    staircase: `--{p}_lr_staircase` (default False; SPEC §1 only).
+    decay_steps: `--{p}_lr_decay_steps` (>= 1, default 1; docs/algorithms.md#fedopt only).
+    staircase: `--{p}_lr_staircase` (default False; docs/algorithms.md#fedopt only).
     warmup_rounds: `--{p}_lr_warmup_rounds` (>= 0; 0/None = no warm-up).
     window: `--schedule_window` (`error` only; default 100).
     patience: `--plateau_patience` (`step` only; default 10).

@@ -1,8 +1,8 @@
 """A sweep's results: each trial's metrics, its score, the best configuration per group.
 
 Selection follows the papers: a configuration's score is a statistic of a
-metric per seed (e.g. the mean of the last N evaluations, seed 001: "highest
-average test accuracy over the last 500 rounds"; seed 002: "running average of
+metric per seed (e.g. the mean of the last N evaluations, the decaying-K paper: "highest
+average test accuracy over the last 500 rounds"; the FedAda2 paper: "running average of
 the last 10 logged datapoints"), averaged over seeds; the best configuration
 of each group maximises (or minimises) it.
 """

@@ -1,6 +1,6 @@
 """Confidence intervals over seeds, the way the papers report them.
 
-Seed 000 (Table 6.4, "95% confidence intervals in brackets") and the thesis'
+The FedGBO paper (Table 6.4, "95% confidence intervals in brackets") and the thesis'
 Figure 5.2 ("shaded regions show 95% confidence intervals of the mean over 5
 random trials") give mean ± half-width of a Student-t interval over seeds:
     mean ± t_{(1+c)/2, n-1} · s / √n,

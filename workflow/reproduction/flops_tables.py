@@ -1,4 +1,4 @@
-"""FLOPs per client per round: seed 000 Tables 4 and 10 = thesis Tables B.2 and B.3.
+"""FLOPs per client per round: FedGBO paper Tables 4 and 10 = thesis Tables B.2 and B.3.
 
 Each cell is recomputed with `accounting.flops.client_flops` (eq. B.16) on the
 Keras models of the four tasks and compared at the tables' stated precision
@@ -13,7 +13,7 @@ from typing import Optional
 from workflow.reproduction.provenance import (Check, MATCH, MISMATCH, printed_match, round_like,
                                               SEED, Source, status)
 
-FLOPS_SECTION = 'FLOPs per client per round (thesis Tables B.2 and B.3 = seed 000 Tables 4 and 10)'
+FLOPS_SECTION = 'FLOPs per client per round (thesis Tables B.2 and B.3 = FedGBO paper Tables 4 and 10)'
 
 OPTIMIZERS = ('rmsprop', 'sgdm', 'adam')
 # Per task: rows FedGBO, Mimelite, MFL (RMSProp, SGDm, Adam), then SGD, FedProx (×1e8).
@@ -29,7 +29,7 @@ FLOPS_TABLES = {
          'FEMNIST': ([161, 161, 162], [178, 178, 179], [161, 162, 163], 160, 161),
          'Shakespeare': ([592] * 3, [2650] * 3, [592] * 3, 591, 592)},
 }
-# Batch size B (Appendix B) and mean samples per client n (seed 000 Table 3).
+# Batch size B (Appendix B) and mean samples per client n (FedGBO paper Table 3).
 FLOPS_TASKS = {'CIFAR100': (32, 100), 'Sent140': (8, 15), 'FEMNIST': (32, 170),
                'Shakespeare': (32, 5573)}
 SENT140_ERRATUM = ('eq. B.16 with n = 15 (which the Adam cell 0.0365 and Table B.3 imply) '
@@ -37,11 +37,11 @@ SENT140_ERRATUM = ('eq. B.16 with n = 15 (which the Adam cell 0.0365 and Table B
 
 
 def flops_models() -> dict:
-  """Keras models of the four tasks: the package's CNNs and seed 000's Sent140/Shakespeare."""
+  """Keras models of the four tasks: the package's CNNs and the FedGBO paper's Sent140/Shakespeare."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tasks.models import paper_cnns  # pylint: disable=g-import-not-at-top
   layers = tf.keras.layers
-  # Seed 000 Appendix B: Sent140 is a linear model on a 5k bag of words (2
+  # FedGBO paper Appendix B: Sent140 is a linear model on a 5k bag of words (2
   # classes); Shakespeare embeds 79 characters in 8 dimensions, two GRU-128,
   # a dense output over 79 characters, LEAF's 80-character sequences.
   sent140 = tf.keras.Sequential([layers.InputLayer(input_shape=(5000,)), layers.Dense(2)])
@@ -101,14 +101,14 @@ def _cell_note(cell: FlopsCell) -> str:
   return ''
 
 
-# Seed 000's Table 10 prints Shakespeare's FedGBO and MFL rows as "- 592 592 592"; the
-# thesis' Table B.3 text lost the MFL row, so those three cells are quoted from seed 000.
+# The FedGBO paper's Table 10 prints Shakespeare's FedGBO and MFL rows as "- 592 592 592"; the
+# thesis' Table B.3 text lost the MFL row, so those three cells are quoted from the FedGBO paper.
 _SEED000_TABLE10_SHAKESPEARE = '- 592 592 592 Shakespeare 2650 2650 2650 591 - 592 592 592'
 FLOPS_QUANTITIES = ('|x|', 'forward FLOPs per example', 'n (mean samples per client)')
 
 
 def _flops_source(cell: FlopsCell) -> Source:
-  """The task's block of thesis Table B.2/B.3 as printed (seed 000 Table 10 for one row)."""
+  """The task's block of thesis Table B.2/B.3 as printed (FedGBO paper Table 10 for one row)."""
   fedgbo, mimelite, mfl, sgd, fedprox = FLOPS_TABLES[cell.k][cell.task]
   derived = (f'eq. B.16 from the task\'s {", ".join(FLOPS_QUANTITIES)}; B and K are settings')
   if cell.k == 50 and cell.algorithm != 'mimelite':
@@ -127,7 +127,7 @@ def flops_checks(cells: Sequence[FlopsCell]) -> list[Check]:
   rows = []
   for c in cells:
     note = _cell_note(c)
-    rows.append(Check(f'thesis Table B.{2 if c.k == 10 else 3} (seed 000 Table '
+    rows.append(Check(f'thesis Table B.{2 if c.k == 10 else 3} (FedGBO paper Table '
                       f'{4 if c.k == 10 else 10})',
                       f'{c.task}, {c.algorithm}{"-" + c.optimizer if c.optimizer else ""}, '
                       f'K = {c.k}', sig3(c.paper), sig3(c.ours),

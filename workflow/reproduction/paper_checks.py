@@ -1,13 +1,13 @@
 """Published numbers of the seeds recomputed with the package's own code.
 
-  * seed 001 Table 1, "fraction SGD steps used" by decaying K over 4000
+  * decaying-K paper Table 1, "fraction SGD steps used" by decaying K over 4000
     rounds, its "3.8x" and the quadratic toy's "84% less" (`local_steps`);
   * thesis Table 5.4, K_r-rounds' relative SGD steps, through the runtime
     model of thesis eqs. 5.3-5.5 (`runtime_model.simulated_round_seconds`);
-  * SPEC §8's size of seed 000's CIFAR100 CNN;
+  * docs/algorithms.md#costs's size of the FedGBO paper's CIFAR100 CNN;
   * thesis eqs. 3.1-3.4: Golomb b*, g_s, nominal compression ratios, and a
     real encoded upload's size (`compression`);
-  * seed 001 §3: the quadratic toy's true minimiser and FedSGD fixed points
+  * decaying-K paper §3: the quadratic toy's true minimiser and FedSGD fixed points
     (`quadratic_toy.fixed_point`, `quadratic_toy.simulate_fedsgd`).
 
 The FLOPs tables are `flops_tables`, the communication tables `communication`.
@@ -21,10 +21,10 @@ from workflow.reproduction.provenance import (Check, FIGURE, MATCH, MISMATCH, NO
                                               printed_match, round_like, SEED, Source, SPEC, status)
 
 # ---------------------------------------------------------------------------
-# Seed 001: decaying K.
+# The decaying-K paper: decaying K.
 
 # Table 1, "Fraction SGD Steps Used" over 4000 rounds; d_K from Table 5. FEMNIST's
-# third column is K = 33 (Table 1; Table 5 misprints 100, SPEC §10).
+# third column is K = 33 (Table 1; Table 5 misprints 100, docs/algorithms.md#errata).
 SEED001_TABLE1 = (
     ('StackOverflow', 10, 0.9996, '0.55'), ('StackOverflow', 33, 0.9996, '0.51'),
     ('StackOverflow', 100, 0.9996, '0.50'), ('FEMNIST', 3, 0.9996, '0.65'),
@@ -38,7 +38,7 @@ _TABLE1_QUOTE = 'Fraction SGD Steps Used 0.55 0.51 0.50 0.65 0.55 0.26 0.55 0.51
 
 
 def _exp_k(k0: int, decay: float):
-  """Seed 001's K_t = ⌈K_0 d^t⌉."""
+  """The decaying-K paper's K_t = ⌈K_0 d^t⌉."""
   from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
   from tff_adaptive.schedules import learning_rate  # pylint: disable=g-import-not-at-top
   return learning_rate.ExponentialDecay(k0, decay, quantity=schedules.LOCAL_STEPS)
@@ -52,11 +52,11 @@ def seed001_step_fractions() -> list[Check]:
     ks = local_steps.local_steps_sequence(_exp_k(k0, decay), 4000)
     f = local_steps.step_fraction(ks, k0)
     fractions[(task, k0)] = f
-    rows.append(Check('seed 001 Table 1', f'{task}, K_0 = {k0}, d_K = {decay}', paper,
+    rows.append(Check('decaying-K paper Table 1', f'{task}, K_0 = {k0}, d_K = {decay}', paper,
                       f'{f:.4f}', status(printed_match(f, paper)),
                       source=Source(SEED, '001', _TABLE1_QUOTE, (paper,))))
   speedup = 1.0 / fractions[('FEMNIST', 33)]
-  rows.append(Check('seed 001 abstract', 'up to "3.8x" fewer SGD steps (FEMNIST K = 33)', '3.8',
+  rows.append(Check('decaying-K paper abstract', 'up to "3.8x" fewer SGD steps (FEMNIST K = 33)', '3.8',
                     f'{speedup:.3f}', status(printed_match(speedup, '3.8')),
                     source=Source(SEED, '001', 'with up to $3.8\\times$ less total steps of SGD',
                                   ('3.8',), derived='1 / 0.26, the FEMNIST K_0 = 33 fraction '
@@ -64,7 +64,7 @@ def seed001_step_fractions() -> list[Check]:
   ks = local_steps.local_steps_sequence(_exp_k(10, 0.995), 3000)
   saved = 100 * (1.0 - local_steps.step_fraction(ks, 10))
   ok = printed_match(saved, '84')
-  rows.append(Check('seed 001 §3', 'quadratic toy: d_K = 0.995 vs constant K = 10 over 3000 '
+  rows.append(Check('decaying-K paper §3', 'quadratic toy: d_K = 0.995 vs constant K = 10 over 3000 '
                     'rounds, "84% less total SGD steps"', '84%', f'{saved:.1f}%',
                     status(ok),
                     '' if ok else (f'{saved:.2f}% rounds to {round_like(saved, "84")}%; the '
@@ -153,23 +153,23 @@ def thesis_table_5_4() -> list[Check]:
 
 
 
-_SPEC_CNN_QUOTE = ("Check: seed 000's CIFAR100 CNN (|x| = 1,250,852, forward 5,163,072 per "
-                   "example)")
+# The check numbers of docs/algorithms.md#costs, quoted from the text they come from.
+_SPEC_CNN_QUOTE = "CIFAR100 CNN (|x| = 1,250,852, forward 5,163,072 per example)"
 
 
 def model_size_checks(models: Optional[dict] = None) -> list[Check]:
-  """SPEC §8's check numbers for seed 000's CIFAR100 CNN (seed 000 gives only its layers)."""
+  """docs/algorithms.md#costs's check numbers for the FedGBO paper's CIFAR100 CNN (the FedGBO paper gives only its layers)."""
   from tff_adaptive.accounting import flops  # pylint: disable=g-import-not-at-top
   models = models or flops_tables.flops_models()
   counts = flops.model_counts(models['CIFAR100'])
-  note = ('SPEC\'s number, not printed in any seed: seed 000 App. B gives the architecture '
-          '(conv3×3·32, pool, conv3×3·64, pool, FC512, FC100), from which SPEC computed it')
+  note = ('docs/algorithms.md#costs\' check number, printed in no paper: FedGBO paper App. B gives the architecture '
+          '(conv3×3·32, pool, conv3×3·64, pool, FC512, FC100), from which the package\'s FLOPs model computes it')
   return [
-      Check('SPEC §8', 'CIFAR100 CNN |x| (trainable parameters)',
+      Check('docs/algorithms.md#costs', 'CIFAR100 CNN |x| (trainable parameters)',
             '1,250,852', f'{counts.num_params:,}',
             status(counts.num_params == 1_250_852), note,
             Source(SPEC, 'SPEC', _SPEC_CNN_QUOTE, ('1,250,852',))),
-      Check('SPEC §8', 'CIFAR100 CNN forward FLOPs per example',
+      Check('docs/algorithms.md#costs', 'CIFAR100 CNN forward FLOPs per example',
             '5,163,072', f'{counts.forward_flops:,}',
             status(counts.forward_flops == 5_163_072), note,
             Source(SPEC, 'SPEC', _SPEC_CNN_QUOTE, ('5,163,072',))),
@@ -187,7 +187,7 @@ _RATIO_QUOTES = {'fedavg': 'Sparsity rates of $s = \\{0.6, 0.9, 0.95\\}$ provide
                  'ce': 'and approximately $\\{9, 33, 68\\} \\times$ compression for CE-FedAvg'}
 _PRINTED_RATIOS = {('fedavg', 0.6): '7', ('fedavg', 0.9): '25', ('fedavg', 0.95): '53',
                    ('ce', 0.6): '9', ('ce', 0.9): '33', ('ce', 0.95): '68'}
-_SPEC_RATIOS = {0.6: '7.62× / 9.06×', 0.9: '25.09× / 33.38×'}  # SPEC §6: our values, not printed
+_SPEC_RATIOS = {0.6: '7.62× / 9.06×', 0.9: '25.09× / 33.38×'}  # docs/algorithms.md#ce-fedavg: our values, not printed
 
 
 def _printed_golomb(s: float) -> tuple[int, float]:
@@ -217,7 +217,7 @@ def compression_checks() -> list[Check]:
     b, gp = _printed_golomb(s)
     rows.append(Check('thesis eqs. 3.3-3.4', f'Golomb b*, g_s at s = {s}', '(Figure 3.2 only)',
                       f'b* = {compression.golomb_b_star(s)}, g_s = {g(s):.3f}', NOT_PRINTED,
-                      f'SPEC §10\'s b* = 1 + ⌊log2(ln(φ−1)/ln s)⌋; the printed eq. 3.4, '
+                      f'docs/algorithms.md#errata\'s b* = 1 + ⌊log2(ln(φ−1)/ln s)⌋; the printed eq. 3.4, '
                       f'1 + ⌊log2((φ−1)/s)⌋, gives b* = {b} and g_s = {gp:.3f} here',
                       Source(FIGURE, '004', _GOLOMB_QUOTE)))
   for (which, s), printed in _PRINTED_RATIOS.items():
@@ -229,7 +229,7 @@ def compression_checks() -> list[Check]:
     lo, hi = _g_range(printed, s, fedavg)
     note = ''
     if s in _SPEC_RATIOS and fedavg:
-      note = (f'SPEC §6\'s {_SPEC_RATIOS[s]} are these eqs.\' values, not printed numbers. ')
+      note = (f'docs/algorithms.md#ce-fedavg\'s {_SPEC_RATIOS[s]} are these eqs.\' values, not printed numbers. ')
     if not ok and s != 0.95:
       note += (f'{ratio:.2f} rounds to {round_like(ratio, printed)}; ≈{printed}× needs '
                f'{lo:.2f} ≤ g_s ≤ {hi:.2f} bits per index, Golomb gives {g(s):.2f} '
@@ -293,12 +293,12 @@ def compression_checks() -> list[Check]:
 
 
 # ---------------------------------------------------------------------------
-# Seed 001 §3: the quadratic toy.
+# decaying-K paper §3: the quadratic toy.
 
 def quadratic_checks() -> list[Check]:
   from tff_adaptive.schedules import quadratic_toy  # pylint: disable=g-import-not-at-top
   x_star = quadratic_toy.TRUE_MINIMISER
-  rows = [Check('seed 001 §3',
+  rows = [Check('decaying-K paper §3',
                 'true minimiser x* of E_z[½zx² − x], p(z) ∝ z^(−1/2) on [1, 3]', '≈ 0.523',
                 f'{x_star:.6f}', status(printed_match(x_star, '0.523')),
                 'closed form 3(√3 − 1)/(3√3 − 1)',
@@ -311,7 +311,7 @@ def quadratic_checks() -> list[Check]:
             f'simulated FedSGD: {simulated:.6f}')
     item = f'FedSGD fixed point x̃*(γ = 0.1, K = {k})'
     if k == 1:
-      rows.append(Check('seed 001 eq. 7 / Figure 1(a)', item,
+      rows.append(Check('decaying-K paper eq. 7 / Figure 1(a)', item,
                         'x̃* = x* at K = 1 (FedSGD becomes distributed SGD); |x̃* − x*| '
                         'increases with K', ours,
                         status(abs(fixed - x_star) < 1e-12),
@@ -320,7 +320,7 @@ def quadratic_checks() -> list[Check]:
                         Source(SEED, '001', '$\\|x^*(\\gamma, K) - x^*\\|$ increases with K')))
     else:
       grows = fixed > previous
-      rows.append(Check('seed 001 eq. 7 / Figure 1(a)', item, '(Figure 1(a) only)', ours,
+      rows.append(Check('decaying-K paper eq. 7 / Figure 1(a)', item, '(Figure 1(a) only)', ours,
                         NOT_PRINTED if grows else MISMATCH,
                         'grows with K, as the paper says' if grows else 'does not grow with K',
                         Source(FIGURE, '001')))
@@ -328,7 +328,7 @@ def quadratic_checks() -> list[Check]:
   decaying = quadratic_toy.simulate_fedsgd(_exp_k(10, 0.995), 3000, gamma=0.1)[-1]
   constant = quadratic_toy.simulate_fedsgd(10, 3000, gamma=0.1)[-1]
   ok = abs(decaying - x_star) < 1e-6 < abs(constant - x_star)
-  rows.append(Check('seed 001 Figure 1(b)', 'after 3000 rounds: constant K = 10 vs d_K = 0.995',
+  rows.append(Check('decaying-K paper Figure 1(b)', 'after 3000 rounds: constant K = 10 vs d_K = 0.995',
                     'decaying K reaches x*, constant K stays at x̃*(γ, 10)',
                     f'|x − x*| = {abs(constant - x_star):.4f} vs {abs(decaying - x_star):.1e}',
                     status(ok),

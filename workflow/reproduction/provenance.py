@@ -30,7 +30,7 @@ SEED_FILES = {'000': '000_22d6bec094f51d4d.txt', '001': '001_0328705e8ea1b64a.tx
               '002': '002_1b88dce68b95d942.txt', '003': '003_97b359ba18fb80dc.txt',
               '004': '004_cfa870f9da8f783f.txt'}
 
-ROUNDING_RULE = ('✓ = ours rounded half away from zero to the last digit the seed prints '
+ROUNDING_RULE = ('✓ = ours rounded half away from zero to the last digit the paper prints '
                  '(to 3 significant figures in the FLOPs tables, which say so) equals the '
                  'printed value; "≈7" is read as 7')
 

@@ -3,7 +3,7 @@
 Section 1 recomputes published numbers with the package's code and puts the
 paper's value next to ours (`paper_checks`, `flops_tables`, `communication`;
 where each expected value comes from and the one rounding rule:
-`provenance`; SPEC §10 settles the papers' errata). Section 2 checks the
+`provenance`; docs/algorithms.md#errata settles the papers' errata). Section 2 checks the
 papers' qualitative claims on the sweep of reports/reproduction_grid.txt
 (`claims`): from the sweep's runs when they are there, which also stores what
 the section needs in reports/reproduction_sweep.json, and otherwise from that
@@ -35,11 +35,11 @@ def exact_checks(with_processes: bool = True,
   """Every check by section name; `with_processes=False` skips the TFF processes."""
   models = models or flops_tables.flops_models()
   sections = {
-      'Decaying local steps (seed 001, thesis ch. 5)': paper_checks.seed001_step_fractions() +
+      'Decaying local steps (the decaying-K paper, thesis ch. 5)': paper_checks.seed001_step_fractions() +
                                                        paper_checks.thesis_table_5_4(),
-      'Model size (SPEC §8: no seed prints these numbers)': paper_checks.model_size_checks(models),
+      'Model size (docs/algorithms.md#costs: no paper prints these numbers)': paper_checks.model_size_checks(models),
       'Compression (thesis ch. 3)': paper_checks.compression_checks(),
-      'Quadratic toy (seed 001 §3)': paper_checks.quadratic_checks(),
+      'Quadratic toy (decaying-K paper §3)': paper_checks.quadratic_checks(),
   }
   if with_processes:
     sections[communication.COMMUNICATION_SECTION] = communication.communication_checks(
@@ -60,12 +60,12 @@ def headline_markdown(sections: dict[str, list[prov.Check]]) -> str:
         f', {x.mismatched} {"does" if x.mismatched == 1 else "do"} not' if x.mismatched else '')
 
   lines = [
-      f'**{ind.rows} rows recompute independent numbers printed in the seeds: '
+      f'**{ind.rows} rows recompute independent numbers printed in the papers: '
       f'{ok(ind)}** (each ✗ explained in its row). {prov.ROUNDING_RULE}; the column '
       '"source" names where the expected value is printed, and the tests find each quoted '
-      'print in the seed texts.', '',
+      'print in the papers\' texts.', '',
       'Besides these, and not counted with them:', '',
-      f'- {fl.rows} FLOPs cells (thesis Tables B.2/B.3 = seed 000 Tables 4/10): '
+      f'- {fl.rows} FLOPs cells (thesis Tables B.2/B.3 = FedGBO paper Tables 4/10): '
       f'{ok(fl)}. They are not {fl.rows} independent numbers: the papers compute '
       f'them with one formula (eq. B.16) from {flops_quantities} model quantities '
       f'({", ".join(flops_tables.FLOPS_QUANTITIES)} of {len(flops_tables.FLOPS_TASKS)} tasks), '
@@ -75,14 +75,14 @@ def headline_markdown(sections: dict[str, list[prov.Check]]) -> str:
       f'of |x|): {ok(der)}.',
       f'- {st.rows} printed statements without a number (x̃* = x* at K = 1 and grows '
       f'with K; decaying K reaches x*): {ok(st, "hold")}.',
-      f'- {spec.rows} numbers from SPEC that no seed prints (the CIFAR100 CNN\'s |x| '
-      f'and forward FLOPs; seed 000 gives only its layers): {ok(spec)}.',
+      f'- {spec.rows} numbers from docs/algorithms.md#costs that no paper prints (the CIFAR100 CNN\'s |x| '
+      f'and forward FLOPs; the FedGBO paper gives only its layers): {ok(spec)}.',
       f'- {cons.rows} row{"" if cons.rows == 1 else "s"} that '
       f'hold{"s" if cons.rows == 1 else ""} partly by construction (Mimelite\'s ∇f '
       f'in client memory, labelled in the row): {ok(cons)}.',
       f'- {pkg.rows} package-vs-package rows (our Golomb encoder against our '
       f'eqs. 3.1-3.2; no published number): {ok(pkg, "agree within 3%")}.',
-      f'- {fig.rows} values the seeds show only in a figure (ours for reference).',
+      f'- {fig.rows} values the papers show only in a figure (ours for reference).',
   ]
   return '\n'.join(lines)
 
@@ -90,7 +90,7 @@ def headline_markdown(sections: dict[str, list[prov.Check]]) -> str:
 def _source_cell(check: prov.Check) -> str:
   kind = prov.kind_of(check)
   label = {prov.FLOPS: ' (derived: eq. B.16)', prov.DERIVED: ' (derived)',
-           prov.STATEMENT: ' (statement)', prov.SPEC_NUMBER: ' (SPEC, not a seed)',
+           prov.STATEMENT: ' (statement)', prov.SPEC_NUMBER: ' (not in a paper)',
            prov.CONSTRUCTION: ' (partly by construction)',
            prov.PACKAGE_VS_PACKAGE: ' (package vs package)', prov.FIGURE_ONLY: ' (figure only)'}
   return check.section + label.get(kind, '')
@@ -133,14 +133,14 @@ def claims_markdown(measured, target: float, metric: str) -> str:
 
 
 NOT_CHECKABLE = (
-    'seed 000 Tables 3-8 / thesis Tables 6.3-6.5 (accuracies, rounds, uploads and FLOPs to '
+    'FedGBO paper Tables 3-8 / thesis Tables 6.3-6.5 (accuracies, rounds, uploads and FLOPs to '
     'accuracy on CIFAR100, Sent140, FEMNIST, Shakespeare): need the datasets and 1000s of rounds.',
-    'seed 001 Table 1 error/accuracy rows and seed 001 Figure 1 curves beyond the fixed points: '
+    'decaying-K paper Table 1 error/accuracy rows and decaying-K paper Figure 1 curves beyond the fixed points: '
     'need StackOverflow / FEMNIST / Shakespeare (the quadratic curves are simulated above).',
-    'seed 002 DP StackOverflow ε: the noise multiplier, sampling rate, rounds and ε are missing '
+    'the FedAda2 paper DP StackOverflow ε: the noise multiplier, sampling rate, rounds and ε are missing '
     'from the extracted text, so there is no printed number to check `accounting.privacy` '
-    'against; seed 002 Tables 3-5 (tuned hyperparameters) are settings, not results.',
-    'seed 003 (FedOpt): every table is an accuracy on a TFF dataset.',
+    'against; FedAda2 paper Tables 3-5 (tuned hyperparameters) are settings, not results.',
+    'FedOpt (Reddi et al. 2021): every table is an accuracy on a TFF dataset.',
     'thesis Table 5.4 K_r-error and K_r-step rows: depend on the training losses and plateau '
     'times of the real runs.',
     'thesis Tables 3.1-3.3 (rounds to target for CE-FedAvg vs FedAvg), 4.x (MTFL user '
@@ -200,7 +200,7 @@ def exact_markdown(sections: dict[str, list[prov.Check]],
   """Section 1: the headline, each section's table, the FLOPs tables, what is not checkable."""
   flops_section = flops_tables.FLOPS_SECTION
   out = ['## 1. Exact figures recomputed by the package', '', headline_markdown(sections), '',
-         'SPEC §10 settles the papers\' errata.', '']
+         'docs/algorithms.md#errata settles the papers\' errata.', '']
   for title, rows in sections.items():
     if title != flops_section:
       out += [f'### {title}', '', checks_markdown(rows), '']
@@ -216,13 +216,13 @@ def _flops_markdown(rows: Sequence[prov.Check], cells: Sequence[flops_tables.Flo
          'significant figures (the tables\' stated precision), from '
          '`accounting.flops.client_flops` (eq. B.16) on the Keras models: the CIFAR100 and '
          'FEMNIST CNNs of `tasks/models/paper_cnns.py`, Sent140\'s linear model and '
-         'Shakespeare\'s GRU as seed 000 Appendix B defines them. B = 32 (8 for Sent140), '
+         'Shakespeare\'s GRU as FedGBO paper Appendix B defines them. B = 32 (8 for Sent140), '
          'n = 100 / 15 / 170 / 5573 samples per client (Mimelite\'s full-batch pass). The '
          'cells are derived numbers: the papers compute all of them with eq. B.16 from '
          f'{quantities} model quantities, so {tally.matched} '
          f'matching cells confirm those quantities and the formula, not {tally.matched} '
          'independent results. The printed cells are quoted from thesis Tables B.2/B.3, and '
-         'Shakespeare\'s K = 50 MFL row, which the thesis\' text lost, from seed 000 Table 10.',
+         'Shakespeare\'s K = 50 MFL row, which the thesis\' text lost, from FedGBO paper Table 10.',
          '', '**K = 10 (Table B.2)**', '', flops_tables.flops_table_markdown(cells, 10), '',
          '**K = 50 (Table B.3)**', '', flops_tables.flops_table_markdown(cells, 50), '',
          f'{tally.matched} of {tally.rows} cells match.']
@@ -327,7 +327,7 @@ def claims_section(data: claims.SweepData) -> list[str]:
           claims_markdown(data.measured, data.target, data.metric), '',
           claims.claims_tally_markdown(verdicts, len(data.seeds)), '',
           '**How far this goes.** The papers\' claims are about models of 10k to 22M '
-          'parameters (seed 000\'s Sent140 linear model to seed 002\'s ViT-S) trained for '
+          'parameters (the FedGBO paper\'s Sent140 linear model to the FedAda2 paper\'s ViT-S) trained for '
           'thousands of rounds on real federated data. Here a 4,810-parameter MLP on 8×8 '
           f'digits gets to {_score_text(data.fedavg_score)} with plain FedAvg in 20 '
           'rounds, so the algorithms have little room to differ: a claim that does not hold '
