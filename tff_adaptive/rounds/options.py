@@ -34,7 +34,7 @@ class RoundOptions:
       extra=extra)` together and measuring `upload_bits_per_client` (e.g.
       `aggregators.compression.SharedIndexCompressionFactory`); replaces
       `model_aggregator`.
-    fb_flops_per_example: forward+backward FLOPs per example (SPEC §8); None:
+    fb_flops_per_example: forward+backward FLOPs per example (docs/algorithms.md#costs); None:
       counted from the model's Keras model, or the FLOP metrics left out.
     measure_client_drift: report `client_drift/*` (accounting/drift.py).
     execution: 'per_client' (each client a call of a TFF computation),

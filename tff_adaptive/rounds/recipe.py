@@ -7,7 +7,7 @@ from typing import Any, Optional
 import tensorflow_federated as tff
 
 Structure = Any
-# Ops per parameter per local step of the optimiser, SPEC §8 (SGD: 2).
+# Ops per parameter per local step of the optimiser, docs/algorithms.md#costs (SGD: 2).
 DEFAULT_OPTIMIZER_OPS = 2.0
 
 
@@ -23,7 +23,7 @@ class Recipe:
     local_step: (local, y, g, η, k) → (local, y').
     server_update: (x, s, Δ̄, mean extra upload, η, K) → (x', s').
     upload: (local, g_0) → extra tensors averaged on the server, or None.
-    optimizer_ops_per_param: C in the FLOP model (SPEC §8).
+    optimizer_ops_per_param: C in the FLOP model (docs/algorithms.md#costs).
     The client optimiser memory reported is the float size of `init_local`'s
     output (what a client holds besides the model).
     equal_local_steps: the server step assumes every client ran exactly K

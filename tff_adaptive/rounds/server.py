@@ -20,7 +20,7 @@ from tff_adaptive.rounds import recipe as recipe_lib
 
 @dataclasses.dataclass(frozen=True)
 class RoundCosts:
-  """What a round costs per client (SPEC §8), measured from the TFF types sent.
+  """What a round costs per client (docs/algorithms.md#costs), measured from the TFF types sent.
 
   The whole ModelWeights is broadcast (non-trainable weights, e.g. BatchNorm
   statistics, included); only trainable deltas (and the extra upload) come back.
