@@ -1,33 +1,52 @@
-"""The verdicts of reports/shakespeare_report.py's parts fedgbo and decayk.
+"""The verdict rules of reports/shakespeare.md (reports/shakespeare_verdicts.py) and
+the claims of reports/shakespeare_report.py's parts built on them.
 
 Run directories with hand-made metrics.csv files stand in for the runs, so
 the checks read them the way the report does (reports/report_runner.py).
 """
 
+import ast
 import csv
 import math
 import os
+import re
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'reports'))
+REPORTS = os.path.join(ROOT, 'reports')
+sys.path.insert(0, REPORTS)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import report_runner as rr
 import shakespeare_curves as sc
+import shakespeare_verdicts as sv
+
+UNIFORM = math.log(sc.VOCAB_SIZE)
+RISING = lambda start: (lambda r: start + 0.002 * r)  # +4 points over 20 rounds
 
 
 def write_run(job, accuracy, loss, rounds=None):
-  """A metrics.csv of `rounds` rounds (default: the job's total) whose training
-  loss is `loss` every round and whose evaluations (every 5 rounds) are `accuracy`."""
+  """A metrics.csv of `rounds` rounds (default: the job's total) with training
+  loss `loss` every round and an evaluation every 5 rounds of `accuracy`; each
+  is a number (a flat curve) or a function of the round."""
   total = int(rr.flag(job, 'total_rounds')) if rounds is None else rounds
+  at = lambda value, r: value(r) if callable(value) else value
   os.makedirs(rr.run_dir(job), exist_ok=True)
   with open(os.path.join(rr.run_dir(job), 'metrics.csv'), 'w', newline='') as f:
     writer = csv.writer(f)
-    writer.writerow(['round', sc.LOSS, sc.ACCURACY])
+    writer.writerow(['round', sv.LOSS, sv.ACCURACY])
     for r in range(1, total + 1):
-      writer.writerow([r, loss, accuracy if r % 5 == 0 else ''])
+      writer.writerow([r, at(loss, r), at(accuracy, r) if r % 5 == 0 else ''])
+
+
+def curve(accuracy=(), loss=()):
+  """metrics.csv columns: `loss` one per round, `accuracy` one per 5 rounds."""
+  rounds = max(len(loss), 5 * len(accuracy))
+  acc = [accuracy[r // 5 - 1] if r % 5 == 0 and r // 5 <= len(accuracy) else math.nan
+         for r in range(1, rounds + 1)]
+  return {'round': [float(r) for r in range(1, rounds + 1)], sv.ACCURACY: acc,
+          sv.LOSS: list(loss) or [math.nan] * rounds}
 
 
 @pytest.fixture
@@ -35,37 +54,134 @@ def part(tmp_path):
   return sc.jobs(str(tmp_path), str(tmp_path / 'data'))
 
 
-def test_verdict_paired_t_interval():
-  assert sc.verdict({0: 0.5, 1: 0.6, 2: 0.7}, {0: 0.4, 1: 0.5, 2: 0.61}).startswith('supported')
-  assert sc.verdict({0: 0.4, 1: 0.5, 2: 0.61}, {0: 0.5, 1: 0.6, 2: 0.7}).startswith(
-      'contradicted')
-  # Mean difference +0.01, but the seeds disagree: the interval holds 0.
-  assert sc.verdict({0: 0.52, 1: 0.49, 2: 0.52}, {0: 0.5, 1: 0.5, 2: 0.5}).startswith(
-      'not significant')
-  assert sc.verdict({0: 0.5}, {0: 0.4}) == 'no verdict (1 paired seed finished)'
-  # Lower is better: a smaller loss in every seed supports the claim.
-  assert sc.verdict({0: 2.0, 1: 2.1, 2: 2.2}, {0: 2.5, 1: 2.6, 2: 2.8},
-                    lower_is_better=True).startswith('supported (lower by +0.5')
+# ---- rule 2: the plateau ---------------------------------------------------
+def test_accuracy_leaves_its_plateau_by_more_than_half_a_point_either_way():
+  within = sv.ACCURACY_PLATEAU * 0.8
+  beyond = sv.ACCURACY_PLATEAU * 1.2
+  assert not sv.left_plateau(curve([0.19, 0.19 + within, 0.19 - within]), sv.ACCURACY, 79)
+  assert sv.left_plateau(curve([0.19, 0.19, 0.19 + beyond]), sv.ACCURACY, 79)
+  assert sv.left_plateau(curve([0.19, 0.19, 0.09]), sv.ACCURACY, 79)  # a fall moves too
+  assert not sv.left_plateau(curve([0.19]), sv.ACCURACY, 79)  # one evaluation: no curve
+  assert not sv.left_plateau(curve([], [3.0] * 10), sv.ACCURACY, 79)  # never evaluated
 
 
-def test_not_worse_is_contradicted_only_beyond_the_interval():
-  worse = {0: 0.4, 1: 0.5, 2: 0.61}
-  better = {0: 0.5, 1: 0.6, 2: 0.7}
-  assert sc.not_worse(worse, better).startswith('contradicted')
-  assert sc.not_worse(better, worse).startswith('supported (')
-  assert sc.not_worse({0: 0.52, 1: 0.49, 2: 0.52}, {0: 0.5, 1: 0.5, 2: 0.5}).startswith(
-      'supported: not worse, not significant')
+def test_loss_leaves_its_plateau_when_its_last_rounds_are_2_percent_off_ln_v():
+  near = UNIFORM * (1 - 0.8 * sv.LOSS_PLATEAU)
+  off = UNIFORM * (1 - 1.2 * sv.LOSS_PLATEAU)
+  assert not sv.left_plateau(curve(loss=[UNIFORM] * 10 + [near] * 10), sv.LOSS, 79)
+  assert sv.left_plateau(curve(loss=[UNIFORM] * 10 + [off] * 10), sv.LOSS, 79)
+  # One low round among the last LOSS_WINDOW does not move the window's mean enough.
+  assert not sv.left_plateau(curve(loss=[UNIFORM] * 19 + [off]), sv.LOSS, 79)
+  # The same curve is off the plateau of a larger vocabulary's uniform guess.
+  assert sv.left_plateau(curve(loss=[UNIFORM] * 20), sv.LOSS, 90)
 
 
+def test_runs_on_their_plateau_get_no_verdict_however_far_apart():
+  flat_high = {s: curve([0.30] * 4, [UNIFORM] * 20) for s in range(3)}
+  flat_low = {s: curve([0.20 + 0.001 * s] * 4, [UNIFORM] * 20) for s in range(3)}
+  rising = {s: curve([0.30, 0.31, 0.32, 0.33 + 0.001 * s], [3.0 - 0.01 * s] * 20)
+            for s in range(3)}
+  for rule in (sv.superiority, sv.non_inferiority):
+    text = rule(flat_high, flat_low, sc.MEAN_ACCURACY, 79, ('high', 'low'))
+    assert text.startswith('no verdict (plateau'), text
+    assert 'high in 3 of 3 seeds' in text and 'low in 3 of 3 seeds' in text
+    # One side off its plateau is not enough: the other has not started.
+    text = rule(rising, flat_low, sc.MEAN_ACCURACY, 79, ('rising', 'low'))
+    assert text.startswith('no verdict (plateau') and 'rising' not in text.split(':', 1)[1], text
+    text = rule(rising, flat_low, sc.MEAN_LOSS, 79, ('rising', 'low'))
+    assert text.startswith('no verdict (plateau: training loss'), text
+  assert sv.superiority(rising, rising, sc.MEAN_LOSS, 79).startswith('no verdict (not sig')
+
+
+def test_fewer_than_two_paired_seeds_give_no_verdict():
+  runs = {0: curve([0.2, 0.3], [3.0] * 10)}
+  assert sv.superiority(runs, runs, sc.MEAN_ACCURACY, 79) == 'no verdict (1 paired seed finished)'
+  assert sv.non_inferiority({}, runs, sc.MEAN_LOSS, 79) == 'no verdict (0 paired seeds finished)'
+
+
+# ---- rule 3: the tests -------------------------------------------------------
+def test_paired_interval_is_students_t():
+  stats = pytest.importorskip('scipy.stats')
+  diffs = [0.1, 0.25, 0.16, 0.3]
+  mean, half, lower = sv.paired(diffs)
+  n, sd = len(diffs), stats.tstd(diffs)
+  assert mean == pytest.approx(sum(diffs) / n)
+  assert half == pytest.approx(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n), rel=1e-3)
+  assert lower == pytest.approx(mean - stats.t.ppf(0.95, n - 1) * sd / math.sqrt(n), rel=1e-3)
+
+
+def _moving(finals, start=0.20):
+  """{seed: columns} of accuracy curves rising from `start` to finals[seed]."""
+  return {s: curve([start, (start + f) / 2, f], [3.0] * 15) for s, f in enumerate(finals)}
+
+
+def test_superiority_supports_contradicts_or_gives_no_verdict():
+  better, worse = _moving([0.35, 0.36, 0.37]), _moving([0.30, 0.30, 0.32])
+  assert sv.superiority(better, worse, sc.MAX_ACCURACY, 79).startswith('supported (difference')
+  assert sv.superiority(worse, better, sc.MAX_ACCURACY, 79).startswith('contradicted')
+  noisy = _moving([0.36, 0.28, 0.34])  # ahead on average, but the seeds disagree
+  assert sv.superiority(noisy, worse, sc.MAX_ACCURACY, 79).startswith(
+      'no verdict (not significant')
+
+
+def test_same_or_improved_is_never_supported_by_non_significance():
+  old = _moving([0.30, 0.31, 0.32])
+  # A difference that is not significant but whose interval reaches well below
+  # −margin: the old rule called this "supported: not worse".
+  wide = _moving([0.33, 0.27, 0.34])
+  diffs = [n - o for n, o in zip([0.33, 0.27, 0.34], [0.30, 0.31, 0.32])]
+  mean, half, lower = sv.paired(diffs)
+  assert mean - half < 0 < mean + half and lower < -sv.MARGINS[sv.ACCURACY]
+  text = sv.non_inferiority(wide, old, sc.MAX_ACCURACY, 79)
+  assert text.startswith('no verdict (non-inferiority not shown'), text
+  # Slightly worse but tightly within the margin: non-inferior.
+  close = _moving([0.298, 0.307, 0.319])
+  assert sv.non_inferiority(close, old, sc.MAX_ACCURACY, 79).startswith(
+      'supported: non-inferior (')
+  assert sv.non_inferiority(_moving([0.35, 0.36, 0.37]), old, sc.MAX_ACCURACY, 79).startswith(
+      'supported: non-inferior, significantly better')
+  # Worse beyond the margin in every seed: contradicted.
+  assert sv.non_inferiority(_moving([0.27, 0.28, 0.29]), old, sc.MAX_ACCURACY, 79).startswith(
+      'contradicted: worse by more than the margin')
+  # Significantly worse, but the interval reaches inside the margin: no verdict, said so.
+  text = sv.non_inferiority(_moving([0.288, 0.302, 0.305]), old, sc.MAX_ACCURACY, 79)
+  assert text.startswith('no verdict (non-inferiority not shown, significantly worse'), text
+
+
+def test_lower_is_better_flips_the_sign():
+  low = {s: curve([0.2, 0.25], [3.0 - 0.1 - 0.01 * s] * 10) for s in range(3)}
+  high = {s: curve([0.2, 0.25], [3.0 - 0.005 * s] * 10) for s in range(3)}
+  assert sv.superiority(low, high, sc.MEAN_LOSS, 79).startswith('supported (lower by +0.1')
+  assert sv.non_inferiority(high, low, sc.MEAN_LOSS, 79).startswith('contradicted')
+
+
+# ---- rule 4: one evaluation ---------------------------------------------------
+def test_a_verdict_resting_on_one_evaluation_is_flagged():
+  ahead = {s: curve([0.19, 0.20, 0.21, 0.22], [3.0] * 20) for s in range(3)}
+  # Level with `ahead` (the seeds disagree by a point) until all fall at round 20.
+  falls = {s: curve([0.19, 0.20 + (0.01, -0.01, 0.005)[s], 0.21, 0.09], [3.0] * 20)
+           for s in range(3)}
+  text = sv.superiority(falls, ahead, sc.MEAN_ACCURACY, 79)
+  assert text.startswith('contradicted') and 'flagged: rests on a single evaluation' in text
+  assert 'without round 20: no verdict' in text, text
+  steady = {s: curve([0.19, 0.17, 0.16 + 0.002 * s, 0.15], [3.0] * 20) for s in range(3)}
+  assert sv.superiority(steady, ahead, sc.MEAN_ACCURACY, 79).startswith('contradicted')
+  text = sv.superiority(steady, ahead, sc.MEAN_ACCURACY, 79)
+  assert text.startswith('contradicted') and 'flagged' not in text, text
+  # Training loss is recorded every round: no single evaluation to rest on.
+  assert 'flagged' not in sv.superiority(falls, ahead, sc.MEAN_LOSS, 79)
+
+
+# ---- the parts' claims --------------------------------------------------------
 def test_fedgbo_claims_pick_rivals_by_each_measure(part):
   jobs = part['fedgbo']
   for (name, seed), job in jobs.items():
     # Mimelite-SGDm best by accuracy; by loss MFL-SGDm beats it. RMSProp is
-    # the worst of each algorithm's three, by both measures.
+    # the worst of each algorithm's three, by both measures. Every curve rises.
     accuracy = {'mimelite_sgdm': 0.40, 'mfl_sgdm': 0.30, 'fedavg': 0.35}.get(name, 0.25)
     accuracy -= 0.05 * name.endswith('rmsprop')
     loss = {'mimelite_sgdm': 2.0, 'mfl_sgdm': 1.5}.get(name, 2.5) + 0.5 * name.endswith('rmsprop')
-    write_run(job, accuracy + 0.01 * seed, loss + 0.02 * seed * (name != 'mfl_sgdm'))
+    write_run(job, RISING(accuracy + 0.01 * seed), loss + 0.02 * seed * (name != 'mfl_sgdm'))
   rows = sc.fedgbo_claims(jobs)
   fastest = rows[0]
   assert fastest[2].startswith('Mimelite-SGDm vs FedAvg: supported'), fastest
@@ -76,12 +192,14 @@ def test_fedgbo_claims_pick_rivals_by_each_measure(part):
       rmsprop_worst)
 
 
-def test_unfinished_runs_give_no_verdict(part):
+def test_decayk_claims_are_non_inferiority_and_unfinished_runs_give_no_verdict(part):
   jobs = part['decayk']
   for (name, seed), job in jobs.items():
-    write_run(job, 0.3, 2.0, rounds=None if name != 'decay_k' else 5)
+    write_run(job, RISING(0.2 + 0.001 * seed), 2.0 + 0.01 * seed,
+              rounds=None if name != 'decay_k' else 5)
   rows = sc.decayk_claims(jobs)
-  assert rows[0][2].startswith('supported: not worse'), rows[0]  # γ vs constant: equal
+  assert len(rows[0]) == 2 + len(sc.DECAYK_MEASURES)
+  assert all(v.startswith('supported: non-inferior') for v in rows[0][2:]), rows[0]  # equal
   assert all(v.startswith('no verdict (0 paired seeds') for v in rows[1][2:]), rows[1]
 
 
@@ -103,3 +221,84 @@ def test_wall_clock_sums_the_logged_attempts(part):
   rr.log_attempt(job, 'diverged', 90.0, 5.0)
   rr.log_attempt(job, 'ok', 150.0, 5.0)
   assert rr.wall_minutes(job) == pytest.approx(4.0)
+
+
+# ---- the committed report -------------------------------------------------------
+def _verdict_cells():
+  """Every verdict cell of reports/shakespeare.md's claim tables (their last columns)."""
+  with open(os.path.join(REPORTS, 'shakespeare.md')) as f:
+    lines = f.read().splitlines()
+  cells, columns = [], None
+  for line in lines:
+    if not line.startswith('|'):
+      columns = None
+      continue
+    cols = [c.strip() for c in line.strip('|').split('|')]
+    if columns is None:
+      columns = [i for i, c in enumerate(cols) if c.startswith('verdict')]
+    elif not set(''.join(cols)) <= set('-'):
+      cells += [cols[i] for i in columns]
+  return cells
+
+
+def test_report_has_no_verdict_from_non_significance():
+  cells = _verdict_cells()
+  assert len(cells) >= 20, cells  # fedopt 6 + fedgbo 7 × 2 + decayk 3 × 3
+  number = r'([-+]?\d+\.\d+)'
+  for cell in cells:
+    verdict = cell.split(': ', 1)[1] if ' vs ' in cell.split(':')[0] else cell
+    assert verdict.startswith(('supported', 'contradicted', 'no verdict')), cell
+    if verdict.startswith('supported: non-inferior'):
+      lower, margin = re.search(rf'lower bound {number}, margin (\d+\.?\d*)', verdict).groups()
+      assert float(lower) > -float(margin), cell
+    elif verdict.startswith('supported'):
+      mean, half = re.search(rf'{number} ± (\d+\.\d+)', verdict).groups()
+      assert float(mean) - float(half) > 0, cell
+    assert not (verdict.startswith('supported') and 'not significant' in verdict), cell
+
+
+def test_reports_name_papers_not_source_files():
+  names = [n for n in os.listdir(REPORTS) if n.startswith('shakespeare') and
+           n.endswith(('.py', '.md'))]
+  for name in names:
+    with open(os.path.join(REPORTS, name)) as f:
+      text = f.read()
+    assert not re.search(r'\bseed 00\d|\bissue \d|\bsession \d', text, re.I), name
+    assert not re.search(r'\bSPEC\b', text), name
+
+
+def test_report_modules_import_one_way():
+  """reports/shakespeare*.py: no import cycle (the markdown once imported the
+  report script, which imported the markdown)."""
+  edges = {}
+  for name in os.listdir(REPORTS):
+    if name.startswith('shakespeare') and name.endswith('.py'):
+      with open(os.path.join(REPORTS, name)) as f:
+        tree = ast.parse(f.read())
+      edges[name[:-3]] = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                          for a in node.names if a.name.startswith('shakespeare')}
+
+  def on_cycle(graph, start):
+    stack, seen = list(graph.get(start, ())), set()
+    while stack:
+      node = stack.pop()
+      if node == start:
+        return True
+      if node not in seen:
+        seen.add(node)
+        stack += graph.get(node, ())
+    return False
+  assert set(edges) >= {'shakespeare_report', 'shakespeare_markdown', 'shakespeare_verdicts'}
+  assert not [m for m in edges if on_cycle(edges, m)], edges
+  # The old layout, the markdown importing the report back, is caught.
+  assert on_cycle({**edges, 'shakespeare_markdown': {'shakespeare_report'}}, 'shakespeare_report')
+
+
+def test_leaf_vocabulary_size_is_the_tasks():
+  """The plateau's uniform guess is ln of tasks/leaf.py's SHAKESPEARE_VOCAB size
+  (read from the source: importing it would import TensorFlow)."""
+  with open(os.path.join(ROOT, 'tasks', 'leaf.py')) as f:
+    tree = ast.parse(f.read())
+  vocab = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+               and getattr(n.targets[0], 'id', '') == 'SHAKESPEARE_VOCAB')
+  assert sc.VOCAB_SIZE == len(vocab)
