@@ -1,4 +1,4 @@
-"""Cohort rows of bench/run.py (issue 23): the round as one compiled program.
+"""Cohort rows of bench/run.py: the round as one compiled program.
 
 Row `<algorithm>@<execution>`, data `arrays`:
 
@@ -190,7 +190,7 @@ def row_fields(runner, reference) -> collections.OrderedDict:
 
 
 def targets(rows, tff_reference: str) -> collections.OrderedDict:
-  """Issue 23's acceptance ratios from one section's rows (None: not measured)."""
+  """The cohort acceptance ratios from one section's rows (None: not measured)."""
   fedavg = [r for r in rows if r['algorithm'].startswith('fedavg@')]
   best = min(fedavg, key=lambda r: r['round_s'], default=None)
   tff = [r for r in rows if r['algorithm'] == tff_reference]

@@ -1,6 +1,6 @@
 """The benchmark's models and their synthetic client data (bench/run.py).
 
-Each model is the shape of a task the papers run for many rounds (issue 23):
+Each model is the shape of a task the papers run for many rounds:
 
   linear  synthetic multinomial logistic regression (tasks/synthetic.py)
   mlp     the digits MLP (tasks/digits.py)

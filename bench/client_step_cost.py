@@ -1,6 +1,6 @@
 """What an adaptive client step adds to FedAvg's: the reason behind "adaptive ≤ 1.1× FedAvg".
 
-Issue 23's target "every adaptive algorithm ≤ 1.1× FedAvg (cohort)" is missed
+The cohort target "every adaptive algorithm ≤ 1.1× FedAvg (cohort)" is missed
 in some settings (docs/performance.md). A cohort round is C·K client steps,
 each a gradient (forward + backward) and the algorithm's `Recipe.local_step`.
 This script times, in one process and interleaved:
@@ -14,7 +14,7 @@ This script times, in one process and interleaved:
 
 Without XLA only: XLA compiling a loop over fixed gradients hoists every
 gradient-only term (SM3's cover maxima of g², Adam's g²) out of the loop and
-times a different program (seen in session 11's first run).
+times a different program (seen in a first run).
 
 and reports each algorithm's predicted round ratio
 (gradient + step:<alg>) / (gradient + step:fedavg), the part of the

@@ -1,6 +1,6 @@
 """How well-conditioned a benchmark round is: the floor under the cohort-vs-per-client differences.
 
-Issue 23's benchmarks compare each cohort execution's first round with the
+The cohort benchmarks compare each cohort execution's first round with the
 per-client round on the same state and batches. On the EMNIST CNN some rows
 differ by more than 1e-5 (FedAvg 3.6e-5, FedAdA²-SM3 9e-5, and 6.2e-2 with
 `jit_compile='program'`, bench/results/overhead_cnn_s10.json). This script

@@ -1,4 +1,4 @@
-"""The file-based tasks' data path at full size (issue 19), on bench/standins.py's files.
+"""The file-based tasks' data path at full size, on bench/standins.py's files.
 
 For each task, in fresh child processes (so that peak RSS is the task's own):
 
@@ -121,7 +121,7 @@ def child_rounds(args, task_name, clients):
     t0 = time.perf_counter()
     datasets = program.client_datasets(task, ids, None)
     row['build_s'] = time.perf_counter() - t0
-    # The same datasets built eagerly client by client (before issue 19).
+    # The same datasets built eagerly client by client (as the tasks did before building them from ids).
     task.trace_client_datasets = False
     t0 = time.perf_counter()
     program.client_datasets(task, ids, None)
@@ -183,7 +183,7 @@ def main(argv=None):
   p.add_argument('--tag', default='')
   p.add_argument('--create_reps', type=int, default=2)
   p.add_argument('--baseline', action='store_true',
-                 help="create: TFF's load_data (all splits' ids at creation), as before issue 19")
+                 help="create: TFF's load_data (all splits' ids at creation), as the tasks once did")
   p.add_argument('--child', default='')
   p.add_argument('--task', default='')
   p.add_argument('--child_clients', type=int, default=0)

@@ -1,4 +1,4 @@
-"""Where a round's CPU time goes, below TFF's executor (issue 10's profile).
+"""Where a round's CPU time goes, below TFF's executor (the round-overhead profile, docs/performance.md).
 
 cProfile only sees Python waiting on TFF's C++ runtime; the work happens in
 the `worker_binary` child process that the local C++ context starts. This

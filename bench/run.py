@@ -1,4 +1,4 @@
-"""Simulation round time against the raw compute it contains (issue 10).
+"""Simulation round time against the raw compute it contains .
 
 Example (the committed numbers; see bench/README.md):
   .venv/bin/python bench/run.py --out_dir=bench/results
@@ -15,7 +15,7 @@ markdown table of all of them):
              `build_weighted_fed_avg`, with client data passed from Python
              (`python`) and built on the executor from client seeds (`ids`,
              `tff.simulation.compose_dataset_computation_with_learning_process`),
-             and as one compiled program over the cohort (issue 23, rows
+             and as one compiled program over the cohort (rows
              `<algorithm>@cohort_vec|cohort_seq|cohort_vec_cpp|cohort_seq_xla`,
              bench_cohort.py: vectorised or in sequence, in process, through
              TFF's C++ executor, XLA), each checked equal to the per-client
@@ -89,7 +89,7 @@ TFF_REFERENCE = 'tff_fedavg'
 # name → ModelSpec (keras builder, example and label shapes and dtypes, classes)
 MODELS = bench_models.MODELS
 
-# Issue 23's settings: --setting=NAME → (model, clients, local steps, batch).
+# The benchmark settings: --setting=NAME → (model, clients, local steps, batch).
 SETTINGS = collections.OrderedDict([
     ('mlp_50x10', ('mlp', 50, 10, 20)),
     ('mlp_5x100', ('mlp', 5, 100, 20)),
@@ -453,7 +453,7 @@ def memory_section(setting: Setting, name: str, data: str, rounds: int):
 def memory_cohort_section(setting: Setting, name: str, rounds: int, min_clients: int,
                           seed: int = 0):
   """Resident memory over `rounds` cohort rounds whose size is drawn from
-  [min_clients, setting.clients] each round (issue 23: the cohort program is
+  [min_clients, setting.clients] each round (the cohort program is
   traced once for every size, and padding, shards and metrics must not grow).
 
   The arrays of `setting.clients` clients are read once (as the workflow's
@@ -639,11 +639,11 @@ def _cell(value) -> str:
 
 
 def _markdown_cohort_notes(data) -> list:
-  """Issue 23's targets and the cohort rows not run, under an overhead table."""
+  """The cohort targets and the cohort rows not run, under an overhead table."""
   lines = []
   t = data.get('targets') or {}
   if t.get('best_fedavg_cohort'):
-    lines += ['', f"Targets (issue 23): fastest FedAvg cohort row {t['best_fedavg_cohort']} "
+    lines += ['', f"Targets: fastest FedAvg cohort row {t['best_fedavg_cohort']} "
                   f"{t['best_fedavg_cohort_over_raw']:.2f}× raw"]
     if t.get('tff_fedavg_over_best_cohort'):
       lines[-1] += f"; TFF's FedAvg takes {t['tff_fedavg_over_best_cohort']:.1f}× its round"
@@ -670,7 +670,7 @@ def main(argv=None):
   p.add_argument('--sections', default='overhead,scaling,memory',
                  help='comma list of overhead, scaling, memory')
   p.add_argument('--setting', default='', choices=[''] + list(SETTINGS),
-                 help='one of issue 23\'s settings: sets --model, --clients, --local_steps, '
+                 help='one of the benchmark settings: sets --model, --clients, --local_steps, '
                       '--batch and (unless given) --tag')
   p.add_argument('--model', default='cnn', choices=sorted(MODELS))
   p.add_argument('--clients', type=int, default=10)

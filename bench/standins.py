@@ -1,4 +1,4 @@
-"""Full-size stand-ins for TFF's EMNIST and Stack Overflow SQLite files (issue 19).
+"""Full-size stand-ins for TFF's EMNIST and Stack Overflow SQLite files.
 
 Writes, into a directory, files the tasks read exactly as they read TFF's
 (`tasks/tff_native.py`: `tff.simulation.datasets.*.load_data`, then

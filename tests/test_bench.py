@@ -52,7 +52,7 @@ def test_writes_every_section_and_the_table(results):
   assert '## overhead' in table and 'tff_fedavg' in table and 'nproc=' in table
   for name in COHORT_ROWS:
     assert f'| {name} | arrays |' in table
-  assert 'Targets (issue 23): fastest FedAvg cohort row fedavg@' in table
+  assert 'Targets: fastest FedAvg cohort row fedavg@' in table
   assert 'every cohort update equals the per-client one' in table
 
 
@@ -105,7 +105,7 @@ def test_rounds_train_the_same_data_as_raw():
 
 
 
-# -- cohort rows (issue 23) ---------------------------------------------------
+# -- cohort rows ---------------------------------------------------
 
 
 def test_cohort_rows_update_equals_per_client(results):
