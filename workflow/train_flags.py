@@ -134,14 +134,14 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'Model for --task=shakespeare_leaf.'),
         _t(_e, 'mnist_model', ('2nn', 'cnn', 'mtfl_2nn'), 'Model for --task=mnist.'),
         _t(_e, 'cifar10_model', ('cnn', 'mtfl_cnn', 'resnet18'),
-           'Model for --task=cifar10 (resnet18: ResNet-18-GroupNorm, seed 003; '
+           'Model for --task=cifar10 (resnet18: ResNet-18-GroupNorm, FedOpt paper; '
            '--partition=dirichlet only).'),
         _t(_e, 'finetune', ('head', 'full'), 'ViT (gld23k, cifar100_image with vit_s16): '
            'train only the new linear head, or every weight after the head is replaced.'),
         _t(_s, 'pretrained_weights', 'ViT: local .npz of pretrained weights in Google\'s ViT '
            'checkpoint layout (no hub is used).'),
         _t(_b, 'allow_random_init', 'ViT: without --pretrained_weights, start from random '
-           'weights (with a warning: seed 002\'s numbers need pretrained ones).'),
+           'weights (with a warning: the FedAda2 paper\'s numbers need pretrained ones).'),
     ]),
     ('client', 'Client: sampling, local work, client optimiser', [
         _i('clients_per_round', 10, 'Clients sampled per round.'),
@@ -153,7 +153,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            '--algorithm (listed below).', _CLIENT_OPT),
         _f('client_learning_rate', 0.1, 'Client learning rate η.'),
         _f('client_beta_1', 0.9, 'Client optimiser β (SGDm, RMSProp) or β1 (Adam). SGDm is '
-           'seed 000\'s m ← βm + (1−β)g for fedgbo and mfl (SPEC §2) and TFF\'s heavy '
+           'the FedGBO paper\'s m ← βm + (1−β)g for fedgbo and mfl (docs/algorithms.md) and TFF\'s heavy '
            'ball m ← βm + g for the others (e.g. mimelite): TFF\'s rate η(1−β) gives seed '
            '000\'s iterates at η.', _CLIENT_OPT),
         _f('client_beta_2', 0.99, 'Client optimiser β2 (Adam).', _CLIENT_OPT),
@@ -258,7 +258,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
     ('diagnostics', 'Diagnostics', [
         _b('measure_client_drift', False, 'Report client_drift/{delta,model}_cosine_distance '
            'each round: mean pairwise cosine distance between the sampled clients\' updates Δ_i '
-           '(delta) or final weights (model), seed 000 Fig. 6.1. Costs two extra float64 sums of '
+           '(delta) or final weights (model), FedGBO paper Fig. 6.1. Costs two extra float64 sums of '
            'model size per client per round (simulation only, not counted in cost/ bits).',
            _DRIFT),
     ]),
@@ -272,7 +272,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _i('rounds_per_eval', 5, 'Evaluate every this many rounds.'),
         _i('first_eval_round', 0, 'Evaluate only from this round on (every --rounds_per_eval '
            'rounds; the last round always); 0: from the first. For a measure over a last window '
-           '(seed 003: the last 100 rounds\' mean accuracy) without evaluating the whole run.'),
+           '(FedOpt paper: the last 100 rounds\' mean accuracy) without evaluating the whole run.'),
         _i('eval_stride', 1, 'Evaluate on every k-th example of the test set (1: all of it); '
            'for large test sets such as LEAF Shakespeare\'s.'),
         _i('rounds_per_checkpoint', 10, 'Checkpoint every this many rounds.'),
