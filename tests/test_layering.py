@@ -1,5 +1,5 @@
-"""The package layering (issue 16): who may import whom, no cycles, no import side effects;
-and below bin/, settings, not bin/train's flag dict (issue 25).
+"""The package layering: who may import whom, no cycles, no import side effects;
+and below bin/, settings, not bin/train's flag dict.
 
   bin/ → workflow/ → tasks/ → tff_adaptive/ (the installed library)
 
@@ -240,7 +240,7 @@ def test_pkgutil_walk_matches_files():
   assert names == files
 
 
-# Issue 25: below the binaries, functions take `workflow.config.Settings`, one
+# Below the binaries, functions take `workflow.config.Settings`, one
 # of its groups or plain keyword arguments. workflow/config.py alone turns the
 # flat {flag: value} into settings (and back, for flags.json).
 FLAG_DICT_EXEMPT = {'workflow/config.py'}

@@ -1,4 +1,4 @@
-"""MTFL (thesis ch. 4), its client-state store, Per-FedAvg and pFedMe: issue 7's tests.
+"""MTFL (thesis ch. 4), its client-state store, Per-FedAvg and pFedMe.
 
 Processes run on a tiny model with one batch-norm layer (5 → Dense 4 → BN →
 ReLU → Dense 3) and unshuffled client datasets, so every client's local
@@ -506,7 +506,7 @@ def test_bad_input_gets_clear_errors(tmp_path):
 
 
 def test_personalized_process_hyperparameters_round_trip():
-  """get_hparams/set_hparams as a LearningProcess's (issue 26: a resume applies the command's)."""
+  """get_hparams/set_hparams as a LearningProcess's (a resume applies the command's)."""
   adam = mtfl.build_mtfl(at.model_fn, at.keras_model, tff.learning.optimizers.build_sgdm(0.1),
                          private='none', strategy='fedadam')
   other = mtfl.build_mtfl(at.model_fn, at.keras_model, tff.learning.optimizers.build_sgdm(0.3),

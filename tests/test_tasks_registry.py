@@ -1,4 +1,4 @@
-"""tasks.registry: a factory gets exactly the arguments its signature names (issue 25).
+"""tasks.registry: a factory gets exactly the arguments its signature names.
 
 Registered factories and `--task=package.module:function` follow one rule:
 keyword parameters named after `TaskSettings` fields or the run's

@@ -1,4 +1,4 @@
-"""Issue 20: every algorithm runs with its defaults, grouped help, run names, own tasks, aggregators.
+"""Every algorithm runs with its defaults, grouped help, run names, own tasks, aggregators.
 
 Runs go through `cli.config_from_args` (bin/train's own flags, preset and
 algorithm defaults, parsed on a private FlagValues) and `cli.run_training`,
