@@ -417,7 +417,7 @@ def with_hparams_of(process, state, initial):
   A run resumes with the hyperparameters its flags give (recorded in
   flags.json), not with those its checkpoint happens to hold: they differ only
   when --trust_command_line replaced a lost flags.json with a command that
-  changes one (issue 26: the run recorded 1e12 and trained with 0.1). Schedules
+  changes one (without this, such a run recorded 1e12 and trained with 0.1). Schedules
   set theirs again each round (`RoundSchedules.apply`), so for an unchanged
   command this changes nothing.
   """

@@ -4,8 +4,8 @@ A sweep is a list of *groups*; each group is a grid (the Cartesian product of
 per-flag value lists) over any `bin/train` flags, and every configuration runs
 once per seed. Groups make a list of grids, so that, for example, FedAvg is
 tuned over its client learning rate while FedAdam is tuned over its server
-learning rate (the papers tune each algorithm on its own grid: seed 001
-Table 4, seed 002 Appendix H, seed 003 Appendix D).
+learning rate (the papers tune each algorithm on its own grid: the decaying-K
+paper's Table 4, the FedAda2 paper's Appendix H, the FedOpt paper's Appendix D).
 
 Spec syntax (no JSON/YAML), on the command line:
     --grid='client_learning_rate=0.01,0.1; server_learning_rate=0.1,1'
@@ -425,4 +425,3 @@ def read_manifest(sweep_dir: str) -> tuple[list[Trial], dict[str, str]]:
   trials = [Trial(e['group'], tuple(e['flags'].items()), int(e['seed']), tuple(e.get('tuned', ())))
             for e in data['trials']]
   return trials, dict(data.get('fixed', {}))
-
