@@ -425,3 +425,4 @@ def read_manifest(sweep_dir: str) -> tuple[list[Trial], dict[str, str]]:
   trials = [Trial(e['group'], tuple(e['flags'].items()), int(e['seed']), tuple(e.get('tuned', ())))
             for e in data['trials']]
   return trials, dict(data.get('fixed', {}))
+
