@@ -1,4 +1,4 @@
-"""Published numbers of the seeds recomputed with the package's own code.
+"""Published numbers of the papers recomputed with the package's own code.
 
   * decaying-K paper Table 1, "fraction SGD steps used" by decaying K over 4000
     rounds, its "3.8x" and the quadratic toy's "84% less" (`local_steps`);
