@@ -193,7 +193,7 @@ def parse_spec_file(path: str, known_flags: Optional[frozenset] = None) -> list[
       (sections[-1][1] if sections else common).append(_parse_assignment(line, where, known))
   if not sections:
     if not common:
-      raise SpecError(f'{path}: no flags')
+      raise SpecError(f'--spec={path}: no flags (the file is empty or holds only comments)')
     return [_make_group(None, common, path)]
   labels = [s[0] for s in sections]
   repeated = sorted({l for l in labels if labels.count(l) > 1})
@@ -312,6 +312,29 @@ def check_sweep_dir(sweep_dir: str) -> None:
       what = 'a file, not a directory' if is_dir else 'a directory, not a file'
       where = f'--sweep_dir={path}' if path == sweep_dir else f'--sweep_dir={sweep_dir}: {path}'
       raise SpecError(f'{where} is {what}')
+  _check_writable(sweep_dir)
+
+
+def _check_writable(sweep_dir: str) -> None:
+  """SpecError if the sweep could not create or write --sweep_dir; nothing is written.
+
+  Its nearest existing ancestor must be a directory this process can write
+  (a --sweep_dir under a file otherwise ends in NotADirectoryError from the
+  first makedirs). The kernel may still refuse what `os.access` allows (root
+  on a read-only file system): `sweep_runner.run_sweep` answers that too.
+  """
+  existing = os.path.abspath(sweep_dir)
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise SpecError(f'--sweep_dir={sweep_dir}: {existing} is not a directory')
+  targets = [existing]
+  if existing == os.path.abspath(sweep_dir):  # a sweep to resume: where it writes, too
+    targets += [p for p in (trials_dir(sweep_dir), os.path.join(sweep_dir, 'logs'))
+                if os.path.isdir(p)]
+  for path in targets:
+    if not os.access(path, os.W_OK | os.X_OK):
+      raise SpecError(f'--sweep_dir={sweep_dir}: {path} is not writable')
 
 
 def trials_dir(sweep_dir: str) -> str:

@@ -88,9 +88,13 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
   if max_parallel < 1:
     raise sweep.SpecError(f'--max_parallel must be a positive integer; got {max_parallel}')
   command = list(command or [sys.executable, TRAIN_PY])
-  os.makedirs(os.path.join(sweep_dir, 'logs'), exist_ok=True)
-  os.makedirs(sweep.trials_dir(sweep_dir), exist_ok=True)
-  sweep.write_manifest(sweep_dir, trials, fixed)
+  try:
+    os.makedirs(os.path.join(sweep_dir, 'logs'), exist_ok=True)
+    os.makedirs(sweep.trials_dir(sweep_dir), exist_ok=True)
+    sweep.write_manifest(sweep_dir, trials, fixed)
+  except OSError as e:  # what os.access allowed and the kernel refused (check_sweep_dir)
+    raise sweep.SpecError(f'--sweep_dir={sweep_dir}: cannot write '
+                          f'{e.filename or sweep_dir}: {e.strerror}') from None
   outcomes: dict[str, TrialOutcome] = {}
   pending = []
   for trial in trials:
