@@ -20,6 +20,7 @@ from absl import logging
 from workflow import config
 from workflow import errors
 from workflow import experiment
+from workflow import flagfiles
 from workflow import library_flags
 from workflow import train_flags
 from workflow import validation
@@ -42,8 +43,13 @@ def wants_help(argv) -> bool:
 def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
   """absl's parse of a command line; UsageError (one line) for a bad one.
 
-  Also for a --flagfile that is not text (absl reads it as UTF-8).
+  Also for a --flagfile that is not text (absl reads it as UTF-8), and for
+  flagfiles that include themselves (absl would skip them with a warning).
   """
+  chain = flagfiles.cycle(argv[1:])
+  if chain:
+    raise UsageError(f'--flagfile: {chain}: a flagfile may not include itself, directly or '
+                     'through others')
   try:
     return flag_values(argv)
   except flags.Error as e:
