@@ -34,6 +34,7 @@ from tasks import base as task_base
 from tff_adaptive.algorithms import composer
 from tff_adaptive.rounds import cohort
 from workflow import cohort_feed
+from workflow import data_checks
 from workflow import run_files
 
 
@@ -327,8 +328,9 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
         row['cohort_padding_waste'] = feeder.padding_waste
       if not math.isfinite(train_loss) or not _all_finite(weights.trainable):
         what = f'{loss_key}={train_loss}' if not math.isfinite(train_loss) else 'model weights'
+        cause = data_checks.data_problem(task, sampled)  # NaN/inf data: named first
         raise TrainingDiverged(
-            f'training diverged at round {round_num} (non-finite {what}); try a smaller '
+            f'training diverged at round {round_num} (non-finite {what}); {cause}try a smaller '
             f'--client_learning_rate or --server_learning_rate; {where_to_resume()}.')
       streak = streak + 1 if train_loss > blowup_limit else 0
       if streak >= config.divergence_rounds:
