@@ -371,12 +371,16 @@ def is_finished(sweep_dir: str, trial: Trial, fixed: Mapping[str, str]) -> bool:
 
 def trial_argv(sweep_dir: str, trial: Trial, fixed: Mapping[str, str],
                command: Sequence[str]) -> list[str]:
-  """`command` + --fixed flags + grid flags + the flags the sweep manages."""
+  """`command` + --fixed flags + grid flags + the flags the sweep manages.
+
+  The output directory is absolute: trials run in the repository's root, and a
+  --sweep_dir relative to where bin/sweep was started would land there.
+  """
   return [*command,
           *(f'--{k}={v}' for k, v in fixed.items()),
           *(f'--{k}={v}' for k, v in trial.flags),
           f'--seed={trial.seed}',
-          f'--root_output_dir={trials_dir(sweep_dir)}',
+          f'--root_output_dir={os.path.abspath(trials_dir(sweep_dir))}',
           f'--experiment_name={trial.name}']
 
 
