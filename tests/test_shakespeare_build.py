@@ -132,6 +132,33 @@ def test_leaf_test_split_is_the_last_20_percent_after_79_samples(built):
   assert stats.leaf_test == sum(len(u['y']) for u in test.values())
 
 
+def test_a_90_10_split_the_fedgbo_papers_counts_fit_keeps_the_last_tenth_and_fewer_roles(
+    tmp_path):
+  # 8-character windows (a 7-sample gap) so that roles of the fixture keep test
+  # samples at both splits. A role keeps one only if int(f n) + 7 < n: at 0.9
+  # the two-line roles All (70 samples), Captain (69) and Curio (37) lose it.
+  text = '\n'.join(ORSINO) + '\n'
+  n = len(text)
+  stats = {}
+  for fraction in (0.8, sb.PAPER_COUNTS_TRAIN_FRACTION):
+    out = str(tmp_path / f'split_{fraction}')
+    stats[fraction] = sb.build(_plays(), out, train_fraction=fraction, sequence_length=8)
+    train, test = _leaf(out, 'train'), _leaf(out, 'test')
+    assert ''.join(train['TWELFTH_NIGHT_DUKE_ORSINO']['y']) == text[:int(fraction * n)]
+    assert ''.join(test['TWELFTH_NIGHT_DUKE_ORSINO']['y']) == text[int(fraction * n) + 7:]
+    assert stats[fraction].leaf_test == sum(len(u['y']) for u in test.values())
+  dropped = {'MACBETH_ALL', 'TWELFTH_NIGHT_CAPTAIN', 'TWELFTH_NIGHT_CURIO'}
+  assert sorted(train) == sorted(set(ROLES) - dropped - {'TWELFTH_NIGHT_MUSICIAN'})
+  assert (stats[0.8].leaf_clients, stats[0.9].leaf_clients) == (10, 7)
+  assert stats[0.9].leaf_train > stats[0.8].leaf_train
+  assert stats[0.9].leaf_test < stats[0.8].leaf_test
+  table = sb.statistics_table(stats[0.9], 0.9)
+  assert '| LEAF format | this build (train_fraction=0.9) |' in table
+  # n - int(0.9 n) - 7 per kept role: Captain 68, Orsino 61, Valentine 11,
+  # Viola 8, Duncan 7, First Witch 2, Second Witch 1.
+  assert '| test sequences | 158 | 356,921 |' in table
+
+
 def test_tff_sqlite_holds_speeches_as_snippets_read_by_tff(built):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   out, stats = built
@@ -255,6 +282,7 @@ def test_bin_builds_and_the_task_trains_on_the_output(tmp_path, task):
   out = str(tmp_path / 'shakespeare')
   result = _run(BUILD, f'--source_dir={PLAYS_DIR}', f'--output_dir={out}')
   assert result.returncode == 0, result.stderr
+  assert '| this build (train_fraction=0.8) |' in result.stdout
   assert '| clients | 2 | 660 |' in result.stdout and '| test snippets | 8 | 2,356 |' in result.stdout
   with open(os.path.join(out, sb.MANIFEST)) as f:
     assert json.load(f)['statistics']['leaf_train'] == 1134
