@@ -2,6 +2,8 @@
 # README command 1: FedAvg vs FedAdam on the offline `digits` task, then a plot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# TensorFlow's C++ log only when asked (docs/training.md), here too for the inline Python.
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 out=${1:-demo_output}
 common=(--task=digits --partition=dirichlet --num_clients=20 --clients_per_round=10
         --client_batch_size=10 --client_learning_rate=0.05 --total_rounds=60
@@ -15,7 +17,9 @@ common=(--task=digits --partition=dirichlet --num_clients=20 --clients_per_round
     --out="$out/digits_fedavg_vs_fedadam.png" >/dev/null
 .venv/bin/python - "$out" <<'PY'
 import sys
+from tff_adaptive.execution import runtime
 from workflow import plotting
+runtime.shut_down_tff_at_exit()  # quiet exit, should plotting ever import TFF
 for name in ('fedavg', 'fedadam'):
   acc = [a for a in plotting.read_metrics(f'{sys.argv[1]}/digits_{name}')['eval/accuracy'] if a == a]
   print(f'{name:8s} final test accuracy {acc[-1]:.3f} (chance 0.100)')
