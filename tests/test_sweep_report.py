@@ -552,7 +552,7 @@ def test_communication_checks_read_multiples_of_x():
   table2 = [r for r in rows if r.section.startswith('thesis Table 6.2')]
   assert len(table2) == 10 and all(r.status == provenance.MATCH for r in table2)
   assert next(r for r in table2 if r.item.startswith('FedGBO-Adam')).ours == '3|x| + 64 b; 1|x|'
-  g4 = {r.item.split(':')[0]: r for r in rows if r.section.startswith('the FedAda2 paper')}
+  g4 = {r.item.split(':')[0]: r for r in rows if r.section.startswith('FedAda2 paper')}
   assert g4['DJA (AdaGrad-AdaGrad)'].status == provenance.MATCH
   assert g4['FedAda2 (SM3-AdaGrad)'].status == provenance.MISMATCH  # d + covers, not 2d
   assert 'd + o(d)' in g4['FedAda2 (SM3-AdaGrad)'].note
