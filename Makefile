@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_DIR ?= demo_output
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench bench-peers clean
 setup:
 	@bash bin/setup_env.sh
 
@@ -16,6 +16,12 @@ demo: setup
 # against 1.77: a small gain, within the run-to-run spread of the total time.
 test: setup
 	$(PY) -m pytest -q -n 3 tests
+
+# The same FedAvg rounds in pfl-research, TFF and the package, alternated process by
+# process; creates each peer's own virtual environment under bench/peer_envs/ on first
+# use. Rewrites bench/results/peers.json and the table in docs/performance.md (~20 min).
+bench-peers: setup
+	nice -n 10 $(PY) bench/peers.py
 
 clean:
 	rm -rf $(DEMO_DIR) runs

@@ -1,0 +1,392 @@
+"""Peers side by side: the same FedAvg rounds in pfl-research, TFF and the package.
+
+  make bench-peers                       # = nice -n 10 .venv/bin/python bench/peers.py
+  .venv/bin/python bench/peers.py --settings=mlp_50x10 --reps=1
+  .venv/bin/python bench/peers.py --dry_run --out_dir=/tmp/peers   # seconds, no peer env
+
+For each setting (peer_common.SETTINGS: the digits MLP 50 × 10 × B20, the
+EMNIST CNN 10 × 10 × B20, the Shakespeare GRU 10 × 10 × B4, pfl-research's
+CIFAR-10 benchmark shape 50 × 5 × B10 with its small CNN), one process per
+row, alternated row by row and repetition by repetition in one invocation
+(the order rotated each repetition, so background load falls on every row
+alike):
+
+  ours_auto        FedAvg as bin/train builds and feeds it by default (cohort, auto)
+  ours_per_client  the same with --execution=per_client
+  tff_fedavg       TFF's tff.learning.algorithms.build_weighted_fed_avg
+  pfl_fedavg       pfl-research's FederatedAveraging on its SimulatedBackend
+  raw_main         the raw FedAvg loop (peer_common.RawLoop) in the package's environment
+  raw_pfl          the same loop in pfl-research's environment
+
+pfl-research needs TensorFlow >= 2.16, the package TF 2.14: each peer has its
+own virtual environment under bench/peer_envs/ (gitignored), created and
+installed here on first use (`PEER_ENVS`; pip, from the package index).
+pfl 0.6.0's TFModel keys the model's variables by `variable.name`, which
+Keras 3 does not make unique ('kernel', 'bias' for every layer): with Keras 3
+it trains and averages only the last layer's variables. Its environment
+therefore runs with TF_USE_LEGACY_KERAS=1 (tf_keras, which pfl's TensorFlow
+extra installs), where every engine's final loss matches.
+
+Same work, shown: every process loads one file per setting (initial weights
+and every client's examples, written once by `peer_worker.py --engine=prepare`)
+and reports the loss of its final global weights on all clients' examples and
+its final weights; the JSON has every row's loss and its weights' largest
+difference to ours_auto's, `loss_equal` within `loss_rtol`.
+
+Writes `<out_dir>/peers.json` and the "Against other frameworks" table
+between the markers in `--doc` (docs/performance.md).
+"""
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, 'peer_worker.py')
+SCHEMA_VERSION = 1
+SETTINGS = ('mlp_50x10', 'cnn_10x10', 'gru_10x10', 'cifar10_50x5')
+
+# Peer environments: pip requirements, environment variables of their
+# processes, and the probe that says an existing environment is usable.
+PEER_ENVS = collections.OrderedDict([
+    ('pfl', dict(requirements=['pfl[tf]==0.6.0', 'tensorflow>=2.16'],
+                 env={'TF_USE_LEGACY_KERAS': '1'},
+                 probe=('import pfl, tensorflow as tf; '
+                        "assert pfl.__version__ == '0.6.0', pfl.__version__; "
+                        "assert tuple(map(int, tf.__version__.split('.')[:2])) >= (2, 16)"))),
+])
+# (row, environment, engine of peer_worker.py), in the order of the first repetition.
+ROWS = [('ours_auto', 'main', 'ours_auto'), ('pfl_fedavg', 'pfl', 'pfl_fedavg'),
+        ('ours_per_client', 'main', 'ours_per_client'), ('raw_pfl', 'pfl', 'raw'),
+        ('tff_fedavg', 'main', 'tff_fedavg'), ('raw_main', 'main', 'raw')]
+REFERENCE = 'ours_auto'
+PEER = 'pfl_fedavg'
+TARGET = 0.5  # ours_auto's round at most this fraction of pfl-research's
+LOSS_RTOL = 1e-4
+# Settings whose rows cannot give the same loss, and why (a looser tolerance).
+LOSS_EXCEPTIONS = {
+    'cifar10_50x5': (2e-2, "dropout: each framework draws its own masks from its own random "
+                           "generator, so the trajectories differ by the masks' noise"),
+}
+
+
+def _load():
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> collections.OrderedDict:
+  cpu = platform.processor() or 'unknown'
+  try:
+    with open('/proc/cpuinfo') as f:
+      cpu = next(l.split(':', 1)[1].strip() for l in f if l.startswith('model name'))
+  except (OSError, StopIteration):
+    pass
+  mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
+  return collections.OrderedDict(nproc=os.cpu_count(), cpu_model=cpu, memory_gib=round(mem, 1),
+                                 python=platform.python_version(), load_average=_load())
+
+
+def checkout() -> collections.OrderedDict:
+  """The commit measured and the package files that differed from it (other work in
+  the same checkout changes what `ours` runs)."""
+  def git(*args):
+    done = subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+  changed = git('status', '--porcelain', '--', 'tff_adaptive', 'workflow', 'tasks')
+  return collections.OrderedDict(commit=git('rev-parse', 'HEAD'),
+                                 uncommitted=[l[3:] for l in changed.splitlines()])
+
+
+def env_python(envs_dir: str, name: str) -> str:
+  return os.path.join(envs_dir, name, 'bin', 'python')
+
+
+def ensure_env(envs_dir: str, name: str) -> str:
+  """The python of peer environment `name`, created and installed if it is not usable."""
+  spec = PEER_ENVS[name]
+  python = env_python(envs_dir, name)
+  if os.path.exists(python) and _probe(python, spec) is None:
+    return python
+  print(f'peers: creating {os.path.relpath(os.path.dirname(os.path.dirname(python)), ROOT)} '
+        f"({' '.join(spec['requirements'])})", flush=True)
+  subprocess.run([sys.executable, '-m', 'venv', '--clear', os.path.join(envs_dir, name)],
+                 check=True)
+  subprocess.run([python, '-m', 'pip', 'install', '-q', *spec['requirements']], check=True)
+  error = _probe(python, spec)
+  if error:
+    raise SystemExit(f'peers: the {name} environment does not work after installing: {error}')
+  return python
+
+
+def _probe(python: str, spec) -> str:
+  """None if the environment imports what it must, else the error's last line."""
+  done = subprocess.run([python, '-c', spec['probe']], capture_output=True, text=True,
+                        env=_child_env(spec['env']), check=False)
+  lines = done.stderr.strip().splitlines()
+  return None if done.returncode == 0 else (lines[-1] if lines else f'exit {done.returncode}')
+
+
+def _child_env(extra) -> dict:
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', **extra)
+  env.pop('PYTHONPATH', None)  # a peer's environment must not see the package's modules
+  return env
+
+
+def run_worker(python: str, engine: str, args: list, log_path: str, extra_env, timeout: float):
+  """(result dict or None, error line or None) of one peer_worker.py process."""
+  with open(log_path, 'w') as log:
+    try:
+      done = subprocess.run([python, WORKER, f'--engine={engine}', *args], stdout=log,
+                            stderr=subprocess.STDOUT, env=_child_env(extra_env), timeout=timeout,
+                            cwd=ROOT, check=False)
+      code = done.returncode
+    except subprocess.TimeoutExpired:
+      code = f'timeout after {timeout:.0f} s'
+  if code == 0:
+    return None, None
+  with open(log_path) as f:
+    lines = [l.strip() for l in f if l.strip()]
+  return None, f"exit {code}: {lines[-1] if lines else ''}"[:300]
+
+
+def prepare(settings, data_dir: str, tiny: bool, timeout: float) -> None:
+  args = [f'--data_dir={data_dir}', f"--settings={','.join(settings)}"] + (['--tiny'] if tiny else [])
+  _, error = run_worker(sys.executable, 'prepare', args, os.path.join(data_dir, 'prepare.log'), {},
+                        timeout)
+  if error:
+    raise SystemExit(f'peers: writing the setting files failed ({error}); see {data_dir}/prepare.log')
+
+
+def measure_setting(name: str, rows, pythons, data_dir: str, reps: int, rounds: int,
+                    timeout: float) -> dict:
+  """Every row of one setting, `reps` processes each, alternated; raw results per row."""
+  load_before = _load()
+  per_row = collections.OrderedDict((row, []) for row, _, _ in rows)
+  errors = {}
+  for rep in range(reps):
+    shift = rep % max(1, len(rows))
+    order = rows[shift:] + rows[:shift]
+    for row, env, engine in order:
+      if row in errors:
+        continue
+      out = os.path.join(data_dir, f'{name}.{row}.{rep}.json')
+      extra = PEER_ENVS[env]['env'] if env in PEER_ENVS else {}
+      t0 = time.perf_counter()
+      _, error = run_worker(pythons[env], engine,
+                            [f"--data={os.path.join(data_dir, name + '.npz')}",
+                             f'--rounds={rounds}', f'--out={out}'],
+                            out[:-5] + '.log', extra, timeout)
+      if error:
+        errors[row] = error
+        print(f'peers: {name} {row} failed ({error})', flush=True)
+        continue
+      with open(out) as f:
+        result = json.load(f)
+      result['process_s'] = time.perf_counter() - t0
+      result['weights_path'] = out[:-5] + '.npz'
+      per_row[row].append(result)
+      print(f"peers: {name} {row} rep {rep}: rounds "
+            f"{', '.join(f'{t:.3f}' for t in result['round_times_s'])} s", flush=True)
+  return dict(results=per_row, errors=errors, load_before=load_before, load_after=_load())
+
+
+def _weights(path):
+  with np.load(path) as f:
+    return [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+
+
+def summarize(name: str, measured: dict, warmup: int, skipped: dict) -> collections.OrderedDict:
+  """One setting's rows: median timed round, ratios to ours_auto, loss and weights checks."""
+  rtol, why = LOSS_EXCEPTIONS.get(name, (LOSS_RTOL, ''))
+  rows = collections.OrderedDict()
+  reference = measured['results'].get(REFERENCE) or []
+  ref_weights = _weights(reference[0]['weights_path']) if reference else None
+  for row, results in measured['results'].items():
+    if not results:
+      rows[row] = dict(error=measured['errors'].get(row) or skipped.get(row, 'not run'))
+      continue
+    timed = [t for r in results for t in r['round_times_s'][warmup:]]
+    first = results[0]
+    entry = collections.OrderedDict(
+        round_s=statistics.median(timed), timed_rounds_s=timed,
+        warmup_rounds_s=[r['round_times_s'][:warmup] for r in results],
+        build_s=[r['build_s'] for r in results], process_s=[r['process_s'] for r in results],
+        initial_loss=first['initial_loss'], final_loss=first['final_loss'],
+        final_loss_per_process=[r['final_loss'] for r in results],
+        versions=first['versions'], notes=first['notes'])
+    if reference:
+      ref = reference[0]
+      entry['ratio_to_ours'] = entry['round_s'] / statistics.median(
+          [t for r in reference for t in r['round_times_s'][warmup:]])
+      entry['loss_rel_diff'] = abs(first['final_loss'] - ref['final_loss']) / abs(ref['final_loss'])
+      entry['loss_equal'] = bool(entry['loss_rel_diff'] <= rtol)
+      weights = _weights(first['weights_path'])
+      entry['weights_max_abs_diff'] = max(float(np.max(np.abs(a - b)))
+                                          for a, b in zip(weights, ref_weights))
+    rows[row] = entry
+  ours, peer = rows.get(REFERENCE, {}), rows.get(PEER, {})
+  target = None
+  if 'round_s' in ours and 'round_s' in peer:
+    target = collections.OrderedDict(ours_over_pfl=ours['round_s'] / peer['round_s'],
+                                     met=bool(ours['round_s'] <= TARGET * peer['round_s']))
+  return collections.OrderedDict(rows=rows, loss_rtol=rtol, loss_rtol_reason=why, target=target,
+                                 load_before=measured['load_before'],
+                                 load_after=measured['load_after'])
+
+
+COLUMNS = [('ours_auto', 'ours: bin/train default (cohort, auto)'),
+           ('ours_per_client', 'ours: per client'), ('tff_fedavg', "TFF's FedAvg"),
+           ('pfl_fedavg', "pfl-research's FedAvg"), ('raw_main', 'raw loop (TF 2.14)'),
+           ('raw_pfl', 'raw loop (pfl env)')]
+BEGIN, END = '<!-- bench/peers.py: begin -->', '<!-- bench/peers.py: end -->'
+
+
+def _cell(entry: dict) -> str:
+  if 'round_s' not in entry:
+    return 'not run' if entry.get('error', '').startswith(('dry run', 'not asked')) else 'failed'
+  ratio = entry.get('ratio_to_ours')
+  return f"{entry['round_s']:.3f}" + (f' ({ratio:.2f}×)' if ratio is not None else '')
+
+
+def markdown(result: dict) -> str:
+  """The generated part of docs/performance.md's "Against other frameworks"."""
+  m = result['machine']
+  lines = [f"Generated by `bench/peers.py` ({result['date']}{', **dry run**' if result['dry_run'] else ''}): "
+           f"{result['reps']} process(es) per row, alternated; {result['rounds']} rounds per "
+           f"process, the first {result['warmup']} untimed; the median of the timed rounds. "
+           f"Machine: {m['nproc']} × {m['cpu_model']}, {m['memory_gib']} GiB; load average "
+           f"{result['load_before']} before, {result['load_after']} after.", '',
+           'Seconds per round (÷ ours: bin/train default), load (1-minute) before → after '
+           'each setting:', '',
+           '| setting | ' + ' | '.join(title for _, title in COLUMNS) + ' | ours ÷ pfl | '
+           f'target ≤ {TARGET} | load |',
+           '|---' * (len(COLUMNS) + 4) + '|']
+  for name, s in result['settings'].items():
+    t = s['target']
+    target = ('–', '–') if t is None else (f"{t['ours_over_pfl']:.2f}",
+                                           'met' if t['met'] else '**missed**')
+    lines.append(f'| {name} | ' + ' | '.join(_cell(s['rows'].get(row, {})) for row, _ in COLUMNS)
+                 + f" | {target[0]} | {target[1]} | {s['load_before'][0]} → {s['load_after'][0]} |")
+  reasons = sorted({f"{row}: {e['error']}" for s in result['settings'].values()
+                    for row, e in s['rows'].items() if 'error' in e})
+  lines += ['', 'Not run or failed: ' + '; '.join(reasons) + '.'] if reasons else []
+  lines += ['', f'Final loss after {result["rounds"]} rounds from the same weights on the same '
+                'clients (all clients\' examples; relative difference to ours):', '',
+            '| setting | initial | ' + ' | '.join(row for row, _ in COLUMNS) + ' | tolerance |',
+            '|---' * (len(COLUMNS) + 3) + '|']
+  for name, s in result['settings'].items():
+    cells, initial = [], '–'
+    for row, _ in COLUMNS:
+      e = s['rows'].get(row, {})
+      if 'final_loss' not in e:
+        cells.append('–')
+        continue
+      initial = f"{e['initial_loss']:.4f}"
+      diff = e.get('loss_rel_diff')
+      mark = '' if diff is None else f" ({diff:.1e}{'' if e['loss_equal'] else ', **differs**'})"
+      cells.append(f"{e['final_loss']:.5f}{mark}")
+    lines.append(f"| {name} | {initial} | " + ' | '.join(cells) + f" | {s['loss_rtol']:g}"
+                 + (f": {s['loss_rtol_reason']}" if s['loss_rtol_reason'] else '') + ' |')
+  lines += ['', 'Versions: ' + '; '.join(
+      f"{env}: " + ', '.join(f'{k} {v}' for k, v in versions.items())
+      for env, versions in result['versions'].items()) + '.']
+  return '\n'.join(lines) + '\n'
+
+
+def update_doc(path: str, generated: str) -> None:
+  """Replaces the text between the markers in `path` (appends a section if they are missing)."""
+  text = open(path).read() if os.path.exists(path) else ''
+  block = f'{BEGIN}\n{generated}{END}'
+  if BEGIN in text and END in text:
+    head, rest = text.split(BEGIN, 1)
+    text = head + block + rest.split(END, 1)[1]
+  else:
+    text = text + ('\n' if text else '') + f'## Against other frameworks\n\n{block}\n'
+  with open(path, 'w') as f:
+    f.write(text)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--settings', default=','.join(SETTINGS))
+  p.add_argument('--rows', default=','.join(row for row, _, _ in ROWS))
+  p.add_argument('--reps', type=int, default=2, help='processes per row and setting')
+  p.add_argument('--warmup', type=int, default=2, help='untimed rounds at the start of a process')
+  p.add_argument('--timed', type=int, default=3, help='timed rounds per process')
+  p.add_argument('--out_dir', default=os.path.join(HERE, 'results'))
+  p.add_argument('--doc', default=os.path.join(ROOT, 'docs', 'performance.md'))
+  p.add_argument('--envs_dir', default=os.path.join(HERE, 'peer_envs'))
+  p.add_argument('--data_dir', default=os.path.join(HERE, 'tmp', 'peers'))
+  p.add_argument('--timeout', type=float, default=900.0, help='seconds per process')
+  p.add_argument('--dry_run', action='store_true',
+                 help='no peer environment: tiny settings, the raw loop of the first setting '
+                      'in the package environment only, one process, one timed round; writes '
+                      'to --out_dir and a standalone section (never --doc\'s default)')
+  args = p.parse_args(argv)
+  settings = [s for s in args.settings.split(',') if s]
+  wanted = [r for r in args.rows.split(',') if r]
+  rows = [r for r in ROWS if r[0] in wanted]
+  if args.dry_run:
+    args.reps, args.warmup, args.timed = 1, 1, 1
+    if args.doc == p.get_default('doc'):
+      args.doc = os.path.join(args.out_dir, 'peers_section.md')
+    if args.data_dir == p.get_default('data_dir'):
+      args.data_dir = os.path.join(args.out_dir, 'data')
+  os.makedirs(args.out_dir, exist_ok=True)
+  os.makedirs(args.data_dir, exist_ok=True)
+  pythons, skipped = {'main': sys.executable}, {}
+  for env in sorted({e for _, e, _ in rows} - {'main'}):
+    if args.dry_run:
+      skipped.update({r: 'dry run: no peer environment' for r, e, _ in rows if e == env})
+    else:
+      pythons[env] = ensure_env(args.envs_dir, env)
+  result = collections.OrderedDict(
+      schema_version=SCHEMA_VERSION, section='peers', machine=machine(), checkout=checkout(),
+      date=datetime.date.today().isoformat(), dry_run=args.dry_run, reps=args.reps,
+      warmup=args.warmup, rounds=args.warmup + args.timed, target=TARGET, load_before=_load(),
+      settings=collections.OrderedDict())
+  prepare(settings, args.data_dir, args.dry_run, args.timeout)
+  for i, name in enumerate(settings):
+    run_rows = [r for r in rows if r[1] in pythons
+                and (not args.dry_run or (i == 0 and r[0] == 'raw_main'))]
+    not_run = {r: skipped.get(r, 'dry run: only raw_main of the first setting' if args.dry_run
+                              else 'not asked for') for r, _, _ in rows}
+    measured = measure_setting(name, run_rows, pythons, args.data_dir, args.reps,
+                               args.warmup + args.timed, args.timeout)
+    measured['results'].update({r: [] for r, _, _ in rows if r not in measured['results']})
+    measured['results'] = collections.OrderedDict((r, measured['results'][r]) for r, _, _ in rows)
+    result['settings'][name] = summarize(name, measured, args.warmup, not_run)
+  result['load_after'] = _load()
+  result['versions'] = _versions(result)
+  path = os.path.join(args.out_dir, 'peers.json')
+  with open(path, 'w') as f:
+    json.dump(result, f, indent=1)
+  update_doc(args.doc, markdown(result))
+  print(markdown(result))
+  print('wrote', path, args.doc)
+  return result
+
+
+def _versions(result) -> collections.OrderedDict:
+  """Each environment's versions, from its first process that ran."""
+  found = collections.OrderedDict()
+  for s in result['settings'].values():
+    for row, env, _ in ROWS:
+      entry = s['rows'].get(row, {})
+      if 'versions' in entry and env not in found:
+        found[env] = entry['versions']
+  return found
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,71 @@
+"""bench/peers.py without the peer environments: the dry run's code path and its table.
+
+No timing assertion (the machine is shared). The dry run writes tiny setting
+files, runs the raw loop of the first setting in one process of this
+environment and renders the JSON and the section; the table and the doc
+splicing are also checked on a hand-made result.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'bench'))
+
+import peers  # pylint: disable=g-import-not-at-top
+
+
+def test_dry_run_writes_json_and_section_without_peer_envs(tmp_path):
+  envs = tmp_path / 'no_envs'
+  done = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'bench', 'peers.py'), '--dry_run',
+       f'--out_dir={tmp_path}', f'--envs_dir={envs}'],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  assert not envs.exists()  # no environment created
+  result = json.loads((tmp_path / 'peers.json').read_text())
+  assert result['dry_run'] and result['section'] == 'peers'
+  assert list(result['settings']) == list(peers.SETTINGS)
+  assert 'load_average' in result['machine'] and len(result['load_before']) == 3
+  mlp = result['settings']['mlp_50x10']['rows']
+  raw = mlp['raw_main']
+  assert raw['final_loss'] < raw['initial_loss']  # SGD on the same batches lowers the loss
+  assert np.isfinite(raw['round_s']) and raw['versions']['tensorflow'].startswith('2.14')
+  assert mlp['pfl_fedavg']['error'] == 'dry run: no peer environment'
+  section = (tmp_path / 'peers_section.md').read_text()
+  assert peers.BEGIN in section and '**dry run**' in section
+  assert "| mlp_50x10 | not run | not run | not run | not run |" in section
+
+
+def _entry(round_s, loss, ratio=None):
+  entry = dict(round_s=round_s, initial_loss=2.3, final_loss=loss, versions={}, notes='')
+  if ratio is not None:
+    entry.update(ratio_to_ours=ratio, loss_rel_diff=abs(loss - 2.0) / 2.0,
+                 loss_equal=abs(loss - 2.0) / 2.0 <= 1e-4)
+  return entry
+
+
+def test_table_marks_target_and_loss_and_replaces_the_doc_section(tmp_path):
+  setting = dict(rows={'ours_auto': _entry(0.1, 2.0, 1.0), 'pfl_fedavg': _entry(0.15, 2.1, 1.5),
+                       'tff_fedavg': {'error': 'exit 1: boom'}},
+                 loss_rtol=1e-4, loss_rtol_reason='', load_before=[1.0, 1, 1],
+                 load_after=[2.0, 1, 1],
+                 target=dict(ours_over_pfl=0.1 / 0.15, met=False))
+  result = dict(machine=dict(nproc=2, cpu_model='cpu', memory_gib=1.0), date='d', dry_run=False,
+                reps=2, rounds=5, warmup=2, load_before=[1, 1, 1], load_after=[2, 2, 2],
+                settings={'mlp_50x10': setting}, versions={'main': {'tensorflow': '2.14.1'}})
+  text = peers.markdown(result)
+  assert '| 0.100 (1.00×) |' in text and '0.150 (1.50×)' in text
+  assert '| 0.67 | **missed** |' in text
+  assert 'tff_fedavg: exit 1: boom' in text and '| failed |' in text
+  assert '2.10000 (5.0e-02, **differs**)' in text
+  doc = tmp_path / 'performance.md'
+  doc.write_text(f'# Perf\n\nintro\n\n{peers.BEGIN}\nold table\n{peers.END}\n\nafter\n')
+  peers.update_doc(str(doc), text)
+  new = doc.read_text()
+  assert 'old table' not in new and text in new
+  assert new.startswith('# Perf\n\nintro\n\n') and new.endswith('\n\nafter\n')
