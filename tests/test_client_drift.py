@@ -7,6 +7,7 @@ are recomputed in NumPy on the tiny linear-softmax model of
 `algorithm_testing`.
 """
 
+import csv
 import types
 
 import numpy as np
@@ -19,6 +20,7 @@ from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from workflow import algorithm_builders as registry
+from workflow import cli
 from workflow import config
 
 K = 3
@@ -114,3 +116,30 @@ def test_off_by_default_and_the_registry_flag():
       measure_client_drift=False))))
   with pytest.raises(registry.ConfigError, match='measure_client_drift'):
     registry.build(task, settings.replace(algorithm='mimelite', client_optimizer='sgd'))
+
+
+# bin/train's drift run at 4 clients: epoch rounds on Dirichlet clients put
+# clients of different sizes in shards of their own, and a shard of one client
+# is where the cohort program once failed (tf.norm squeezed its client axis).
+DRIFT_RUN = ['--task=digits', '--digits_model=mlp', '--num_clients=8', '--clients_per_round=4',
+             '--client_batch_size=32', '--total_rounds=1', '--rounds_per_eval=1',
+             '--show_progress=false', '--algorithm=fedavg', '--measure_client_drift']
+
+
+def test_bin_train_drift_runs_and_agrees_in_both_executions(tmp_path):
+  rows = {}
+  for execution in ('per_client', 'cohort'):
+    settings, notes = cli.config_from_args(
+        [*DRIFT_RUN, f'--execution={execution}', f'--root_output_dir={tmp_path / execution}'])
+    _, rows[execution] = cli.run_training(settings, notes)
+    with open(tmp_path / execution / cli.default_experiment_name(settings) / 'metrics.csv',
+              newline='') as f:
+      written = list(csv.DictReader(f))
+    keys = [k for k in written[-1] if 'client_drift' in k]
+    assert keys and all(np.isfinite(float(written[-1][k])) for k in keys), written[-1]
+  keys = [k for k in rows['per_client'] if 'client_drift' in k]
+  assert {k for k in rows['cohort'] if 'client_drift' in k} == set(keys)
+  assert any(k.endswith('num_clients') and rows['cohort'][k] == 4 for k in keys), keys
+  for key in keys:
+    np.testing.assert_allclose(rows['cohort'][key], rows['per_client'][key], rtol=1e-5,
+                               atol=1e-6, err_msg=key)

@@ -19,6 +19,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive.accounting import privacy
+from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
@@ -183,6 +185,23 @@ def test_auto_jit_compile_follows_the_measured_rule(rnn, conv, local_steps, expe
 def test_client_drift_and_uniform_weighting_equal():
   _compare('fedavg', 2, 'cohort', rounds=2, measure_client_drift=True,
            client_weighting=tff.learning.ClientWeighting.UNIFORM)
+
+
+def _one_client_shard_options(what):
+  return {'drift': dict(measure_client_drift=True),
+          'dp': dict(model_aggregator=privacy.dp_aggregator(0.0, 0.3, len(SIZES))),
+          'compression': dict(upload_compression=compression.SharedIndexCompressionFactory(
+              0.5, quantize=True))}[what]
+
+
+@pytest.mark.parametrize('what', ['drift', 'dp', 'compression'])
+def test_shards_of_one_client_equal(what):
+  """Epoch rounds group clients by size, often one client to a shard: its
+  client axis under tf.vectorized_map has size 1, which an unqualified squeeze
+  (tf.norm's default) removes with the others (the drift metric once failed so)."""
+  fast = _compare('fedavg', 0, cohort.CohortExecution(mode='vectorized', num_shards=len(SIZES)),
+                  rounds=2, **_one_client_shard_options(what))
+  assert fast.shard_stats.shards == 2 * len(SIZES)  # a shard per client and round
 
 
 def test_a_client_without_data_counts_as_in_the_per_client_round():

@@ -48,7 +48,10 @@ def unit_vector(tensors: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
   nothing to Σ u_i nor to n.
   """
   flat = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors], axis=0)
-  norm = tf.norm(flat)
+  # axis=0, not tf.norm's default: that squeezes every size-1 axis, and
+  # under tf.vectorized_map (the cohort program) a shard of one client has a
+  # client axis of size 1, which it removed too (counted became a scalar).
+  norm = tf.norm(flat, axis=0)
   counted = tf.logical_and(norm > 0.0, tf.math.is_finite(norm))
   u = tf.where(counted, flat / tf.where(counted, norm, tf.ones_like(norm)), tf.zeros_like(flat))
   return u, tf.cast(counted, tf.float64)
