@@ -42,6 +42,8 @@ def versions() -> dict:
     module = sys.modules.get(name)
     if module is not None:
       found[name] = getattr(module, '__version__', '?')
+  if 'tff_adaptive' in sys.modules:  # which copy of the package ran (peers.py --package)
+    found['tff_adaptive_from'] = os.path.dirname(os.path.dirname(sys.modules['tff_adaptive'].__file__))
   return found
 
 

@@ -142,6 +142,18 @@ def _child_env(extra) -> dict:
   return env
 
 
+def committed_source(commit: str, dest_root: str) -> str:
+  """A copy of `commit`'s files (git archive) in dest_root/<commit>: its root."""
+  dest = os.path.join(dest_root, commit)
+  if not os.path.exists(os.path.join(dest, 'bench', 'peer_worker.py')):
+    os.makedirs(dest + '.tmp', exist_ok=True)
+    archive = subprocess.run(['git', 'archive', '--format=tar', commit], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(['tar', '-x', '-C', dest + '.tmp'], input=archive, check=True)
+    os.replace(dest + '.tmp', dest)
+  return dest
+
+
 def run_worker(python: str, engine: str, args: list, log_path: str, extra_env, timeout: float):
   """(result dict or None, error line or None) of one peer_worker.py process."""
   with open(log_path, 'w') as log:
@@ -328,6 +340,10 @@ def main(argv=None):
   p.add_argument('--envs_dir', default=os.path.join(HERE, 'peer_envs'))
   p.add_argument('--data_dir', default=os.path.join(HERE, 'tmp', 'peers'))
   p.add_argument('--timeout', type=float, default=900.0, help='seconds per process')
+  p.add_argument('--package', default='committed', choices=['committed', 'worktree'],
+                 help="committed: run every worker from a copy of HEAD's files, so that "
+                      'uncommitted edits in this checkout (other work in progress) do not change '
+                      "what `ours` measures; worktree: this checkout's files")
   p.add_argument('--dry_run', action='store_true',
                  help='no peer environment: tiny settings, the raw loop of the first setting '
                       'in the package environment only, one process, one timed round; writes '
@@ -344,6 +360,13 @@ def main(argv=None):
       args.data_dir = os.path.join(args.out_dir, 'data')
   os.makedirs(args.out_dir, exist_ok=True)
   os.makedirs(args.data_dir, exist_ok=True)
+  source = checkout()
+  source['package'] = 'worktree' if args.dry_run else args.package
+  if source['package'] == 'committed':
+    global WORKER  # pylint: disable=global-statement
+    WORKER = os.path.join(committed_source(source['commit'],
+                                           os.path.join(HERE, 'tmp', 'peers_src')),
+                          'bench', 'peer_worker.py')
   pythons, skipped = {'main': sys.executable}, {}
   for env in sorted({e for _, e, _ in rows} - {'main'}):
     if args.dry_run:
@@ -351,7 +374,7 @@ def main(argv=None):
     else:
       pythons[env] = ensure_env(args.envs_dir, env)
   result = collections.OrderedDict(
-      schema_version=SCHEMA_VERSION, section='peers', machine=machine(), checkout=checkout(),
+      schema_version=SCHEMA_VERSION, section='peers', machine=machine(), checkout=source,
       date=datetime.date.today().isoformat(), dry_run=args.dry_run, reps=args.reps,
       warmup=args.warmup, rounds=args.warmup + args.timed, target=TARGET, load_before=_load(),
       settings=collections.OrderedDict())
