@@ -150,7 +150,8 @@ def test_bin_train_builds_the_shards_on_the_workers(live_pool, tmp_path, capsys)
   addresses = ','.join(w.address for w in live_pool)
   run = lambda name, **flags: cli.run_training(train_config.small_run(
       tmp_path, name, num_clients=8, clients_per_round=5, total_rounds=2, rounds_per_eval=2,
-      rounds_per_checkpoint=2, workers=addresses, show_progress=True, **flags))[0]
+      rounds_per_checkpoint=2, workers=addresses, show_progress=True, cohort_mode='auto',
+      **flags))[0]
   sent = run('sent')
   assert 'one shard per TFF worker)' in capsys.readouterr().err
   built = run('built', data_on_workers=True)

@@ -1,4 +1,9 @@
-"""bin/train: flag validation, resume after interruption, divergence."""
+"""bin/train: flag validation, resume after interruption, divergence.
+
+The binary runs as a subprocess where the process is what is tested (exit
+statuses of refused commands, Ctrl-C); the runs around it go through
+`train_config.train`, the same command line in this process.
+"""
 
 import asyncio
 import csv
@@ -12,13 +17,16 @@ import time
 import numpy as np
 import pytest
 
+import train_config  # pylint: disable=g-bad-import-order
+
 from workflow import cli
 from workflow import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 SMALL = ['--task=digits', '--num_clients=8', '--clients_per_round=4', '--client_batch_size=20',
-         '--rounds_per_eval=2', '--rounds_per_checkpoint=2', '--show_progress=false']
+         '--rounds_per_eval=2', '--rounds_per_checkpoint=2', '--show_progress=false',
+         '--cohort_mode=sequential']  # not the execution's test: the cheaper trace (train_config)
 
 
 def _train(args, **kwargs):
@@ -77,8 +85,8 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
           f'--experiment_name=digits_{algorithm}',
           '--server_learning_rate=0.02' if algorithm == 'fedadam' else '--local_steps=3',
           '--client_optimizer=' + ('adam' if algorithm == 'fedgbo' else 'sgd')]
-  whole = _train([*args, f'--root_output_dir={tmp_path}/whole'])
-  assert whole.returncode == 0, whole.stderr[-3000:]
+  code, output = train_config.train([*args, f'--root_output_dir={tmp_path}/whole'])
+  assert code == 0, output[-3000:]
 
   cut_args = [*args, f'--root_output_dir={tmp_path}/cut']
   proc = subprocess.Popen([sys.executable, TRAIN, *cut_args], stdout=subprocess.DEVNULL,
@@ -96,9 +104,9 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
   last = err.strip().splitlines()[-1]
   assert last.startswith('SIGINT: stopped at round ') and last.endswith(
       'resume with the same command'), last
-  resumed = _train(cut_args)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert 'Resuming from the checkpoint after round' in resumed.stderr
+  code, output = train_config.train(cut_args)
+  assert code == 0, output[-3000:]
+  assert 'Resuming from the checkpoint after round' in output
 
   v1, w1 = _final_weights(tmp_path / 'whole' / f'digits_{algorithm}')
   v2, w2 = _final_weights(tmp_path / 'cut' / f'digits_{algorithm}')
@@ -121,12 +129,12 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
 def test_resume_with_contradicting_flags_is_refused(tmp_path):
   # Only with a shared --experiment_name: by default the names differ (test_train_workflow).
   out = f'--root_output_dir={tmp_path}'
-  first = _train([*SMALL, '--total_rounds=1', out, '--experiment_name=same'])
-  assert first.returncode == 0, first.stderr[-2000:]
-  again = _train([*SMALL, '--total_rounds=2', '--client_learning_rate=0.5', out,
-                  '--experiment_name=same'])
-  assert again.returncode == 2
-  assert '--client_learning_rate' in again.stderr.strip().splitlines()[-1]
+  code, output = train_config.train([*SMALL, '--total_rounds=1', out, '--experiment_name=same'])
+  assert code == 0, output[-2000:]
+  code, output = train_config.train([*SMALL, '--total_rounds=2', '--client_learning_rate=0.5',
+                                     out, '--experiment_name=same'])
+  assert code == 2
+  assert '--client_learning_rate' in output.strip().splitlines()[-1]
 
 
 def test_run_resumes_under_the_other_execution(tmp_path):
@@ -134,14 +142,15 @@ def test_run_resumes_under_the_other_execution(tmp_path):
   computes: a per-client run resumes as a cohort with XLA over the program."""
   out = f'--root_output_dir={tmp_path}'
   small = [*SMALL, '--local_steps=2', '--experiment_name=switch', out]
-  first = _train([*small, '--total_rounds=2', '--execution=per_client'])
-  assert first.returncode == 0, first.stderr[-2000:]
-  resumed = _train([*small, '--total_rounds=3', '--execution=cohort',
-                    '--cohort_jit_compile=program', '--show_progress=true'])
-  assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert 'Resuming from the checkpoint after round 2' in resumed.stderr
+  code, output = train_config.train([*small, '--total_rounds=2', '--execution=per_client'])
+  assert code == 0, output[-2000:]
+  code, output = train_config.train([*small, '--total_rounds=3', '--execution=cohort',
+                                     '--cohort_mode=auto', '--cohort_jit_compile=program',
+                                     '--show_progress=true'])
+  assert code == 0, output[-2000:]
+  assert 'Resuming from the checkpoint after round 2' in output
   assert 'execution: cohort (one compiled program per round, clients vectorised, XLA over ' \
-      'the program)' in resumed.stdout + resumed.stderr
+      'the program)' in output
   assert len(_read_csv(tmp_path / 'switch' / 'metrics.csv')) == 3
 
 
@@ -151,15 +160,16 @@ def test_scaffold_resumes_as_a_cohort_with_the_stored_client_controls(tmp_path):
   8 clients a round: clients return with their c_i)."""
   small = [*SMALL, '--algorithm=scaffold', '--local_steps=3', '--client_learning_rate=0.05',
            '--experiment_name=scaffold']
-  whole = _train([*small, '--total_rounds=4', '--execution=per_client',
-                  f'--root_output_dir={tmp_path}/whole'])
-  assert whole.returncode == 0, whole.stderr[-2000:]
+  code, output = train_config.train([*small, '--total_rounds=4', '--execution=per_client',
+                                     f'--root_output_dir={tmp_path}/whole'])
+  assert code == 0, output[-2000:]
   cut = [*small, f'--root_output_dir={tmp_path}/cut']
-  first = _train([*cut, '--total_rounds=2', '--execution=per_client'])
-  assert first.returncode == 0, first.stderr[-2000:]
-  resumed = _train([*cut, '--total_rounds=4', '--show_progress=true'])  # cohort: the default
-  assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert 'execution: cohort' in resumed.stdout + resumed.stderr
+  code, output = train_config.train([*cut, '--total_rounds=2', '--execution=per_client'])
+  assert code == 0, output[-2000:]
+  # --execution=cohort: the default
+  code, output = train_config.train([*cut, '--total_rounds=4', '--show_progress=true'])
+  assert code == 0, output[-2000:]
+  assert 'execution: cohort' in output
   v1, w1 = _final_weights(tmp_path / 'whole' / 'scaffold')
   v2, w2 = _final_weights(tmp_path / 'cut' / 'scaffold')
   assert v1 == v2 == 4
@@ -175,8 +185,8 @@ def test_scaffold_resumes_as_a_cohort_with_the_stored_client_controls(tmp_path):
 def test_run_from_before_a_flag_existed_resumes_at_that_flags_default(tmp_path):
   out = f'--root_output_dir={tmp_path}'
   small = [*SMALL, '--experiment_name=digits_fedavg']
-  first = _train([*small, '--total_rounds=1', out])
-  assert first.returncode == 0, first.stderr[-2000:]
+  code, output = train_config.train([*small, '--total_rounds=1', out])
+  assert code == 0, output[-2000:]
   flags_path = tmp_path / 'digits_fedavg' / 'flags.json'
 
   def drop(*names):  # as written by a version of bin/train without these flags
@@ -186,22 +196,22 @@ def test_run_from_before_a_flag_existed_resumes_at_that_flags_default(tmp_path):
     flags_path.write_text(json.dumps(saved))
 
   drop('upload_mbps', 'fedmax_beta')
-  resumed = _train([*small, '--total_rounds=2', out])
-  assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert 'Resuming from the checkpoint after round 1' in resumed.stderr
+  code, output = train_config.train([*small, '--total_rounds=2', out])
+  assert code == 0, output[-2000:]
+  assert 'Resuming from the checkpoint after round 1' in output
   drop('fedmax_beta')
-  changed = _train([*small, '--total_rounds=3', '--fedmax_beta=2.0', out])
-  assert changed.returncode == 2
-  assert '--fedmax_beta' in changed.stderr.strip().splitlines()[-1]
+  code, output = train_config.train([*small, '--total_rounds=3', '--fedmax_beta=2.0', out])
+  assert code == 2
+  assert '--fedmax_beta' in output.strip().splitlines()[-1]
 
 
 def test_divergence_stops_with_message_and_keeps_last_checkpoint(tmp_path):
-  result = _train([*SMALL, '--total_rounds=6', '--rounds_per_checkpoint=1',
-                   '--experiment_name=digits_fedavgm',
-                   '--algorithm=fedavgm', '--server_learning_rate=1e30', '--client_learning_rate=1.0',
-                   f'--root_output_dir={tmp_path}'])
-  assert result.returncode == 1
-  message = result.stderr.strip().splitlines()[-1]
+  code, output = train_config.train([
+      *SMALL, '--total_rounds=6', '--rounds_per_checkpoint=1', '--experiment_name=digits_fedavgm',
+      '--algorithm=fedavgm', '--server_learning_rate=1e30', '--client_learning_rate=1.0',
+      f'--root_output_dir={tmp_path}'])
+  assert code == 1
+  message = output.strip().splitlines()[-1]
   assert 'diverged at round' in message and 'learning_rate' in message
   diverged_round = int(message.split('diverged at round ')[1].split()[0])
   checkpoints = os.listdir(tmp_path / 'digits_fedavgm' / 'checkpoints')

@@ -1,15 +1,29 @@
-"""bin/train for the tests: the settings of small in-process `digits` runs, and refused runs.
+"""bin/train for the tests: small in-process `digits` runs, and refused runs.
 
 `small_run`'s values are bin/train's defaults except where a short test run
 needs others (a few clients and rounds, unlimited concurrency, no progress
-bar). `refused_runs` runs the real binary on bad flags, two at a time.
+bar, the clients of a cohort in sequence). `train` runs a bin/train command
+line in this process, for the tests whose behaviour does not need the process
+boundary (signals, another process's lock and the interpreter's exit status
+do). `refused_runs` runs the real binary on bad flags, two at a time.
+
+The clients run in sequence (`--cohort_mode=sequential`) where the test is
+not about the execution: tracing the vectorised cohort program costs about
+three times as much per built process (the digits MLP, measured), and what
+these tests check (resume, checkpoints, messages) does not depend on it. The
+executions' equality is tests/test_cohort*.py's; bin/train's default
+execution runs in test_train_workflow's runs of every algorithm by its name.
 """
 
 import concurrent.futures
+import contextlib
+import io
 import os
+import signal
 import subprocess
 import sys
 
+from workflow import cli
 from workflow import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,13 +41,36 @@ BASE = dict(
     download_mbps=20.0, upload_mbps=5.0, total_rounds=5, rounds_per_eval=5,
     rounds_per_checkpoint=5, seed=3, execution_concurrency=-1, show_progress=False,
     workers='', worker_retry=False, data_on_workers=False, data_dir='', dp=False,
-    divergence_factor=10.0, divergence_rounds=3, trust_command_line=False)
+    divergence_factor=10.0, divergence_rounds=3, trust_command_line=False,
+    cohort_mode='sequential')
 
 
 def small_run(root, name: str, **overrides) -> config.Settings:
   """The settings of a run named `name` under `root`, with `overrides` (by flag name)."""
   return config.from_flags({**BASE, 'root_output_dir': str(root), 'experiment_name': name,
                             **overrides})
+
+
+def train(args, program: str = 'train.py') -> tuple[int, str]:
+  """(exit status, stdout and stderr) of bin/train's command line `args`, run in this process.
+
+  What bin/train does once absl has parsed the command line: resolve the
+  flags, check them, run, and report a RunError as it would. The caller's
+  SIGINT/SIGTERM handlers are put back afterwards (a stopped run leaves the
+  default actions).
+  """
+  out = io.StringIO()
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
+    try:
+      cli.run_training(*cli.config_from_args(args))
+      code = 0
+    except cli.RunError as e:
+      code = cli.report(e, program)
+    finally:
+      for s, handler in handlers.items():
+        signal.signal(s, handler)
+  return code, out.getvalue()
 
 
 def refused_runs(tmp_path, arg_lists):
