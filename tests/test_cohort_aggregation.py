@@ -157,3 +157,37 @@ def test_aggregators_in_an_xla_compiled_shard_program(aggregation):
             dict(upload_compression=compression.SharedIndexCompressionFactory(0.5, True)))
   tc._compare('mfl', 2, cohort.CohortExecution(mode='sequential', jit_compile='program'),
               rounds=2, **kwargs)
+
+
+# bin/train's aggregation options in both executions, in-process (bin/train's
+# own flag parsing and run): 4 clients of a Dirichlet split train epoch rounds,
+# so the cohort's shards hold one or a few clients each.
+OPTION_RUN = ['--task=digits', '--digits_model=mlp', '--num_clients=8', '--clients_per_round=4',
+              '--client_batch_size=32', '--total_rounds=1', '--rounds_per_eval=1',
+              '--measure_client_drift']
+OPTIONS = {
+    # No noise: the two executions' models can be compared.
+    'dp': ['--algorithm=fedavg', '--dp', '--dp_clip_norm=0.5', '--dp_noise_multiplier=0'],
+    'compression': ['--algorithm=fedavg', '--upload_compression=topk_uniq', '--sparsity=0.5'],
+    'robust': ['--algorithm=fedavgm', '--aggregator=robust'],
+}
+
+
+@pytest.mark.parametrize('option', sorted(OPTIONS))
+def test_bin_train_options_run_and_agree_in_both_executions(option, tmp_path, capsys):
+  from workflow import cli  # pylint: disable=g-import-not-at-top
+  rows = {}
+  for execution in ('per_client', 'cohort'):
+    settings, notes = cli.config_from_args([*OPTION_RUN, *OPTIONS[option],
+                                            f'--execution={execution}', '--show_progress=true',
+                                            f'--root_output_dir={tmp_path / execution}'])
+    _, rows[execution] = cli.run_training(settings, notes)
+    # The execution line (printed with progress): the option did not fall back to per client.
+    line = next(l for l in capsys.readouterr().err.splitlines() if l.startswith('execution: '))
+    assert line.startswith(f'execution: {execution}'), line
+  compared = [k for k in rows['per_client'] if k.startswith(('eval/', 'train/client_work/',
+                                                             'train/client_drift/'))]
+  assert 'eval/loss' in compared and any('client_drift' in k for k in compared), compared
+  for key in compared:
+    np.testing.assert_allclose(rows['cohort'][key], rows['per_client'][key], rtol=1e-4,
+                               atol=1e-5, err_msg=f'{option}: {key}')
