@@ -21,7 +21,11 @@ import json
 import time
 
 import numpy as np
-import tensorflow as tf
+
+try:
+  import tensorflow as tf
+except ImportError:  # a peer environment without TensorFlow (FedJAX): the data only
+  tf = None
 
 # setting → model, clients per round, local steps (K), batch (B), client and
 # server learning rates. Every client has exactly K·B examples, so K steps of
@@ -49,7 +53,7 @@ SHAPES = {
 }
 
 
-def build_model(model: str) -> tf.keras.Model:
+def build_model(model: str):
   """The setting's Keras model, seeded (the same architectures as bench_models.py;
   `cifar_cnn` is pfl-research's `simple_cnn`, dropout included)."""
   layers = tf.keras.layers
@@ -109,7 +113,7 @@ class SettingData:
       count = sum(1 for k in f.files if k.startswith('w'))
       self.weights = [f[f'w{i}'] for i in range(count)]
 
-  def model(self) -> tf.keras.Model:
+  def model(self):
     model = build_model(self.setting.model)
     model.set_weights(self.weights)
     return model

@@ -14,6 +14,7 @@ seconds, the loss of the final global weights on all clients' examples
 
 import argparse
 import importlib
+from importlib import metadata
 import json
 import os
 import platform
@@ -32,16 +33,25 @@ ENGINES = {
     'ours_per_client': ('peer_ours', 'OursPerClient'),
     'tff_fedavg': ('peer_ours', 'TffFedAvg'),
     'pfl_fedavg': ('peer_pfl', 'PflFedAvg'),
+    'fedjax_fedavg': ('peer_fedjax', 'FedjaxFedAvg'),
 }
-VERSION_MODULES = ('numpy', 'tensorflow', 'keras', 'tf_keras', 'tensorflow_federated', 'pfl')
+VERSION_MODULES = ('numpy', 'tensorflow', 'keras', 'tf_keras', 'tensorflow_federated', 'pfl',
+                   'jax', 'haiku', 'fedjax')
+
+
+# module → its distribution's name, where they differ
+DISTRIBUTIONS = {'tensorflow_federated': 'tensorflow-federated', 'tf_keras': 'tf-keras',
+                 'haiku': 'dm-haiku'}
 
 
 def versions() -> dict:
   found = {'python': platform.python_version()}
   for name in VERSION_MODULES:
-    module = sys.modules.get(name)
-    if module is not None:
-      found[name] = getattr(module, '__version__', '?')
+    if name in sys.modules:
+      try:
+        found[name] = metadata.version(DISTRIBUTIONS.get(name, name))
+      except metadata.PackageNotFoundError:
+        found[name] = getattr(sys.modules[name], '__version__', '?')
   if 'tff_adaptive' in sys.modules:  # which copy of the package ran (peers.py --package)
     found['tff_adaptive_from'] = os.path.dirname(os.path.dirname(sys.modules['tff_adaptive'].__file__))
   return found
@@ -75,9 +85,11 @@ def run_engine(engine: str, data_path: str, rounds: int) -> dict:
   else:
     times = peer_common.time_rounds(runner, rounds)
   weights = runner.weights()
+  # An environment without TensorFlow evaluates in its own framework.
+  loss = getattr(runner, 'loss', lambda w: peer_common.loss_of(data, w))
   result = dict(engine=engine, setting=data.name, rounds=rounds, round_times_s=times,
-                build_s=build_s, final_loss=peer_common.loss_of(data, weights),
-                initial_loss=peer_common.loss_of(data, data.weights), versions=versions(),
+                build_s=build_s, final_loss=loss(weights), initial_loss=loss(data.weights),
+                versions=versions(),
                 notes=getattr(runner, 'notes', ''))
   return result, [np.asarray(w) for w in weights]
 

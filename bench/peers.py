@@ -64,11 +64,19 @@ PEER_ENVS = collections.OrderedDict([
                  probe=('import pfl, tensorflow as tf; '
                         "assert pfl.__version__ == '0.6.0', pfl.__version__; "
                         "assert tuple(map(int, tf.__version__.split('.')[:2])) >= (2, 16)"))),
+    # fedjax 0.0.17 (its last release) calls jax.tree_map, which JAX removed in
+    # 0.6: the JAX, Haiku and Optax of its time, pinned together.
+    ('fedjax', dict(requirements=['fedjax==0.0.17', 'jax==0.4.30', 'jaxlib==0.4.30',
+                                  'optax==0.2.2', 'dm-haiku==0.0.12', 'chex==0.1.86', 'numpy<2'],
+                    env={},
+                    probe=('import jax, fedjax, haiku; from fedjax.algorithms import fed_avg; '
+                           'jax.tree_map'))),
 ])
 # (row, environment, engine of peer_worker.py), in the order of the first repetition.
 ROWS = [('ours_auto', 'main', 'ours_auto'), ('pfl_fedavg', 'pfl', 'pfl_fedavg'),
         ('ours_per_client', 'main', 'ours_per_client'), ('raw_pfl', 'pfl', 'raw'),
-        ('tff_fedavg', 'main', 'tff_fedavg'), ('raw_main', 'main', 'raw')]
+        ('tff_fedavg', 'main', 'tff_fedavg'), ('fedjax_fedavg', 'fedjax', 'fedjax_fedavg'),
+        ('raw_main', 'main', 'raw')]
 REFERENCE = 'ours_auto'
 PEER = 'pfl_fedavg'
 TARGET = 0.5  # ours_auto's round at most this fraction of pfl-research's
@@ -258,7 +266,8 @@ def summarize(name: str, measured: dict, warmup: int, skipped: dict) -> collecti
 
 COLUMNS = [('ours_auto', 'ours: bin/train default (cohort, auto)'),
            ('ours_per_client', 'ours: per client'), ('tff_fedavg', "TFF's FedAvg"),
-           ('pfl_fedavg', "pfl-research's FedAvg"), ('raw_main', 'raw loop (TF 2.14)'),
+           ('pfl_fedavg', "pfl-research's FedAvg"), ('fedjax_fedavg', "FedJAX's FedAvg"),
+           ('raw_main', 'raw loop (TF 2.14)'),
            ('raw_pfl', 'raw loop (pfl env)')]
 BEGIN, END = '<!-- bench/peers.py: begin -->', '<!-- bench/peers.py: end -->'
 

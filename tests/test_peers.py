@@ -36,6 +36,7 @@ def test_dry_run_writes_json_and_section_without_peer_envs(tmp_path):
   assert raw['final_loss'] < raw['initial_loss']  # SGD on the same batches lowers the loss
   assert np.isfinite(raw['round_s']) and raw['versions']['tensorflow'].startswith('2.14')
   assert mlp['pfl_fedavg']['error'] == 'dry run: no peer environment'
+  assert mlp['fedjax_fedavg']['error'] == 'dry run: no peer environment'
   section = (tmp_path / 'peers_section.md').read_text()
   assert peers.BEGIN in section and '**dry run**' in section
   assert "| mlp_50x10 | not run | not run | not run | not run |" in section
