@@ -306,8 +306,9 @@ def test_masked_sequence_model_equals_tff_forward_pass(jit_compile):
   datasets = sequence_datasets()
   build = lambda **kw: fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=0, **kw)
   per_client = build()
-  fast = build(execution=cohort.CohortExecution(jit_compile=jit_compile))
-  assert isinstance(fast, cohort.CohortProcess) and not fast.vectorized  # an RNN: in sequence
+  # In sequence; vectorised (unrolled) recurrent cohorts: tests/test_recurrent_cohort.py.
+  fast = build(execution=cohort.CohortExecution(mode='sequential', jit_compile=jit_compile))
+  assert isinstance(fast, cohort.CohortProcess) and not fast.vectorized
   state = per_client.initialize()
   for r in range(2):
     expected = per_client.next(state, datasets)
@@ -316,16 +317,11 @@ def test_masked_sequence_model_equals_tff_forward_pass(jit_compile):
     state = expected.state
 
 
-def test_vectorised_recurrent_model_is_refused_in_one_line():
-  with pytest.raises(ValueError, match="mode='vectorized' cannot vectorise recurrent layers"):
-    fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=1,
-                        execution=cohort.CohortExecution(mode='vectorized'))
-
-
 def xla_sequence_rounds(rounds=2, local_steps=2):
   """Rounds of the GRU model with XLA-compiled steps (run by the test below in a child)."""
   process = fedopt.build_fedavg(sequence_model_fn, sgd(), local_steps=local_steps,
-                                execution=cohort.CohortExecution(jit_compile=True))
+                                execution=cohort.CohortExecution(mode='sequential',
+                                                                 jit_compile=True))
   state = process.initialize()
   for _ in range(rounds):
     state = process.next(state, _shards(process, sequence_datasets((8, 8)), local_steps)).state

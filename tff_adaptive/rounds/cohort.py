@@ -58,6 +58,7 @@ from tff_adaptive.rounds import model_info as model_info_lib
 from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import per_client
 from tff_adaptive.rounds import recipe as recipe_lib
+from tff_adaptive.rounds import recurrent
 from tff_adaptive.rounds import server as server_lib
 from tff_adaptive.rounds import stateful
 
@@ -72,8 +73,9 @@ class CohortExecution:
   Attributes:
     mode: 'vectorized' (clients in parallel, `tf.vectorized_map`),
       'sequential' (`tf.map_fn`), or 'auto': sequential for models with
-      convolutions or recurrent layers (pfor runs their gradients as while
-      loops: slower than in sequence, docs/performance.md), else vectorized.
+      convolutions (pfor runs their gradients as while loops: slower than in
+      sequence, docs/performance.md) and for recurrent layers that cannot be
+      unrolled, else vectorized (recurrent layers unrolled: recurrent.py).
     in_process: run the shard program as a `tf.function` in this process
       (single-machine simulation); False: through the current TFF context.
     num_shards: split the cohort into this many shards (e.g. one per TFF
@@ -262,7 +264,7 @@ def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_ste
   if jit_compile != 'auto':
     return 'step' if jit_compile is True else jit_compile
   if view.has_rnn:
-    return 'step'
+    return recurrent.AUTO_JIT_COMPILE if getattr(view, 'unroll_rnn', False) else 'step'
   return 'program' if local_steps > 0 and not view.has_conv_or_rnn else False
 
 
@@ -273,14 +275,10 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   execution = execution_of(options)
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
   view = functional.FunctionalView(model_fn, generic_rnn=bool(execution.jit_compile))
+  # Recurrent layers vectorise unrolled, or run in sequence (recurrent.py).
+  vectorized = recurrent.vectorise(execution.mode, view)
+  view.unroll_rnn = vectorized and view.has_rnn
   jit_compile = resolved_jit_compile(execution.jit_compile, view, local_steps)
-  if execution.mode == 'vectorized' and view.has_rnn:
-    # pfor cannot convert a recurrent layer's TensorList loop: fail here, in one line.
-    raise ValueError("CohortExecution: mode='vectorized' cannot vectorise recurrent layers "
-                     "(tf.vectorized_map fails on their TensorList loop); use mode='sequential' "
-                     "or 'auto'")
-  vectorized = (execution.mode == 'vectorized' or
-                (execution.mode == 'auto' and not view.has_conv_or_rnn))
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift,
                                branchless=vectorized)
   trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)

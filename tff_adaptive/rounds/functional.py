@@ -27,6 +27,8 @@ import tensorflow_federated as tff
 # (tff.learning.metrics.create_functional_metric_fns), which drops sample weights.
 from tensorflow_federated.python.core.environments.tensorflow_frontend import variable_utils
 
+from tff_adaptive.rounds import recurrent
+
 
 class Unsupported(ValueError):
   """The model has no functional view; the message says why."""
@@ -85,9 +87,15 @@ class FunctionalView:
       layers = [layer for layer in self._keras_model.submodules
                 if isinstance(layer, tf.keras.layers.Layer)]
       self.has_rnn = any(isinstance(layer, tf.keras.layers.RNN) for layer in layers)
-      self.has_conv_or_rnn = self.has_rnn or any(
+      self.has_conv = any(
           isinstance(layer, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D,
                              tf.keras.layers.Conv3D)) for layer in layers)
+      self.has_conv_or_rnn = self.has_rnn or self.has_conv
+      # Whether clients can be vectorised with their recurrent layers unrolled
+      # (recurrent.py); the cohort sets `unroll_rnn` when it does so.
+      self.rnn_unrolled_cells = recurrent.unrolled_cells(self._keras_model)
+      self.rnn_vectorise_reason = recurrent.why_not_vectorised(self._keras_model)
+    self.unroll_rnn = False
     self._check_clone_order(shapes)
 
   def _check_clone_order(self, shapes):
@@ -115,6 +123,8 @@ class FunctionalView:
       model = tf.keras.models.clone_model(self._keras_model)
     if self._generic_rnn:
       _generic_rnn(model)
+    if self.unroll_rnn:
+      recurrent.unroll(model)
     return model
 
   def loss_and_grads(self, trainable, batch, mask):
