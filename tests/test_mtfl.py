@@ -520,3 +520,31 @@ def test_personalized_process_hyperparameters_round_trip():
   assert hparams['server']['learning_rate'] == pytest.approx(0.05)
   for a, b in zip(at.trainable(adam, changed), at.trainable(adam, state), strict=True):
     np.testing.assert_array_equal(a, b)  # the weights are untouched
+
+
+def test_a_client_state_write_stopped_midway_leaves_no_archive_on_a_closed_file(
+    tmp_path, monkeypatch):
+  """Ctrl-C while a client's .npz is written: the run's one-line message is not followed,
+  at exit, by a ZipFile finaliser seeking the closed file ('seek of closed file')."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  store = client_state.ClientStateStore(
+      str(tmp_path), collections.OrderedDict(a=np.zeros(3, np.float32), b=np.ones(2, np.float32)),
+      {'experiment': 'x'})
+  store.put('c1', {'a': np.ones(3, np.float32), 'b': np.zeros(2, np.float32)})
+  real_write_array = np.lib.format.write_array
+  calls = []
+
+  def interrupted(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:  # the second array of the archive
+      raise KeyboardInterrupt
+    return real_write_array(*args, **kwargs)
+
+  monkeypatch.setattr(np.lib.format, 'write_array', interrupted)
+  unraisable = []
+  monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
+  with pytest.raises(KeyboardInterrupt):
+    store.save(1)
+  gc.collect()
+  assert calls and not unraisable, [str(u.exc_value) for u in unraisable]

@@ -28,6 +28,7 @@ host-side storage between rounds.
 """
 
 import collections
+import io
 import json
 import os
 import re
@@ -70,6 +71,19 @@ def _atomic_write(path: str, write) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+
+
+def _npz_bytes(arrays: Mapping[str, Any]) -> bytes:
+  """The `.npz` of `arrays`, built in memory.
+
+  NumPy's savez leaves its ZipFile open when an exception (a Ctrl-C) stops it
+  mid-write; written straight into the file, that ZipFile's finaliser then
+  seeks the closed file at exit and prints a traceback after bin/train's
+  one-line message. In memory, the stopped archive is simply dropped.
+  """
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  return buffer.getvalue()
 
 
 class ClientStateStore:
@@ -177,7 +191,7 @@ class ClientStateStore:
     """Writes the changed clients and the manifest of round `version`."""
     for client_id in sorted(self._dirty):
       value = self._cache[client_id]
-      _atomic_write(self._file(client_id, version), lambda f, v=value: np.savez(f, **v))
+      _atomic_write(self._file(client_id, version), lambda f, v=value: f.write(_npz_bytes(v)))
       self._manifest[client_id] = version
     self._dirty.clear()
     manifest = json.dumps(dict(sorted(self._manifest.items()))).encode()
