@@ -66,15 +66,16 @@ def _assert_equal(a, b, what):
                                  rtol=1e-5, atol=1e-5, err_msg=f'{what}: {name}')
 
 
-@pytest.mark.parametrize('layer, local_steps, jit_compile', [
-    (tf.keras.layers.GRU, 2, False),
-    (tf.keras.layers.LSTM, 0, 'auto'),  # epochs: clients of 1-4 batches, padded steps
+@pytest.mark.parametrize('layer, local_steps, mode, jit_compile', [
+    (tf.keras.layers.GRU, 2, 'auto', False),
+    (tf.keras.layers.LSTM, 0, 'auto', 'auto'),  # epochs: clients of 1-4 batches, padded steps
+    (tf.keras.layers.GRU, 1, 'vectorized', 'step'),  # XLA per step inside vectorized_map
 ])
-def test_vectorised_recurrent_cohort_equals_the_per_client_round(layer, local_steps,
+def test_vectorised_recurrent_cohort_equals_the_per_client_round(layer, local_steps, mode,
                                                                  jit_compile):
   model_fn = _model_fn(layer)
   per_client = _build(model_fn, local_steps)
-  fast = _build(model_fn, local_steps, jit_compile=jit_compile)  # mode='auto'
+  fast = _build(model_fn, local_steps, mode=mode, jit_compile=jit_compile)
   assert isinstance(fast, cohort.CohortProcess) and fast.vectorized
   datasets = _datasets()
   state = per_client.initialize()
@@ -93,17 +94,21 @@ def test_layers_without_a_static_length_stay_in_sequence_and_vectorized_is_refus
     _build(model_fn, 1, mode='vectorized')
 
 
-@pytest.mark.parametrize('conv, cells, mode, expected', [
-    (False, 160, 'auto', True),  # the Shakespeare GRU: 2 layers x 80 positions
-    (False, recurrent.MAX_UNROLLED_CELLS + 1, 'auto', False),  # too long to unroll
-    (False, recurrent.MAX_UNROLLED_CELLS + 1, 'vectorized', True),  # asked for
-    (True, 160, 'auto', False),  # convolutions: in sequence, as without recurrence
-    (False, 160, 'sequential', False),
+@pytest.mark.parametrize('conv, cells, mode, jit_compile, expected', [
+    (False, 160, 'auto', 'auto', True),  # the Shakespeare GRU: 2 layers x 80 positions
+    (False, 160, 'auto', False, True),
+    (False, 160, 'auto', 'step', False),  # XLA asked for: the sequential step compiles
+    (False, 160, 'auto', True, False),
+    (False, recurrent.MAX_UNROLLED_CELLS + 1, 'auto', 'auto', False),  # too long to unroll
+    (False, recurrent.MAX_UNROLLED_CELLS + 1, 'vectorized', 'auto', True),  # asked for
+    (True, 160, 'auto', 'auto', False),  # convolutions: in sequence, as without recurrence
+    (False, 160, 'sequential', 'auto', False),
 ])
-def test_auto_vectorises_recurrent_models_it_can_unroll(conv, cells, mode, expected):
+def test_auto_vectorises_recurrent_models_it_can_unroll(conv, cells, mode, jit_compile,
+                                                        expected):
   view = types.SimpleNamespace(has_rnn=True, has_conv=conv, has_conv_or_rnn=True,
                                rnn_unrolled_cells=cells, rnn_vectorise_reason=None)
-  assert recurrent.vectorise(mode, view) is expected
+  assert recurrent.vectorise(mode, view, jit_compile) is expected
   view.unroll_rnn = expected
   assert cohort.resolved_jit_compile('auto', view, 10) == (
       recurrent.AUTO_JIT_COMPILE if expected else 'step')

@@ -276,7 +276,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
   view = functional.FunctionalView(model_fn, generic_rnn=bool(execution.jit_compile))
   # Recurrent layers vectorise unrolled, or run in sequence (recurrent.py).
-  vectorized = recurrent.vectorise(execution.mode, view)
+  vectorized = recurrent.vectorise(execution.mode, view, execution.jit_compile)
   view.unroll_rnn = vectorized and view.has_rnn
   jit_compile = resolved_jit_compile(execution.jit_compile, view, local_steps)
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift,

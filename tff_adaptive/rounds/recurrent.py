@@ -77,14 +77,16 @@ def unroll(model: tf.keras.Model) -> None:
     layer.unroll = True
 
 
-def vectorise(mode: str, view) -> bool:
+def vectorise(mode: str, view, jit_compile=False) -> bool:
   """Whether the cohort program vectorises its clients, for `CohortExecution.mode`.
 
   Recurrent models vectorise unrolled (`view.unroll_rnn`): 'vectorized'
   asks for it and is refused in one line when the layers cannot be unrolled;
-  'auto' picks it when they can, within `MAX_UNROLLED_CELLS`, and when the
-  model has no convolutions (pfor runs those as while loops: slower than in
-  sequence).
+  'auto' picks it when they can, within `MAX_UNROLLED_CELLS`, when the model
+  has no convolutions (pfor runs those as while loops: slower than in
+  sequence) and when XLA was not asked for (`jit_compile` False or 'auto'):
+  XLA did not finish compiling the vectorised, unrolled Shakespeare GRU in
+  10 minutes, while it compiles the sequential step in seconds.
   """
   if not view.has_rnn:
     return mode == 'vectorized' or (mode == 'auto' and not view.has_conv_or_rnn)
@@ -97,4 +99,4 @@ def vectorise(mode: str, view) -> bool:
                        f"layers ({reason}); use mode='sequential' or 'auto'")
     return True
   return (reason is None and view.rnn_unrolled_cells <= MAX_UNROLLED_CELLS and
-          not view.has_conv)
+          not view.has_conv and jit_compile in (False, 'auto'))
