@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_DIR ?= demo_output
 
-.PHONY: setup demo test bench bench-peers clean
+.PHONY: setup demo test test-fast bench bench-peers clean
 setup:
 	@bash bin/setup_env.sh
 
@@ -10,12 +10,17 @@ demo: setup
 	@bash bin/demo.sh $(DEMO_DIR)
 
 # Three pytest workers on the two cores: a worker waiting for a bin/train child, a
-# TFF worker or a sleep leaves its core to the others. Fresh clones, 2 cores, all
-# passing: -n 2 took 39 min (69 CPU-min); -n 3 took 32 and 38 min (59 and 71 CPU-min,
-# the cores' speed varied between runs). Per CPU-minute -n 3 kept 1.85 cores busy
-# against 1.77: a small gain, within the run-to-run spread of the total time.
+# TFF worker or a sleep leaves its core to the others. --dist loadfile keeps each
+# test file on one worker, so a module's fixtures and caches (built and traced
+# processes, reference runs) are built once, not once per worker. The 15 slowest
+# tests are printed at the end: docs/development.md keeps the suite's cost.
 test: setup
-	$(PY) -m pytest -q -n 3 tests
+	$(PY) -m pytest -q -n 3 --dist loadfile --durations=15 tests
+
+# The edit loop's tier (docs/development.md): every test not marked `slow`.
+# CI runs `make test`, the whole suite.
+test-fast: setup
+	$(PY) -m pytest -q -n 3 --dist loadfile -m "not slow" --durations=10 tests
 
 # The same FedAvg rounds in pfl-research, TFF and the package, alternated process by
 # process; creates each peer's own virtual environment under bench/peer_envs/ on first

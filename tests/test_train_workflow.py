@@ -6,7 +6,9 @@ in this process: the same path as `bin/train.py ARGS`, without a TensorFlow
 start-up per run.
 """
 
+import contextlib
 import csv
+import io
 import os
 import shlex
 import subprocess
@@ -35,8 +37,12 @@ TINY = ['--task=digits', '--num_clients=4', '--clients_per_round=2', '--client_b
         '--rounds_per_eval=1', '--show_progress=false']
 
 
-def _run(tmp_path, *args):
-  settings, notes = cli.config_from_args([*TINY, f'--root_output_dir={tmp_path}', *args])
+def _run(tmp_path, *args, default_execution=False):
+  """An in-process run; its clients in sequence (the cheaper trace, tests/train_config.py)
+  unless `default_execution`."""
+  execution = [] if default_execution else ['--cohort_mode=sequential']
+  settings, notes = cli.config_from_args([*TINY, f'--root_output_dir={tmp_path}', *execution,
+                                          *args])
   _, row = cli.run_training(settings, notes)
   return settings, notes, row
 
@@ -69,12 +75,28 @@ def test_every_algorithm_has_defaults():
     assert set(defaults) <= set(train_flags.TRAIN_FLAG_NAMES), name
 
 
+@pytest.fixture(scope='module')
+def run_by_name(tmp_path_factory):
+  """case -> (settings, last row, stderr) of its one-round run with only its name given
+  (bin/train's default execution), run once for the module."""
+  root, done = tmp_path_factory.mktemp('by_name'), {}
+
+  def run(case):
+    if case not in done:
+      err = io.StringIO()
+      with contextlib.redirect_stderr(err):
+        settings, _, row = _run(root, *ONLY_ITS_NAME[case], '--total_rounds=1',
+                                default_execution=True)
+      done[case] = (settings, row, err.getvalue())
+    return done[case]
+  return run
+
+
 @pytest.mark.parametrize('case', sorted(ONLY_ITS_NAME))
-def test_every_algorithm_runs_with_only_its_name(case, tmp_path, capsys):
-  settings, _, row = _run(tmp_path, *ONLY_ITS_NAME[case], '--total_rounds=1')
+def test_every_algorithm_runs_with_only_its_name(case, run_by_name):
+  settings, row, err = run_by_name(case)
   assert np.isfinite(row['eval/loss'])
   assert _rounds(cli.experiment_dir(settings)) == ['1']
-  err = capsys.readouterr().err
   for line in DEFAULT_LINES.get(case, ()):
     assert line in err
   if case == 'fedgbo':  # the run's flags as a TensorBoard HParams session, beside its scalars
@@ -84,10 +106,9 @@ def test_every_algorithm_runs_with_only_its_name(case, tmp_path, capsys):
     assert hparams['local_steps'] == 10 and 'root_output_dir' not in hparams
 
 
-def test_demo_plot_of_one_round_runs(tmp_path):
+def test_demo_plot_of_one_round_runs(run_by_name):
   """The demo's plot (bin/demo.sh: bin/plot.py over two runs), of one-round runs."""
-  run_dirs = [cli.experiment_dir(_run(tmp_path, f'--algorithm={name}', '--total_rounds=1')[0])
-              for name in ('fedavg', 'fedadam')]
+  run_dirs = [cli.experiment_dir(run_by_name(name)[0]) for name in ('fedavg', 'fedadam')]
   fig = plotting.plot_runs_figure(run_dirs, metrics=('eval/accuracy', 'eval/loss'))
   title = fig._suptitle.get_text()  # pylint: disable=protected-access
   assert title.startswith('digits: ') and 'num_clients=4' in title and 'clients_per_round=2' in title
