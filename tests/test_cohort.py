@@ -26,6 +26,7 @@ from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
 from tff_adaptive.algorithms import mimexlite
+from tff_adaptive.algorithms import scaffold
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 
@@ -202,6 +203,54 @@ def test_shards_of_one_client_equal(what):
   fast = _compare('fedavg', 0, cohort.CohortExecution(mode='vectorized', num_shards=len(SIZES)),
                   rounds=2, **_one_client_shard_options(what))
   assert fast.shard_stats.shards == 2 * len(SIZES)  # a shard per client and round
+
+
+@pytest.mark.parametrize('execution', [
+    cohort.CohortExecution(), cohort.CohortExecution(in_process=False, num_shards=2)])
+def test_next_takes_client_datasets_as_tffs_learning_processes_do(execution):
+  """`process.next(state, client_datasets)` builds `make_shards`' shards itself:
+  the same round as the shards (exactly), and as the per-client process."""
+  datasets = client_datasets()  # unequal clients, partial batches
+  per_client = BUILDERS['fedadam'](local_steps=0)
+  fast = BUILDERS['fedadam'](local_steps=0, execution=execution)
+  assert fast.next.type_signature == fast.tff_next.type_signature  # shards at CLIENTS
+  state = fast.initialize()
+  for r, steps in enumerate((0, 2)):  # K is the state's: epochs, then 2 steps
+    state = state._replace(client_work=collections.OrderedDict(
+        state.client_work, local_steps=np.int32(steps)))
+    from_datasets = fast.next(state, datasets)
+    from_shards = fast.next(state, _shards(fast, datasets, steps))
+    for a, b in zip(tf.nest.flatten((from_datasets.state, from_datasets.metrics)),
+                    tf.nest.flatten((from_shards.state, from_shards.metrics))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _assert_outputs_equal(per_client.next(state, datasets), from_datasets, f'round {r + 1}')
+    state = from_datasets.state
+
+
+def test_next_takes_client_inputs_of_clients_that_keep_state():
+  """SCAFFOLD: `process.client_input(dataset, state)` per client, as per client;
+  the new states come back in the clients' order (epochs: shards reorder them)."""
+  fast = scaffold.build_scaffold(model_fn, sgd(), tff.learning.optimizers.build_sgdm(1.0),
+                                 local_steps=0, total_clients=len(SIZES), execution='cohort')
+  state, datasets = fast.initialize(), client_datasets()
+  stored = [fast.client_state_initial] * len(datasets)
+  for _ in range(2):
+    from_inputs = fast.next(state, [fast.client_input(d, c) for d, c in zip(datasets, stored)])
+    from_shards = fast.next(state, fast.with_client_states(_shards(fast, datasets, 0), stored))
+    for a, b in zip(tf.nest.flatten(from_inputs), tf.nest.flatten(from_shards)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    state, stored = from_inputs.state, from_inputs.clients
+  with pytest.raises(TypeError, match='process.client_input'):
+    fast.next(state, datasets)
+
+
+def test_next_refuses_client_data_of_another_kind():
+  fast = BUILDERS['fedavg'](local_steps=2, execution='cohort')
+  state, datasets = fast.initialize(), client_datasets()
+  with pytest.raises(TypeError, match='client_data, a list with one entry per client'):
+    fast.next(state, datasets[0])
+  with pytest.raises(TypeError, match='client_data must be a list of tf.data.Dataset'):
+    fast.next(state, [datasets[0], np.zeros(3)])
 
 
 def test_a_client_without_data_counts_as_in_the_per_client_round():

@@ -83,7 +83,7 @@ def test_cohort_on_two_workers_equals_in_process_and_per_client(
   on_workers = BUILDERS[name](local_steps=local_steps, execution=cohort.CohortExecution(
       in_process=False, num_shards=WORKERS))
   assert isinstance(on_workers, cohort.CohortProcess)
-  assert on_workers.next is on_workers.tff_next  # the TFF computation, run by the context
+  assert on_workers.next.runs is on_workers.tff_next  # the TFF computation, run by the context
   # One reduce per round: the shards' weighted sums meet in a single federated_sum.
   assert str(on_workers.tff_next.to_building_block()).count('federated_sum') == 1
 

@@ -11,6 +11,7 @@
   stateful.py           processes whose clients keep state across rounds
   per_client.py         execution 1: each client its own TFF computation call
   cohort.py             execution 2: the whole cohort as one compiled program
+  cohort_next.py        the cohort process's `next`: client datasets or shards in
   cohort_data.py        the cohort's client data as padded tensors, cached
   cohort_aggregation.py the cohort program's aggregators: mean, DP, CE-FedAvg, robust
 

@@ -1,6 +1,7 @@
 """Execution 2: the whole cohort's round as one compiled program.
 
-  next(state, shards):                         shards: `cohort_data` padded tensors
+  next(state, client_data):      client datasets, or `cohort_data` padded shards
+    shards = make_shards(each client's batches)    (datasets: cohort_next.py)
     message = (x_t, broadcast(s_t), (η, K))
     per shard, one TF program:
       for each client (tf.vectorized_map, or tf.map_fn in sequence):
@@ -52,6 +53,7 @@ import tensorflow_federated as tff
 from tff_adaptive.rounds import client as client_lib
 from tff_adaptive.rounds import cohort_aggregation
 from tff_adaptive.rounds import cohort_data
+from tff_adaptive.rounds import cohort_next
 from tff_adaptive.rounds import functional
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
@@ -326,6 +328,31 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   state_type = initialize_fn.type_signature.result
   message_fn = _message_computation(info, recipe, aggregation, state_type.member.aggregator)
 
+  next_fn = _next_computation(state_type, data_type, info, message_fn, shard_fn, server_round_fn,
+                              aggregation, process, stateful_clients,
+                              options.measure_client_drift)
+
+  # Keras metric finalizers build metrics (variables) when called: in-process,
+  # they run eagerly on the summed values, outside the server's tf.function.
+  unfinalized = server_lib.ServerRound(recipe, server_round.costs, None,
+                                       options.measure_client_drift)
+  in_process = cohort_next.InProcessNext(
+      next_fn, functools.partial(program_message, recipe, aggregation), program, traced,
+      unfinalized, info, sums_type, process, options.measure_client_drift)
+  process_class = StatefulCohortProcess if stateful_clients else CohortProcess
+  process = per_client.finish_process(
+      initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
+      execution=execution, in_process_next=in_process if execution.in_process else None,
+      vectorized=vectorized, jit_compile=jit_compile, **client_state_arguments)
+  process.recipe = recipe
+  return process
+
+
+def _next_computation(state_type, data_type, info, message_fn, shard_fn, server_round_fn,
+                      aggregation, aggregator_process, stateful_clients: bool,
+                      measure_client_drift: bool) -> tff.Computation:
+  """`tff_next`: broadcast, the shard programs at CLIENTS, one federated_sum, the server."""
+
   @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, shards):
     server_state = (state.global_model_weights, state.finalizer, state.client_work)
@@ -339,27 +366,15 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
     sums = tff.federated_sum(results)
     server = tff.federated_map(server_round_fn, (
         state.global_model_weights, state.finalizer, state.client_work, sums))
-    aggregator_state, measurements = aggregation.after_round(process, state.aggregator, sums,
-                                                             server[2])
+    aggregator_state, measurements = aggregation.after_round(aggregator_process, state.aggregator,
+                                                             sums, server[2])
     output = per_client.output(state, server, aggregator_state, measurements, None,
-                               options.measure_client_drift)
+                               measure_client_drift)
     if stateful_clients:
       return stateful.StatefulClientsOutput(output.state, output.metrics, new_client_states)
     return output
 
-  # Keras metric finalizers build metrics (variables) when called: in-process,
-  # they run eagerly on the summed values, outside the server's tf.function.
-  unfinalized = server_lib.ServerRound(recipe, server_round.costs, None,
-                                       options.measure_client_drift)
-  in_process = _InProcessNext(next_fn, recipe, program, traced, unfinalized, info, sums_type,
-                              process, options.measure_client_drift)
-  process_class = StatefulCohortProcess if stateful_clients else CohortProcess
-  process = per_client.finish_process(
-      initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
-      execution=execution, in_process_next=in_process if execution.in_process else None,
-      vectorized=vectorized, jit_compile=jit_compile, **client_state_arguments)
-  process.recipe = recipe
-  return process
+  return next_fn
 
 
 def program_message_type(message_type, aggregation) -> tff.Type:
@@ -392,13 +407,15 @@ def _message_computation(info, recipe, aggregation, aggregator_state_type) -> tf
 
 
 class _CohortRounds:
-  """What both cohort processes add to TFF's: padded shards in, in-process `next`.
+  """What both cohort processes add to TFF's: padded shards, in-process rounds.
 
-  `next` is the in-process program when `execution.in_process` (it has the
-  TFF computation's `type_signature`), else the TFF computation itself,
-  which is always `tff_next`. `recipe` is the algorithm's `Recipe` the
-  program runs, for tools that time or inspect its functions on their own.
+  `next(state, client_data)` (`cohort_next.CohortNext`) takes TFF's client
+  datasets or `make_shards`' shards; it runs the shards in process when
+  `execution.in_process`, else through the TFF computation `tff_next`, whose
+  `type_signature` it has. `recipe` is the algorithm's `Recipe` the program
+  runs, for tools that time or inspect its functions on their own.
   """
+  stateful_clients = False
 
   def __init__(self, *args, execution: CohortExecution, in_process_next, vectorized: bool,
                jit_compile, **kwargs):
@@ -407,12 +424,12 @@ class _CohortRounds:
     self.execution = execution
     self.vectorized = vectorized
     self.jit_compile = jit_compile  # what `execution.jit_compile` resolved to
-    self._in_process_next = in_process_next
     self.shard_stats = cohort_data.ShardStats()
+    self._next = cohort_next.CohortNext(self, in_process_next or self.tff_next)
 
   @property
-  def next(self):
-    return self._in_process_next or self.tff_next
+  def next(self) -> cohort_next.CohortNext:
+    return self._next
 
   @property
   def tff_next(self) -> tff.Computation:
@@ -425,103 +442,25 @@ class _CohortRounds:
 
 
 class CohortProcess(_CohortRounds, tff.learning.templates.LearningProcess):
-  """A `LearningProcess` whose `next` takes padded shards (`make_shards`)."""
+  """A `LearningProcess` whose `next` takes client datasets or padded shards."""
 
 
 class StatefulCohortProcess(_CohortRounds, stateful.StatefulClientsProcess):
   """The cohort process of a recipe whose clients keep state (SCAFFOLD's c_i).
 
-  `next(state, process.with_client_states(shards, states))` takes the sampled
-  clients' stored states (`stateful.flat_state` form, in the order their
-  batches were given to `make_shards`) and returns their new states in
-  `output.clients`, in that same order, as the per-client process does.
+  `next(state, [process.client_input(dataset, state) for each client])`, as
+  per client, or `next(state, process.with_client_states(shards, states))`
+  with the sampled clients' stored states (`stateful.flat_state` form, in the
+  order their batches were given to `make_shards`), returns their new states
+  in `output.clients`, in that same order, as the per-client process does.
   """
+  stateful_clients = True
 
   def with_client_states(self, shards: cohort_data.Shards, states) -> cohort_data.Shards:
     leaves = [[np.asarray(state[k]) for k in self.client_state_initial] for state in states]
     return cohort_data.with_client_states(shards, leaves, self._structure)
 
-  def next(self, state, shards) -> stateful.StatefulClientsOutput:  # pylint: disable=invalid-overridden-method
-    if any('client_state' not in shard for shard in shards):
-      raise ValueError(f'{self.name}: its clients keep state: pass '
-                       'process.with_client_states(shards, states) to next')
-    output = (self._in_process_next or self.tff_next)(state, shards)
-    stacked = [[np.asarray(leaf) for leaf in tf.nest.flatten(s)] for s in output.clients]
-    in_shard_order = [stateful.flat_state([leaf[j] for leaf in leaves])
-                      for leaves in stacked for j in range(len(leaves[0]))]
-    order = getattr(shards, 'order', range(len(in_shard_order)))
-    clients = [None] * len(in_shard_order)
-    for position, index in enumerate(order):
-      clients[index] = in_shard_order[position]
-    return stateful.StatefulClientsOutput(output.state, output.metrics, clients)
-
 
 def is_cohort(process) -> bool:
-  """Whether `process` runs its rounds as cohort programs (takes padded shards)."""
+  """Whether `process` runs its rounds as cohort programs (`make_shards` applies)."""
   return isinstance(process, _CohortRounds)
-
-
-class _InProcessNext:
-  """`process.next` as `tf.function`s in this process: same programs, no executor."""
-
-  def __init__(self, tff_next, recipe, program, traced_shard, server_round, info, sums_type,
-               process, measure_client_drift):
-    self.type_signature = tff_next.type_signature
-    self._process = process
-    self._aggregation = program.aggregation
-    self._measure_client_drift = measure_client_drift
-    self._shard = traced_shard  # relaxed shapes: one trace for every cohort
-    self._view = program.view
-    self._stateful = program.stateful
-    self._message = tf.function(functools.partial(program_message, recipe, self._aggregation))
-    self._sends_params = self._aggregation.client_params_type() is not None
-    self._server = tf.function(functools.partial(self._aggregation.server, server_round))
-    # Traced now, as the TFF computations are: the first round then costs what
-    # the others do (a state of another nesting would trace again, not fail).
-    specs = [tff.types.type_to_tf_tensor_specs(t)
-             for t in (info.weights_type, info.stats_type, layout.HPARAMS_TYPE)]
-    self._message.get_concrete_function(*specs, *(
-        [tff.types.type_to_tf_tensor_specs(process.initialize.type_signature.result.member)]
-        if self._sends_params else []))
-    self._server.get_concrete_function(*specs, tff.types.type_to_tf_tensor_specs(sums_type))
-
-  def __call__(self, state, shards):
-    weights, stats, hparams = _as_tensors((state.global_model_weights, state.finalizer,
-                                           state.client_work))
-    weights = tff.learning.models.ModelWeights(*weights)
-    message = self._message(weights, stats, hparams, *(
-        [_as_tensors(state.aggregator)] if self._sends_params else []))
-    sums, client_states = None, []
-    for shard in shards:
-      shard_sums = self._shard(message, shard)
-      if self._stateful:
-        shard_sums, shard_states = shard_sums
-        client_states.append(shard_states)
-      sums = shard_sums if sums is None else tf.nest.map_structure(tf.add, sums, shard_sums)
-    new_weights, new_stats, metrics = self._server(weights, stats, hparams, sums)
-    metrics['train'] = self._view.finalize(sums['metrics'])
-    metrics = tf.nest.map_structure(np.asarray, metrics)
-    aggregator_state, measurements = self._aggregation.after_round_in_process(
-        self._process, state.aggregator, sums, metrics)
-    new_state = state._replace(
-        global_model_weights=_numpy_like(state.global_model_weights, new_weights),
-        finalizer=_numpy_like(state.finalizer, new_stats), aggregator=aggregator_state)
-    out = collections.OrderedDict(
-        distributor=(), client_work=collections.OrderedDict(
-            train=metrics['train'], first_minibatch_loss=metrics['first_minibatch_loss']),
-        aggregator=measurements,
-        finalizer=(), cost=metrics['cost'])
-    if self._measure_client_drift:
-      out['client_drift'] = metrics['client_drift']
-    if self._stateful:
-      return stateful.StatefulClientsOutput(new_state, out, client_states)
-    return tff.learning.templates.LearningProcessOutput(new_state, out)
-
-
-def _as_tensors(structure):
-  return tf.nest.map_structure(tf.convert_to_tensor, structure)
-
-
-def _numpy_like(like, tensors):
-  """`tensors` as NumPy values in the containers of `like` (what TFF returns)."""
-  return tf.nest.pack_sequence_as(like, [t.numpy() for t in tf.nest.flatten(tensors)])
