@@ -7,6 +7,7 @@
                  arrays (the workflow's ClientCache), the next round's padding
                  on a background thread while this one trains
                  (bench_cohort.CohortRunner with `background=True`).
+  OursSequential the same with `--cohort_mode=sequential` (rows of recurrent settings)
   OursPerClient  the same with `--execution=per_client`: one TFF client
                  computation per client in TFF's C++ executor, data passed as
                  tf.data datasets.
@@ -58,7 +59,7 @@ def _start(process, data: peer_common.SettingData):
   return process.set_model_weights(state, weights)
 
 
-def _build(data: peer_common.SettingData, execution: str):
+def _build(data: peer_common.SettingData, execution: str, **extra_flags):
   s = data.setting
   task = types.SimpleNamespace(name=f'peers_{s.model}', model_fn=_model_fn(data),
                                keras_model_fn=lambda: peer_common.build_model(s.model))
@@ -66,6 +67,7 @@ def _build(data: peer_common.SettingData, execution: str):
                server_learning_rate=s.server_lr, local_steps=s.steps)
   if execution:
     flags['execution'] = execution
+  flags.update(extra_flags)
   return algorithm_builders.build(task, config.from_flags(flags))
 
 
@@ -88,9 +90,11 @@ class _Rounds:
 class OursDefault:
   """bin/train's default execution of FedAvg, fed as bin/train feeds it."""
 
+  FLAGS = {}
+
   def __init__(self, data: peer_common.SettingData):
     runtime.use_local_cpp_context()
-    self.process = _build(data, '')
+    self.process = _build(data, '', **self.FLAGS)
     arrays = [cohort_data.client_batches(ds, data.setting.steps) for ds in _datasets(data)]
     self.runner = bench_cohort.CohortRunner(self.process, 0.0, arrays, 0.0,
                                             _start(self.process, data), background=True)
@@ -101,6 +105,13 @@ class OursDefault:
 
   def weights(self):
     return list(self.process.get_model_weights(self.runner.state).trainable)
+
+
+class OursSequential(OursDefault):
+  """The same with --cohort_mode=sequential: clients in sequence (recurrent models: with
+  XLA per client step, `auto`'s choice for them before it vectorised them)."""
+
+  FLAGS = {'cohort_mode': 'sequential'}
 
 
 class OursPerClient(_Rounds):

@@ -30,6 +30,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 ENGINES = {
     'raw': ('peer_common', 'RawLoop'),
     'ours_auto': ('peer_ours', 'OursDefault'),
+    'ours_sequential': ('peer_ours', 'OursSequential'),
     'ours_per_client': ('peer_ours', 'OursPerClient'),
     'tff_fedavg': ('peer_ours', 'TffFedAvg'),
     'pfl_fedavg': ('peer_pfl', 'PflFedAvg'),

@@ -43,6 +43,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,7 +78,12 @@ ROWS = [('ours_auto', 'main', 'ours_auto'), ('pfl_fedavg', 'pfl', 'pfl_fedavg'),
         ('ours_per_client', 'main', 'ours_per_client'), ('raw_pfl', 'pfl', 'raw'),
         ('tff_fedavg', 'main', 'tff_fedavg'), ('fedjax_fedavg', 'fedjax', 'fedjax_fedavg'),
         ('raw_main', 'main', 'raw')]
+# Rows only some settings have: the recurrent model's clients in sequence beside
+# bin/train's default, which vectorises them since the recurrent cohort change.
+SETTING_ROWS = {'gru_10x10': [('ours_sequential', 'main', 'ours_sequential')]}
 REFERENCE = 'ours_auto'
+# The ratios' denominator when bin/train's default has no round (failed or not run).
+FALLBACK_REFERENCE = 'ours_sequential'
 PEER = 'pfl_fedavg'
 TARGET = 0.5  # ours_auto's round at most this fraction of pfl-research's
 LOSS_RTOL = 1e-4
@@ -154,6 +160,9 @@ def _child_env(extra) -> dict:
 def committed_source(commit: str, dest_root: str) -> str:
   """A copy of `commit`'s files (git archive) in dest_root/<commit>: its root."""
   dest = os.path.join(dest_root, commit)
+  for old in os.listdir(dest_root) if os.path.isdir(dest_root) else []:
+    if old != commit:  # earlier commits' copies: only the measured one is kept
+      shutil.rmtree(os.path.join(dest_root, old), ignore_errors=True)
   if not os.path.exists(os.path.join(dest, 'bench', 'peer_worker.py')):
     os.makedirs(dest + '.tmp', exist_ok=True)
     archive = subprocess.run(['git', 'archive', '--format=tar', commit], cwd=ROOT,
@@ -231,7 +240,8 @@ def summarize(name: str, measured: dict, warmup: int, skipped: dict) -> collecti
   """One setting's rows: median timed round, ratios to ours_auto, loss and weights checks."""
   rtol, why = LOSS_EXCEPTIONS.get(name, (LOSS_RTOL, ''))
   rows = collections.OrderedDict()
-  reference = measured['results'].get(REFERENCE) or []
+  reference_row = REFERENCE if measured['results'].get(REFERENCE) else FALLBACK_REFERENCE
+  reference = measured['results'].get(reference_row) or []
   ref_weights = _weights(reference[0]['weights_path']) if reference else None
   if reference:  # the setting file's initial weights: how far ours moved them
     with np.load(reference[0]['data_path']) as f:
@@ -266,12 +276,14 @@ def summarize(name: str, measured: dict, warmup: int, skipped: dict) -> collecti
   if 'round_s' in ours and 'round_s' in peer:
     target = collections.OrderedDict(ours_over_pfl=ours['round_s'] / peer['round_s'],
                                      met=bool(ours['round_s'] <= TARGET * peer['round_s']))
-  return collections.OrderedDict(rows=rows, loss_rtol=rtol, loss_rtol_reason=why, target=target,
+  return collections.OrderedDict(rows=rows, reference_row=reference_row if reference else None,
+                                 loss_rtol=rtol, loss_rtol_reason=why, target=target,
                                  load_before=measured['load_before'],
                                  load_after=measured['load_after'])
 
 
 COLUMNS = [('ours_auto', 'ours: bin/train default (cohort, auto)'),
+           ('ours_sequential', 'ours: --cohort_mode=sequential'),
            ('ours_per_client', 'ours: per client'), ('tff_fedavg', "TFF's FedAvg"),
            ('pfl_fedavg', "pfl-research's FedAvg"), ('fedjax_fedavg', "FedJAX's FedAvg"),
            ('raw_main', 'raw loop (TF 2.14)'),
@@ -280,6 +292,8 @@ BEGIN, END = '<!-- bench/peers.py: begin -->', '<!-- bench/peers.py: end -->'
 
 
 def _cell(entry: dict) -> str:
+  if not entry:  # a row this setting does not have
+    return '–'
   if 'round_s' not in entry:
     return 'not run' if entry.get('error', '').startswith(('dry run', 'not asked')) else 'failed'
   ratio = entry.get('ratio_to_ours')
@@ -303,11 +317,20 @@ def markdown(result: dict) -> str:
     t = s['target']
     target = ('–', '–') if t is None else (f"{t['ours_over_pfl']:.2f}",
                                            'met' if t['met'] else '**missed**')
+    if t is None and 'error' in s['rows'].get(REFERENCE, {}) and not result['dry_run']:
+      target = ('–', '**missed**: no round')
     lines.append(f'| {name} | ' + ' | '.join(_cell(s['rows'].get(row, {})) for row, _ in COLUMNS)
                  + f" | {target[0]} | {target[1]} | {s['load_before'][0]} → {s['load_after'][0]} |")
   reasons = sorted({f"{row}: {e['error']}" for s in result['settings'].values()
                     for row, e in s['rows'].items() if 'error' in e})
   lines += ['', 'Not run or failed: ' + '; '.join(reasons) + '.'] if reasons else []
+  notes = [f"{name}: ÷ {s['reference_row']} (bin/train's default has no round)"
+           for name, s in result['settings'].items()
+           if s.get('reference_row') not in (None, REFERENCE)]
+  notes += [f"{name} {row}: kept from the run of {e['from_run']}"
+            for name, s in result['settings'].items() for row, e in s['rows'].items()
+            if 'from_run' in e]
+  lines += ['', 'Notes: ' + '; '.join(notes) + '.'] if notes else []
   lines += ['', f'Final loss after {result["rounds"]} rounds from the same weights on the same '
                 'clients (all clients\' examples; relative difference to ours):', '',
             '| setting | initial | ' + ' | '.join(row for row, _ in COLUMNS) + ' | tolerance |',
@@ -344,10 +367,11 @@ def update_doc(path: str, generated: str) -> None:
     f.write(text)
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--settings', default=','.join(SETTINGS))
-  p.add_argument('--rows', default=','.join(row for row, _, _ in ROWS))
+  p.add_argument('--rows', default=','.join(
+      [row for row, _, _ in ROWS] + [r for extra in SETTING_ROWS.values() for r, _, _ in extra]))
   p.add_argument('--reps', type=int, default=2, help='processes per row and setting')
   p.add_argument('--warmup', type=int, default=1,
                  help='untimed rounds at the start of a process (tracing, XLA compilation)')
@@ -357,6 +381,9 @@ def main(argv=None):
   p.add_argument('--envs_dir', default=os.path.join(HERE, 'peer_envs'))
   p.add_argument('--data_dir', default=os.path.join(HERE, 'tmp', 'peers'))
   p.add_argument('--timeout', type=float, default=900.0, help='seconds per process')
+  p.add_argument('--update', action='store_true',
+                 help="keep <out_dir>/peers.json's other settings, and in the settings measured "
+                      'the rows not in --rows (marked with the date they come from)')
   p.add_argument('--package', default='committed', choices=['committed', 'worktree'],
                  help="committed: run every worker from a copy of HEAD's files, so that "
                       'uncommitted edits in this checkout (other work in progress) do not change '
@@ -365,12 +392,16 @@ def main(argv=None):
                  help='no peer environment: tiny settings, the raw loop of the first setting '
                       'in the package environment only, one process, one timed round; writes '
                       'to --out_dir and a standalone section (never --doc\'s default)')
+  return p
+
+
+def main(argv=None):
+  p = _parser()
   args = p.parse_args(argv)
   settings = [s for s in args.settings.split(',') if s]
   wanted = [r for r in args.rows.split(',') if r]
-  rows = [r for r in ROWS if r[0] in wanted]
   if args.dry_run:
-    args.reps, args.warmup, args.timed = 1, 1, 1
+    args.reps, args.warmup, args.timed, args.update = 1, 1, 1, False
     if args.doc == p.get_default('doc'):
       args.doc = os.path.join(args.out_dir, 'peers_section.md')
     if args.data_dir == p.get_default('data_dir'):
@@ -384,10 +415,11 @@ def main(argv=None):
     WORKER = os.path.join(committed_source(source['commit'],
                                            os.path.join(HERE, 'tmp', 'peers_src')),
                           'bench', 'peer_worker.py')
+  all_rows = ROWS + [r for extra in SETTING_ROWS.values() for r in extra]
   pythons, skipped = {'main': sys.executable}, {}
-  for env in sorted({e for _, e, _ in rows} - {'main'}):
+  for env in sorted({e for r, e, _ in all_rows if r in wanted} - {'main'}):
     if args.dry_run:
-      skipped.update({r: 'dry run: no peer environment' for r, e, _ in rows if e == env})
+      skipped.update({r: 'dry run: no peer environment' for r, e, _ in all_rows if e == env})
     else:
       pythons[env] = ensure_env(args.envs_dir, env)
   result = collections.OrderedDict(
@@ -397,18 +429,21 @@ def main(argv=None):
       settings=collections.OrderedDict())
   prepare(settings, args.data_dir, args.dry_run, args.timeout)
   for i, name in enumerate(settings):
-    run_rows = [r for r in rows if r[1] in pythons
+    rows = ROWS + SETTING_ROWS.get(name, [])
+    run_rows = [r for r in rows if r[0] in wanted and r[1] in pythons
                 and (not args.dry_run or (i == 0 and r[0] == 'raw_main'))]
     not_run = {r: skipped.get(r, 'dry run: only raw_main of the first setting' if args.dry_run
                               else 'not asked for') for r, _, _ in rows}
     measured = measure_setting(name, run_rows, pythons, args.data_dir, args.reps,
                                args.warmup + args.timed, args.timeout)
-    measured['results'].update({r: [] for r, _, _ in rows if r not in measured['results']})
-    measured['results'] = collections.OrderedDict((r, measured['results'][r]) for r, _, _ in rows)
+    measured['results'] = collections.OrderedDict(
+        (r, measured['results'].get(r, [])) for r, _, _ in rows)
     result['settings'][name] = summarize(name, measured, args.warmup, not_run)
   result['load_after'] = _load()
-  result['versions'] = _versions(result)
   path = os.path.join(args.out_dir, 'peers.json')
+  if args.update and os.path.exists(path):
+    result = _merged(path, result, wanted)
+  result['versions'] = _versions(result)
   with open(path, 'w') as f:
     json.dump(result, f, indent=1)
   update_doc(args.doc, markdown(result))
@@ -417,11 +452,33 @@ def main(argv=None):
   return result
 
 
+def _merged(path: str, new: dict, measured_rows) -> dict:
+  """`new` with the previous run's settings it did not measure, and in the settings it
+  did, the previous rows it did not run (marked with their run's date). The ratios of a
+  kept row stay those of its own run."""
+  with open(path) as f:
+    old = json.load(f, object_pairs_hook=collections.OrderedDict)
+  merged = collections.OrderedDict()
+  for name in list(old['settings']) + [n for n in new['settings'] if n not in old['settings']]:
+    if name not in new['settings']:
+      merged[name] = old['settings'][name]
+      merged[name].setdefault('date', old['date'])
+      continue
+    setting = new['settings'][name]
+    setting['date'] = new['date']
+    for row, entry in old['settings'].get(name, {}).get('rows', {}).items():
+      if row not in measured_rows:
+        setting['rows'][row] = dict(entry, from_run=entry.get('from_run', old['date']))
+    merged[name] = setting
+  new['settings'] = merged
+  return new
+
+
 def _versions(result) -> collections.OrderedDict:
   """Each environment's versions, from its first process that ran."""
   found = collections.OrderedDict()
   for s in result['settings'].values():
-    for row, env, _ in ROWS:
+    for row, env, _ in ROWS + [r for extra in SETTING_ROWS.values() for r in extra]:
       entry = s['rows'].get(row, {})
       if 'versions' in entry and env not in found:
         found[env] = entry['versions']

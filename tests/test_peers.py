@@ -39,7 +39,8 @@ def test_dry_run_writes_json_and_section_without_peer_envs(tmp_path):
   assert mlp['fedjax_fedavg']['error'] == 'dry run: no peer environment'
   section = (tmp_path / 'peers_section.md').read_text()
   assert peers.BEGIN in section and '**dry run**' in section
-  assert "| mlp_50x10 | not run | not run | not run | not run |" in section
+  # ours_sequential is a row of the recurrent setting only: '–' elsewhere
+  assert "| mlp_50x10 | not run | – | not run | not run | not run |" in section
 
 
 def _entry(round_s, loss, ratio=None):
@@ -60,7 +61,7 @@ def test_table_marks_target_and_loss_and_replaces_the_doc_section(tmp_path):
                 reps=2, rounds=5, warmup=2, load_before=[1, 1, 1], load_after=[2, 2, 2],
                 settings={'mlp_50x10': setting}, versions={'main': {'tensorflow': '2.14.1'}})
   text = peers.markdown(result)
-  assert '| 0.100 (1.00×) |' in text and '0.150 (1.50×)' in text
+  assert '| mlp_50x10 | 0.100 (1.00×) | – |' in text and '0.150 (1.50×)' in text
   assert '| 0.67 | **missed** |' in text
   assert 'tff_fedavg: exit 1: boom' in text and '| failed |' in text
   assert '2.10000 (5.0e-02, **differs**)' in text
@@ -70,3 +71,19 @@ def test_table_marks_target_and_loss_and_replaces_the_doc_section(tmp_path):
   new = doc.read_text()
   assert 'old table' not in new and text in new
   assert new.startswith('# Perf\n\nintro\n\n') and new.endswith('\n\nafter\n')
+
+
+def test_update_keeps_other_settings_and_rows_not_rerun(tmp_path):
+  old = dict(date='then', settings={
+      'mlp_50x10': dict(rows={'ours_auto': _entry(0.1, 2.0, 1.0)}),
+      'gru_10x10': dict(rows={'ours_auto': {'error': 'timeout'}, 'pfl_fedavg': _entry(3, 4, 1)})})
+  path = tmp_path / 'peers.json'
+  path.write_text(json.dumps(old))
+  new = dict(date='now', settings={'gru_10x10': dict(rows={
+      'pfl_fedavg': _entry(2, 4), 'ours_sequential': _entry(1, 4)})})
+  merged = peers._merged(str(path), new, ['pfl_fedavg', 'ours_sequential'])  # pylint: disable=protected-access
+  assert list(merged['settings']) == ['mlp_50x10', 'gru_10x10']
+  assert merged['settings']['mlp_50x10']['date'] == 'then'
+  gru = merged['settings']['gru_10x10']
+  assert gru['date'] == 'now' and gru['rows']['pfl_fedavg']['round_s'] == 2
+  assert gru['rows']['ours_auto'] == {'error': 'timeout', 'from_run': 'then'}
