@@ -38,7 +38,8 @@ from workflow import config
 
 def _model_fn(data: peer_common.SettingData):
   shape, dtype, label_shape, _ = peer_common.SHAPES[data.setting.model]
-  input_spec = (tf.TensorSpec((None,) + shape, dtype), tf.TensorSpec((None,) + label_shape, tf.int32))
+  input_spec = (tf.TensorSpec((None,) + shape, dtype),
+                tf.TensorSpec((None,) + label_shape, tf.int32))
 
   def model_fn():
     return tff.learning.models.from_keras_model(

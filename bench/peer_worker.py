@@ -54,7 +54,8 @@ def versions() -> dict:
       except metadata.PackageNotFoundError:
         found[name] = getattr(sys.modules[name], '__version__', '?')
   if 'tff_adaptive' in sys.modules:  # which copy of the package ran (peers.py --package)
-    found['tff_adaptive_from'] = os.path.dirname(os.path.dirname(sys.modules['tff_adaptive'].__file__))
+    package = sys.modules['tff_adaptive'].__file__
+    found['tff_adaptive_from'] = os.path.dirname(os.path.dirname(package))
   return found
 
 

@@ -81,7 +81,8 @@ def test_update_keeps_other_settings_and_rows_not_rerun(tmp_path):
   path.write_text(json.dumps(old))
   new = dict(date='now', settings={'gru_10x10': dict(rows={
       'pfl_fedavg': _entry(2, 4), 'ours_sequential': _entry(1, 4)})})
-  merged = peers._merged(str(path), new, ['pfl_fedavg', 'ours_sequential'])  # pylint: disable=protected-access
+  merged = peers._merged(  # pylint: disable=protected-access
+      str(path), new, ['pfl_fedavg', 'ours_sequential'])
   assert list(merged['settings']) == ['mlp_50x10', 'gru_10x10']
   assert merged['settings']['mlp_50x10']['date'] == 'then'
   gru = merged['settings']['gru_10x10']
