@@ -468,12 +468,14 @@ def _merged(path: str, new: dict, measured_rows) -> dict:
     if name not in new['settings']:
       merged[name] = old['settings'][name]
       merged[name].setdefault('date', old['date'])
+      merged[name].setdefault('commit', old.get('checkout', {}).get('commit'))
       continue
     setting = new['settings'][name]
-    setting['date'] = new['date']
+    setting['date'], setting['commit'] = new['date'], new.get('checkout', {}).get('commit')
     for row, entry in old['settings'].get(name, {}).get('rows', {}).items():
       if row not in measured_rows:
-        setting['rows'][row] = dict(entry, from_run=entry.get('from_run', old['date']))
+        setting['rows'][row] = dict(entry, from_run=entry.get('from_run', old['date']),
+                                    from_commit=old.get('checkout', {}).get('commit'))
     merged[name] = setting
   new['settings'] = merged
   return new

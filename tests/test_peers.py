@@ -87,4 +87,4 @@ def test_update_keeps_other_settings_and_rows_not_rerun(tmp_path):
   assert merged['settings']['mlp_50x10']['date'] == 'then'
   gru = merged['settings']['gru_10x10']
   assert gru['date'] == 'now' and gru['rows']['pfl_fedavg']['round_s'] == 2
-  assert gru['rows']['ours_auto'] == {'error': 'timeout', 'from_run': 'then'}
+  assert gru['rows']['ours_auto'] == {'error': 'timeout', 'from_run': 'then', 'from_commit': None}
