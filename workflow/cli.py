@@ -361,6 +361,7 @@ def _loop_config(settings: config.Settings, out: str, schedules, client_state):
 
 
 def _run_training(settings: config.Settings, status: dict, notes=()):
+  from workflow import divergence  # pylint: disable=g-import-not-at-top
   from workflow import program  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
@@ -387,7 +388,7 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
                          client_data_fn=client_data_fn)
   except (program.IncompatibleCheckpoint, program.NoIntactCheckpoint) as e:
     raise UsageError(str(e)) from None
-  except (program.TrainingDiverged, program.WriteFailed) as e:
+  except (divergence.TrainingDiverged, program.WriteFailed) as e:
     raise RunFailed(str(e)) from None
   except worker_process.WorkerError as e:
     # One readable message, no TFF traceback: the fix is operational.

@@ -17,7 +17,6 @@ import collections
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import sys
 import threading
@@ -34,12 +33,8 @@ from tasks import base as task_base
 from tff_adaptive.algorithms import composer
 from tff_adaptive.rounds import cohort
 from workflow import cohort_feed
-from workflow import data_checks
+from workflow import divergence
 from workflow import run_files
-
-
-class TrainingDiverged(RuntimeError):
-  pass
 
 
 class WriteFailed(RuntimeError):
@@ -168,11 +163,6 @@ class KerasEvaluator:
     return {name: float(value) for name, value in results.items()}
 
 
-def _all_finite(structure) -> bool:
-  return all(np.all(np.isfinite(np.asarray(v))) for v in tf.nest.flatten(structure)
-             if np.issubdtype(np.asarray(v).dtype, np.floating))
-
-
 class _Releases:
   """metrics.csv + TensorBoard releases, keyed by round, consistent with the checkpoint."""
 
@@ -230,161 +220,216 @@ def _model_weights(process, state):
 
 
 async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feeder):
-  progress = config.progress
-  state_manager = tff.program.FileProgramStateManager(
-      os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
-  evaluate = KerasEvaluator(task, config.eval_stride)
-
-  initial = process.initialize()
-  sched = config.schedules
-  # Schedules' state is JSON text: feedback windows and plateau counters are
-  # small Python structures that a SavedModel does not hold natively.
-  # Running totals are JSON text too: their keys (the process's cost metrics)
-  # are unknown before the checkpoint is read, and loading needs a structure.
-  program_state = {'state': initial, 'totals': '{}',
-                   'schedules': sched.to_json() if sched else ''}
-  start_round, loaded = await recover(state_manager, config.output_dir, dict(program_state))
-  if loaded is not None:
-    program_state = loaded
-    program_state['state'] = tf.nest.pack_sequence_as(
-        initial, tf.nest.flatten(program_state['state']))
-    print(f'Resuming from the checkpoint after round {start_round}.', file=sys.stderr)
-  # metrics.csv and TensorBoard drop what rounds after the checkpoint wrote.
-  try:
-    releases = _Releases(config.output_dir, start_round)
-  except (OSError, tf.errors.OpError) as e:
-    raise WriteFailed(f'cannot write the metrics in {config.output_dir} ({_first_line(e)}); '
-                      f'{checkpoint_phrase(config.output_dir)}') from None
-  hook = config.client_state
-  if hook is not None:
-    # The client-state snapshot saved with this server checkpoint (0: none).
-    hook.restore(start_round)
-  state = program_state['state']
-  if loaded is not None:
-    state = with_hparams_of(process, state, initial)
-  if sched is not None and program_state.get('schedules'):
-    saved = program_state['schedules']
-    sched.restore(saved.decode() if isinstance(saved, bytes) else str(saved))
-  saved_totals = program_state['totals']
-  if isinstance(saved_totals, (bytes, str)):
-    saved_totals = json.loads(saved_totals.decode() if isinstance(saved_totals, bytes)
-                              else saved_totals)
-  totals = collections.defaultdict(float, {k: float(v) for k, v in saved_totals.items()})
-  progress.last_checkpoint = start_round
-  # The finite blow-up rule's reference: the initial model's loss.
-  blowup_limit, streak = math.inf, 0
-  if config.divergence_factor > 0 and start_round < config.total_rounds:
-    initial_loss = evaluate(process.get_model_weights(initial)).get('loss')
-    if initial_loss is not None and math.isfinite(initial_loss) and initial_loss > 0:
-      blowup_limit = config.divergence_factor * initial_loss
-
-  def where_to_resume():
-    return checkpoint_phrase(config.output_dir)
-
-  client_ids = list(task.train_data.client_ids)
-  if getattr(process, 'execution_line', None) and config.show_progress:
-    print(process.execution_line, file=sys.stderr)
-  bar = tqdm.tqdm(total=config.total_rounds, initial=start_round, unit='round',
-                  disable=not config.show_progress, file=sys.stderr, dynamic_ncols=True)
+  loop = _Loop(process, task, config, round_metrics_fn, client_data_fn, feeder)
+  await loop.resume()
+  bar = loop.progress_bar()
   row = {}
-  last_eval = {}
-  non_finite_eval = False  # said once
   try:
-    for round_num in range(start_round + 1, config.total_rounds + 1):
-      progress.round_num = round_num
+    for round_num in range(loop.start_round + 1, config.total_rounds + 1):
+      config.progress.round_num = round_num
       started = time.monotonic()
-      sampled = sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
-      # Composer-built processes run K steps themselves (K is in their state).
-      data_steps = None if _has_round_hparams(state) else config.local_steps
-      schedule_row = {}
-      if sched is not None:
-        state, scheduled_steps, schedule_row = sched.apply(state, round_num)
-        data_steps = scheduled_steps if scheduled_steps is not None else data_steps
-      try:
-        if feeder is not None:  # K is this round's (schedules may change it)
-          upcoming = sample_clients(client_ids, config.clients_per_round, config.seed,
-                                    round_num + 1) if round_num < config.total_rounds else None
-          data = feeder(sampled, int(state.client_work['local_steps']), upcoming)
-        else:
-          data = client_data_fn(sampled, data_steps)
-        if hook is not None:  # pair each client's data with its own state
-          data = hook.client_data(round_num, sampled, data)
-        with _heartbeat(round_num, config):
-          output = process.next(state, data)
-      except Exception as e:
-        # The caller (bin/train) reports where a rerun resumes; the type is kept.
-        e.add_note(f'Round {round_num} failed; {where_to_resume()}.')
-        raise
-      # Process measurements: costs keep their `cost/` names (and get running
-      # totals below); everything else is a training metric.
-      row = {(k if k.startswith('cost/') else f'train/{k}'): v
-             for k, v in flatten_metrics(output.metrics).items()}
-      if round_metrics_fn is not None:
-        row.update(round_metrics_fn(round_num, output))
-      loss_key = next((k for k in row if k.endswith('train/loss')), None)
-      train_loss = row[loss_key] if loss_key else 0.0
-      weights = _model_weights(process, output.state)
-      if feeder is not None:
-        row['cohort_padding_waste'] = feeder.padding_waste
-      if not math.isfinite(train_loss) or not _all_finite(weights.trainable):
-        what = f'{loss_key}={train_loss}' if not math.isfinite(train_loss) else 'model weights'
-        cause = data_checks.data_problem(task, sampled)  # NaN/inf data: named first
-        raise TrainingDiverged(
-            f'training diverged at round {round_num} (non-finite {what}); {cause}try a smaller '
-            f'--client_learning_rate or --server_learning_rate; {where_to_resume()}.')
-      streak = streak + 1 if train_loss > blowup_limit else 0
-      if streak >= config.divergence_rounds:
-        raise TrainingDiverged(
-            f'training diverged at round {round_num} ({loss_key}={train_loss:.4g} above '
-            f'{config.divergence_factor:g} x the initial model\'s loss for {streak} rounds; '
-            f'--divergence_factor=0 turns this off); try a smaller --client_learning_rate or '
-            f'--server_learning_rate; {where_to_resume()}.')
-      state = output.state
-      is_eval_round = config.is_eval_round(round_num)
-      if hook is not None:  # store what the clients returned; user accuracy
-        row.update(hook.after_round(round_num, sampled, output, is_eval_round))
-      for key, value in list(row.items()):
-        if key.startswith('cost/') and not key.endswith('state_floats'):
-          totals[key] += value
-      row.update({f'cost/cumulative_{k[len("cost/"):]}': v for k, v in totals.items()})
+      sampled = loop.sample(round_num)
+      output, schedule_row = loop.train(round_num, sampled)
+      row, weights = loop.measure(round_num, output)
+      loop.divergence_rule.check(round_num, row, weights, task, sampled, loop.where_to_resume)
+      loop.state = output.state
+      loop.update_client_states(round_num, sampled, output, row)
+      loop.add_totals(row)
       row['round_seconds'] = time.monotonic() - started
-      if is_eval_round:
-        last_eval = {f'eval/{k}': v for k, v in evaluate(weights).items()}
-        row.update(last_eval)
-        non_finite_eval = _warn_non_finite_eval(last_eval, round_num, non_finite_eval)
-      if sched is not None:
-        row.update(schedule_row)
-        row.update(sched.observe(round_num, row, len(sampled)))
-      try:
-        await releases.release(row, round_num)
-      except (OSError, tf.errors.OpError) as e:
-        raise WriteFailed(f'could not write the metrics of round {round_num} '
-                          f'({_first_line(e)}); {where_to_resume()}; free space and rerun the '
-                          'same command to resume') from None
-      # No checkpoint while the loss is blowing up: the one kept is from before.
-      checkpoint_due = (round_num % config.rounds_per_checkpoint == 0
-                        or round_num == config.total_rounds)
-      if checkpoint_due and (streak == 0 or round_num == config.total_rounds):
-        try:
-          if hook is not None:  # first: a server checkpoint always has its client state
-            hook.save(round_num)
-          await state_manager.save({'state': state, 'totals': json.dumps(dict(totals)),
-                                    'schedules': sched.to_json() if sched else ''}, round_num)
-        except (OSError, tf.errors.OpError) as e:
-          remove_partial_checkpoints(os.path.join(config.output_dir, 'checkpoints'))
-          raise WriteFailed(f'could not write the checkpoint of round {round_num} '
-                            f'({_first_line(e)}); partial files removed; {where_to_resume()}; '
-                            'free space and rerun the same command to resume') from None
-        progress.last_checkpoint = round_num
-      bar.update(1)
-      bar.set_postfix(_progress_postfix(row, last_eval), refresh=False)
-      if not sys.stderr.isatty() and config.show_progress and round_num % config.rounds_per_eval == 0:
-        print(f'round {round_num}/{config.total_rounds} ' +
-              ' '.join(f'{k}={v:.4g}' for k, v in _progress_postfix(row, last_eval).items()),
-              file=sys.stderr, flush=True)
+      loop.evaluate_if_due(round_num, weights, row)
+      loop.observe_schedules(round_num, schedule_row, len(sampled), row)
+      await loop.write_metrics(round_num, row)
+      await loop.checkpoint_if_due(round_num)
+      loop.show_progress(bar, round_num, row)
   finally:
     bar.close()
-  return state, row
+  return loop.state, row
+
+
+class _Loop:
+  """The training loop's steps and what they carry from round to round.
+
+  `resume` sets the process state, running totals, schedules and client state
+  from the newest intact checkpoint (or the initial ones); each step after it
+  is one part of a round, in the order `_rounds` calls them.
+  """
+
+  def __init__(self, process, task, config, round_metrics_fn, client_data_fn, feeder):
+    self.process, self.task, self.config = process, task, config
+    self.round_metrics_fn, self.client_data_fn, self.feeder = (round_metrics_fn, client_data_fn,
+                                                               feeder)
+    self.sched, self.hook = config.schedules, config.client_state
+    self.state_manager = tff.program.FileProgramStateManager(
+        os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
+    self.evaluate = KerasEvaluator(task, config.eval_stride)
+    self.client_ids = list(task.train_data.client_ids)
+    self.divergence_rule = divergence.Rule(config.divergence_factor, config.divergence_rounds)
+    self.last_eval = {}
+    self.warned_non_finite_eval = False  # said once
+
+  def where_to_resume(self) -> str:
+    return checkpoint_phrase(self.config.output_dir)
+
+  async def resume(self):
+    """The program state of the newest intact checkpoint, else the initial one."""
+    initial = self.process.initialize()
+    # Schedules' state is JSON text: feedback windows and plateau counters are
+    # small Python structures that a SavedModel does not hold natively.
+    # Running totals are JSON text too: their keys (the process's cost metrics)
+    # are unknown before the checkpoint is read, and loading needs a structure.
+    program_state = {'state': initial, 'totals': '{}',
+                     'schedules': self.sched.to_json() if self.sched else ''}
+    self.start_round, loaded = await recover(self.state_manager, self.config.output_dir,
+                                             dict(program_state))
+    if loaded is not None:
+      program_state = loaded
+      program_state['state'] = tf.nest.pack_sequence_as(
+          initial, tf.nest.flatten(program_state['state']))
+      print(f'Resuming from the checkpoint after round {self.start_round}.', file=sys.stderr)
+    self._open_releases()
+    if self.hook is not None:
+      # The client-state snapshot saved with this server checkpoint (0: none).
+      self.hook.restore(self.start_round)
+    self.state = program_state['state']
+    if loaded is not None:
+      self.state = with_hparams_of(self.process, self.state, initial)
+    if self.sched is not None and program_state.get('schedules'):
+      self.sched.restore(_text(program_state['schedules']))
+    saved_totals = program_state['totals']
+    if isinstance(saved_totals, (bytes, str)):
+      saved_totals = json.loads(_text(saved_totals))
+    self.totals = collections.defaultdict(float, {k: float(v) for k, v in saved_totals.items()})
+    self.config.progress.last_checkpoint = self.start_round
+    if self.config.divergence_factor > 0 and self.start_round < self.config.total_rounds:
+      # The finite blow-up rule's reference: the initial model's loss.
+      self.divergence_rule.set_reference(
+          self.evaluate(self.process.get_model_weights(initial)).get('loss'))
+
+  def _open_releases(self):
+    # metrics.csv and TensorBoard drop what rounds after the checkpoint wrote.
+    try:
+      self.releases = _Releases(self.config.output_dir, self.start_round)
+    except (OSError, tf.errors.OpError) as e:
+      raise WriteFailed(f'cannot write the metrics in {self.config.output_dir} '
+                        f'({_first_line(e)}); {self.where_to_resume()}') from None
+
+  def progress_bar(self):
+    if getattr(self.process, 'execution_line', None) and self.config.show_progress:
+      print(self.process.execution_line, file=sys.stderr)
+    return tqdm.tqdm(total=self.config.total_rounds, initial=self.start_round, unit='round',
+                     disable=not self.config.show_progress, file=sys.stderr, dynamic_ncols=True)
+
+  def sample(self, round_num: int) -> list[str]:
+    return sample_clients(self.client_ids, self.config.clients_per_round, self.config.seed,
+                          round_num)
+
+  def train(self, round_num: int, sampled: list[str]):
+    """This round's schedules applied, then `process.next`; returns (output, schedule row)."""
+    # Composer-built processes run K steps themselves (K is in their state).
+    data_steps = None if _has_round_hparams(self.state) else self.config.local_steps
+    schedule_row = {}
+    if self.sched is not None:
+      self.state, scheduled_steps, schedule_row = self.sched.apply(self.state, round_num)
+      data_steps = scheduled_steps if scheduled_steps is not None else data_steps
+    try:
+      data = self._client_data(round_num, sampled, data_steps)
+      with _heartbeat(round_num, self.config):
+        output = self.process.next(self.state, data)
+    except Exception as e:
+      # The caller (bin/train) reports where a rerun resumes; the type is kept.
+      e.add_note(f'Round {round_num} failed; {self.where_to_resume()}.')
+      raise
+    return output, schedule_row
+
+  def _client_data(self, round_num: int, sampled: list[str], data_steps: Optional[int]):
+    if self.feeder is not None:  # K is this round's (schedules may change it)
+      upcoming = (self.sample(round_num + 1) if round_num < self.config.total_rounds
+                  else None)
+      data = self.feeder(sampled, int(self.state.client_work['local_steps']), upcoming)
+    else:
+      data = self.client_data_fn(sampled, data_steps)
+    if self.hook is not None:  # pair each client's data with its own state
+      data = self.hook.client_data(round_num, sampled, data)
+    return data
+
+  def measure(self, round_num: int, output):
+    """The round's metrics row and the new model weights."""
+    # Process measurements: costs keep their `cost/` names (and get running
+    # totals below); everything else is a training metric.
+    row = {(k if k.startswith('cost/') else f'train/{k}'): v
+           for k, v in flatten_metrics(output.metrics).items()}
+    if self.round_metrics_fn is not None:
+      row.update(self.round_metrics_fn(round_num, output))
+    weights = _model_weights(self.process, output.state)
+    if self.feeder is not None:
+      row['cohort_padding_waste'] = self.feeder.padding_waste
+    return row, weights
+
+  def update_client_states(self, round_num: int, sampled: list[str], output, row):
+    if self.hook is not None:  # store what the clients returned; user accuracy
+      row.update(self.hook.after_round(round_num, sampled, output,
+                                       self.config.is_eval_round(round_num)))
+
+  def add_totals(self, row):
+    for key, value in list(row.items()):
+      if key.startswith('cost/') and not key.endswith('state_floats'):
+        self.totals[key] += value
+    row.update({f'cost/cumulative_{k[len("cost/"):]}': v for k, v in self.totals.items()})
+
+  def evaluate_if_due(self, round_num: int, weights, row):
+    if not self.config.is_eval_round(round_num):
+      return
+    self.last_eval = {f'eval/{k}': v for k, v in self.evaluate(weights).items()}
+    row.update(self.last_eval)
+    self.warned_non_finite_eval = divergence.warn_non_finite_eval(
+        self.last_eval, round_num, self.warned_non_finite_eval)
+
+  def observe_schedules(self, round_num: int, schedule_row, num_sampled: int, row):
+    if self.sched is not None:
+      row.update(schedule_row)
+      row.update(self.sched.observe(round_num, row, num_sampled))
+
+  async def write_metrics(self, round_num: int, row):
+    try:
+      await self.releases.release(row, round_num)
+    except (OSError, tf.errors.OpError) as e:
+      raise WriteFailed(f'could not write the metrics of round {round_num} '
+                        f'({_first_line(e)}); {self.where_to_resume()}; free space and rerun '
+                        'the same command to resume') from None
+
+  async def checkpoint_if_due(self, round_num: int):
+    last = round_num == self.config.total_rounds
+    if not (round_num % self.config.rounds_per_checkpoint == 0 or last):
+      return
+    # No checkpoint while the loss is blowing up: the one kept is from before.
+    if self.divergence_rule.streak != 0 and not last:
+      return
+    try:
+      if self.hook is not None:  # first: a server checkpoint always has its client state
+        self.hook.save(round_num)
+      await self.state_manager.save(
+          {'state': self.state, 'totals': json.dumps(dict(self.totals)),
+           'schedules': self.sched.to_json() if self.sched else ''}, round_num)
+    except (OSError, tf.errors.OpError) as e:
+      remove_partial_checkpoints(os.path.join(self.config.output_dir, 'checkpoints'))
+      raise WriteFailed(f'could not write the checkpoint of round {round_num} '
+                        f'({_first_line(e)}); partial files removed; {self.where_to_resume()}; '
+                        'free space and rerun the same command to resume') from None
+    self.config.progress.last_checkpoint = round_num
+
+  def show_progress(self, bar, round_num: int, row):
+    shown = _progress_postfix(row, self.last_eval)
+    bar.update(1)
+    bar.set_postfix(shown, refresh=False)
+    if (not sys.stderr.isatty() and self.config.show_progress
+        and round_num % self.config.rounds_per_eval == 0):
+      print(f'round {round_num}/{self.config.total_rounds} ' +
+            ' '.join(f'{k}={v:.4g}' for k, v in shown.items()), file=sys.stderr, flush=True)
+
+
+def _text(saved) -> str:
+  # A checkpoint gives back JSON text as bytes; a fresh program state holds str.
+  return saved.decode() if isinstance(saved, bytes) else str(saved)
 
 
 @contextlib.contextmanager
@@ -424,21 +469,6 @@ def with_hparams_of(process, state, initial):
   command this changes nothing.
   """
   return process.set_hparams(state, process.get_hparams(initial))
-
-
-def _warn_non_finite_eval(metrics: Mapping[str, float], round_num: int, warned: bool) -> bool:
-  """Warns (once per run) of non-finite evaluation metrics; returns whether it has warned.
-
-  The run goes on: the model's weights and training loss are finite (checked
-  before), so a NaN here comes from the task's evaluation data or metric, which
-  stopping the run would not fix. The values are kept in metrics.csv as they are.
-  """
-  bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
-  if bad and not warned:
-    warn(f'round {round_num}: evaluation metrics {", ".join(f"{k}={metrics[k]}" for k in bad)} '
-         'are not finite while the model\'s weights are: the task\'s test data or metric '
-         'produces them (e.g. NaN in the data); training goes on, and this is said once')
-  return warned or bool(bad)
 
 
 def _has_round_hparams(state) -> bool:
