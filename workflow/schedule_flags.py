@@ -195,30 +195,37 @@ def make_lr_schedule(name: str, base: float, *, decay_rate: Optional[float] = No
     raise ValueError(f'--{p}_lr_schedule={name} needs {flags["decay_rate"]}')
   steps = 1 if decay_steps is None else _check_int(decay_steps, flags['decay_steps'], 1)
   stair = bool(staircase) if staircase is not None else False
-
-  if name == 'constant':
-    schedule = core.ConstantSchedule(base, core.LEARNING_RATE)
-  elif name in ('exp_decay', 'exp'):
-    schedule = learning_rate.ExponentialDecay(
-        base, _check_decay_factor(decay_rate, flags['decay_rate']), steps, stair,
-        core.LEARNING_RATE)
-  elif name in ('inv_lin_decay', 'inv_sqrt_decay'):
-    schedule = learning_rate.InverseDecay(
-        base, _check_nonnegative(decay_rate, flags['decay_rate']), steps, stair,
-        1.0 if name == 'inv_lin_decay' else 0.5, core.LEARNING_RATE)
-  elif name == 'rounds':
-    schedule = local_steps.RoundsDecay(base, core.LEARNING_RATE)
-  elif name == 'error':
-    schedule = local_steps.ErrorDrivenDecay(base, _window(window, total_rounds),
-                                            core.LEARNING_RATE)
-  else:
-    schedule = local_steps.PlateauStepDecay(base, *_plateau(patience, min_delta),
-                                            quantity=core.LEARNING_RATE)
+  schedule = _lr_schedule(name, base, decay_rate, steps, stair, flags,
+                          window=window, total_rounds=total_rounds, patience=patience,
+                          min_delta=min_delta)
   if warmup_rounds is not None:
     warmup_rounds = _check_int(warmup_rounds, f'--{p}_lr_warmup_rounds', 0)
     if warmup_rounds > 0:
       schedule = learning_rate.LinearWarmup(schedule, warmup_rounds)
   return schedule
+
+
+def _lr_schedule(name: str, base: float, decay_rate: Optional[float], steps: int, stair: bool,
+                 flags: Mapping[str, str], *, window: Optional[int],
+                 total_rounds: Optional[int], patience: Optional[int],
+                 min_delta: Optional[float]) -> core.Schedule:
+  """`make_lr_schedule`'s schedule before warm-up, from the flag values it has checked."""
+  if name == 'constant':
+    return core.ConstantSchedule(base, core.LEARNING_RATE)
+  if name in ('exp_decay', 'exp'):
+    return learning_rate.ExponentialDecay(
+        base, _check_decay_factor(decay_rate, flags['decay_rate']), steps, stair,
+        core.LEARNING_RATE)
+  if name in ('inv_lin_decay', 'inv_sqrt_decay'):
+    return learning_rate.InverseDecay(
+        base, _check_nonnegative(decay_rate, flags['decay_rate']), steps, stair,
+        1.0 if name == 'inv_lin_decay' else 0.5, core.LEARNING_RATE)
+  if name == 'rounds':
+    return local_steps.RoundsDecay(base, core.LEARNING_RATE)
+  if name == 'error':
+    return local_steps.ErrorDrivenDecay(base, _window(window, total_rounds), core.LEARNING_RATE)
+  return local_steps.PlateauStepDecay(base, *_plateau(patience, min_delta),
+                                      quantity=core.LEARNING_RATE)
 
 
 # `settings` below is a `workflow.config.Settings`, not imported: workflow.config

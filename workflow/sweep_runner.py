@@ -88,6 +88,24 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
   if max_parallel < 1:
     raise sweep.SpecError(f'--max_parallel must be a positive integer; got {max_parallel}')
   command = list(command or [sys.executable, TRAIN_PY])
+  _prepare(sweep_dir, trials, fixed)
+  runner = _Runner(trials, sweep_dir, fixed, command, log)
+  log(f'sweep: {len(trials)} trials, {runner.done_before} already finished, '
+      f'{len(runner.pending)} to run ({max_parallel} at a time) in {sweep_dir}')
+  try:
+    while runner.pending or runner.running:
+      while runner.pending and len(runner.running) < max_parallel:
+        runner.start(runner.pending.pop())
+      time.sleep(poll_seconds)
+      runner.reap_exited()
+  except BaseException:
+    _stop(runner.running, log)
+    raise
+  return [runner.outcomes[t.name] for t in trials]
+
+
+def _prepare(sweep_dir: str, trials: Sequence[sweep.Trial], fixed: Mapping[str, str]):
+  """The sweep's directories and manifest; SpecError when they cannot be written."""
   try:
     os.makedirs(os.path.join(sweep_dir, 'logs'), exist_ok=True)
     os.makedirs(sweep.trials_dir(sweep_dir), exist_ok=True)
@@ -95,67 +113,69 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
   except OSError as e:  # what os.access allowed and the kernel refused (check_sweep_dir)
     raise sweep.SpecError(f'--sweep_dir={sweep_dir}: cannot write '
                           f'{e.filename or sweep_dir}: {e.strerror}') from None
-  outcomes: dict[str, TrialOutcome] = {}
-  pending = []
-  for trial in trials:
-    if sweep.is_finished(sweep_dir, trial, fixed):
-      outcomes[trial.name] = TrialOutcome(trial, 'skipped', sweep.log_path(sweep_dir, trial))
-    else:
-      pending.append(trial)
-  done_before = len(outcomes)
-  log(f'sweep: {len(trials)} trials, {done_before} already finished, {len(pending)} to run '
-      f'({max_parallel} at a time) in {sweep_dir}')
-  running: dict[str, tuple[subprocess.Popen, float, int]] = {}
-  pending.reverse()  # pop() from the end keeps the given order
-  completed = 0
 
-  def reap(name, proc, started, cpu, start_round):
-    nonlocal completed
-    trial = next(t for t in trials if t.name == name)
+
+class _Runner:
+  """A sweep's trials by where they are: pending, running or with an outcome."""
+
+  def __init__(self, trials, sweep_dir, fixed, command, log):
+    self.trials, self.sweep_dir, self.fixed, self.command, self.log = (trials, sweep_dir, fixed,
+                                                                       command, log)
+    self.outcomes: dict[str, TrialOutcome] = {}
+    self.pending = []
+    for trial in trials:
+      if sweep.is_finished(sweep_dir, trial, fixed):
+        self.outcomes[trial.name] = TrialOutcome(trial, 'skipped',
+                                                 sweep.log_path(sweep_dir, trial))
+      else:
+        self.pending.append(trial)
+    self.pending.reverse()  # pop() from the end keeps the given order
+    self.done_before = len(self.outcomes)
+    # name -> (process, start time, the last round its metrics.csv had at the start)
+    self.running: dict[str, tuple[subprocess.Popen, float, int]] = {}
+    self.completed = 0
+
+  def _record(self, outcome: TrialOutcome) -> str:
+    """Stores a trial's outcome; returns the '[done/total]' its log line starts with."""
+    self.outcomes[outcome.trial.name] = outcome
+    self.completed += 1
+    return f'[{self.completed + self.done_before}/{len(self.trials)}]'
+
+  def start(self, trial: sweep.Trial):
+    argv = sweep.trial_argv(self.sweep_dir, trial, self.fixed, self.command)
+    start_round = sweep.last_round(
+        os.path.join(sweep.trial_dir(self.sweep_dir, trial), 'metrics.csv'))
+    path = sweep.log_path(self.sweep_dir, trial)
+    try:
+      proc = _start(argv, path)
+    except OSError as e:
+      outcome = TrialOutcome(trial, 'failed', path, message=f'cannot start {argv[0]}: {e}')
+      self.log(f'{self._record(outcome)} failed {trial.name}: {outcome.message}')
+      return
+    self.running[trial.name] = (proc, time.monotonic(), start_round)
+
+  def reap_exited(self):
+    for name, (proc, started, start_round) in list(self.running.items()):
+      cpu = _try_wait(proc)
+      if proc.returncode is not None:
+        del self.running[name]
+        self._reap(name, proc, started, cpu, start_round)
+
+  def _reap(self, name, proc, started, cpu, start_round):
+    trial = next(t for t in self.trials if t.name == name)
     seconds = time.monotonic() - started
-    path = sweep.log_path(sweep_dir, trial)
-    if proc.returncode == 0 and sweep.is_finished(sweep_dir, trial, fixed):
+    path = sweep.log_path(self.sweep_dir, trial)
+    if proc.returncode == 0 and sweep.is_finished(self.sweep_dir, trial, self.fixed):
       outcome = TrialOutcome(trial, 'finished', path, 0, seconds, cpu_seconds=cpu)
-      sweep.record_trial_seconds(sweep_dir, name, seconds, cpu, start_round)
+      sweep.record_trial_seconds(self.sweep_dir, name, seconds, cpu, start_round)
     else:
       why = (f'exit status {proc.returncode}' if proc.returncode != 0
              else 'exited 0 but metrics.csv does not reach the final round')
       outcome = TrialOutcome(trial, 'failed', path, proc.returncode, seconds,
                              cpu_seconds=cpu, message=f'{why}: {_last_line(path)}')
-    outcomes[name] = outcome
-    completed += 1
     cpu_text = '' if cpu is None else f', {cpu:.0f} s CPU'
-    log(f'[{completed + done_before}/{len(trials)}] {outcome.status} {name} '
-        f'({seconds:.0f} s{cpu_text})' +
-        (f': {outcome.message}' if outcome.status == 'failed' else ''))
-
-  try:
-    while pending or running:
-      while pending and len(running) < max_parallel:
-        trial = pending.pop()
-        argv = sweep.trial_argv(sweep_dir, trial, fixed, command)
-        start_round = sweep.last_round(
-            os.path.join(sweep.trial_dir(sweep_dir, trial), 'metrics.csv'))
-        try:
-          proc = _start(argv, sweep.log_path(sweep_dir, trial))
-        except OSError as e:
-          outcomes[trial.name] = TrialOutcome(trial, 'failed', sweep.log_path(sweep_dir, trial),
-                                              message=f'cannot start {argv[0]}: {e}')
-          completed += 1
-          log(f'[{completed + done_before}/{len(trials)}] failed {trial.name}: '
-              f'{outcomes[trial.name].message}')
-          continue
-        running[trial.name] = (proc, time.monotonic(), start_round)
-      time.sleep(poll_seconds)
-      for name, (proc, started, start_round) in list(running.items()):
-        cpu = _try_wait(proc)
-        if proc.returncode is not None:
-          del running[name]
-          reap(name, proc, started, cpu, start_round)
-  except BaseException:
-    _stop(running, log)
-    raise
-  return [outcomes[t.name] for t in trials]
+    self.log(f'{self._record(outcome)} {outcome.status} {name} ({seconds:.0f} s{cpu_text})' +
+             (f': {outcome.message}' if outcome.status == 'failed' else ''))
 
 
 def _try_wait(proc: subprocess.Popen) -> Optional[float]:
