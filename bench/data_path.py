@@ -74,8 +74,8 @@ def child_create(args, task_name):
   rss_import, peak_import = _rss_mib(), _peak_mib()
   if args.baseline:  # TFF's load_data: every split's client ids read at creation
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    from tasks import tff_native  # pylint: disable=g-import-not-at-top
-    tff_native._load_stackoverflow = lambda path: tff.simulation.datasets.stackoverflow.load_data(  # pylint: disable=protected-access
+    from tasks import tff_files  # pylint: disable=g-import-not-at-top
+    tff_files.load_stackoverflow = lambda path: tff.simulation.datasets.stackoverflow.load_data(
         cache_dir=os.path.dirname(path))
   t0 = time.perf_counter()
   task = _create_task(args, task_name)

@@ -89,7 +89,7 @@ def _restrict_train_data(train: tff.simulation.datasets.ClientData, data_dir: st
                          seed: int) -> tff.simulation.datasets.ClientData:
   """`--num_clients` / `--max_client_examples` as for the other TFF tasks.
 
-  The same seeded client sample as `tff_native._restrict_train_data`, kept a
+  The same seeded client sample as `tff_files.restrict_train_data`, kept a
   `FilePerUserClientData` (whose dataset function takes tensors only).
   """
   if num_clients < 0 or max_client_examples < 0:

@@ -31,12 +31,11 @@ sampled, as for TFF's own datasets. The cache is keyed by the source files
 
 import collections
 import dataclasses
-import glob
 import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import numpy as np
@@ -45,6 +44,7 @@ import tensorflow_federated as tff
 
 from tasks import base
 from tasks import data_files
+from tasks import leaf_json
 from tasks.models import paper_cnns
 from tasks.models import recurrent
 from tasks.models import thesis_models
@@ -59,119 +59,6 @@ SHAKESPEARE_VOCAB = (' !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]'
 SHAKESPEARE_SEQUENCE_LENGTH = 80
 FEMNIST_MODELS = ('cnn', 'dnn')
 SHAKESPEARE_LEAF_MODELS = ('gru128', 'gru256')
-LEAF_URL = 'https://github.com/TalwalkarLab/leaf'
-# LEAF commands giving the papers' splits (20% of each user's samples for test).
-PREPROCESS_COMMANDS = {
-    'sent140': './preprocess.sh -s niid --sf 1.0 -k 10 -t sample --tf 0.8',
-    'femnist': './preprocess.sh -s niid --sf 1.0 -k 0 -t sample --tf 0.8',
-    'shakespeare': './preprocess.sh -s niid --sf 1.0 -k 0 -t sample --tf 0.8',
-}
-
-UserSamples = tuple[list, list, list, list]  # train x, train y, test x, test y
-
-
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-  """LEAF JSON files: paired train/test split files, or unsplit all_data files."""
-  train_files: tuple[str, ...] = ()
-  test_files: tuple[str, ...] = ()
-  all_files: tuple[str, ...] = ()
-
-  @property
-  def sources(self) -> tuple[str, ...]:
-    return self.train_files + self.test_files + self.all_files
-
-
-def _find_layout(task: str, leaf_name: str, data_dir: str) -> _Layout:
-  for root in (data_dir, os.path.join(data_dir, 'data')):
-    train = sorted(glob.glob(os.path.join(root, 'train', '*.json')))
-    test = sorted(glob.glob(os.path.join(root, 'test', '*.json')))
-    if train and test:
-      if len(train) != len(test):
-        raise data_files.DataNotFoundError(
-            f'--task={task}: {root} has {len(train)} train but {len(test)} test JSON files; '
-            f'LEAF writes one test file per train file. Rerun LEAF\'s split.')
-      return _Layout(train_files=tuple(train), test_files=tuple(test))
-    unsplit = sorted(glob.glob(os.path.join(root, 'all_data', '*.json')) +
-                     glob.glob(os.path.join(root, 'all_data_*.json')))
-    if unsplit:
-      return _Layout(all_files=tuple(unsplit))
-  raise data_files.DataNotFoundError(data_files.missing_message(
-      task, data_dir, "LEAF's JSON (train/*.json and test/*.json, or all_data/*.json)",
-      f"LEAF's {leaf_name} benchmark ({LEAF_URL}), written by its preprocessing script",
-      f'git clone {LEAF_URL} && cd leaf/data/{leaf_name} && {PREPROCESS_COMMANDS[leaf_name]} '
-      f'(then use --data_dir=leaf/data/{leaf_name}/data)'))
-
-
-class DataFileError(data_files.DataNotFoundError):
-  """A LEAF file that is there but malformed; the message names it and what is wrong."""
-
-
-def _load_json(task: str, path: str) -> Mapping[str, Any]:
-  try:
-    with open(path) as f:
-      data = json.load(f)
-    users = data['user_data']
-    if not isinstance(users, dict):
-      raise TypeError(f'"user_data" is a {type(users).__name__}, not an object')
-    return users
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise data_files.DataNotFoundError(
-        f'--task={task}: {path} is not a LEAF data file (a JSON object with "user_data"): '
-        f'{e}') from None
-
-
-def _split_user(x: list, y: list, last: bool, rng: np.random.Generator) -> UserSamples:
-  n_test = int(round(0.2 * len(y)))
-  if last:  # LEAF's Shakespeare split: the tail of the user's lines
-    order = np.arange(len(y))
-  else:
-    order = rng.permutation(len(y))
-  train_idx, test_idx = sorted(order[:len(y) - n_test]), sorted(order[len(y) - n_test:])
-  return ([x[i] for i in train_idx], [y[i] for i in train_idx],
-          [x[i] for i in test_idx], [y[i] for i in test_idx])
-
-
-def _user_xy(task: str, path: str, users: Any, user: str) -> tuple[list, list]:
-  """User `user`'s (x, y) lists, or DataFileError naming `path` and what is wrong."""
-  try:
-    x, y = users[user]['x'], users[user]['y']
-  except (KeyError, TypeError, IndexError):
-    raise DataFileError(f'--task={task}: {path}: user {user!r} is not an object with "x" and '
-                        '"y" lists') from None
-  if not isinstance(x, list) or not isinstance(y, list) or len(x) != len(y):
-    raise DataFileError(f'--task={task}: {path}: user {user!r} needs "x" and "y" lists of equal '
-                        f'length; got {type(x).__name__} of {_len(x)} and {type(y).__name__} of '
-                        f'{_len(y)}')
-  return x, y
-
-
-def _len(value) -> str:
-  return str(len(value)) if isinstance(value, (list, str, dict)) else '?'
-
-
-def _iter_users(task: str, layout: _Layout,
-                split_last: bool) -> Iterator[tuple[str, str, UserSamples]]:
-  """(file, user, samples) in file order (files sorted by name, users sorted within a file).
-
-  One file (pair) is in memory at a time.
-  """
-  if layout.all_files:
-    rng = np.random.default_rng(0)  # fixed: the split is part of the cached data
-    for path in layout.all_files:
-      users = _load_json(task, path)
-      for user in sorted(users):
-        x, y = _user_xy(task, path, users, user)
-        yield path, user, _split_user(list(x), list(y), split_last, rng)
-    return
-  for train_path, test_path in zip(layout.train_files, layout.test_files):
-    train, test = _load_json(task, train_path), _load_json(task, test_path)
-    for user in sorted(train):
-      x, y = _user_xy(task, train_path, train, user)
-      test_x, test_y = _user_xy(task, test_path, test, user) if user in test else ([], [])
-      yield f'{train_path} (or {test_path})', user, (x, y, test_x, test_y)
-
-
 def _cache_root(data_dir: str) -> str:
   preferred = os.path.join(data_dir, 'tff_adaptive_cache')
   try:
@@ -187,7 +74,7 @@ def _cache_root(data_dir: str) -> str:
     return fallback
 
 
-def _fingerprint(name: str, layout: _Layout, settings: Mapping[str, Any]) -> str:
+def _fingerprint(name: str, layout: leaf_json.Layout, settings: Mapping[str, Any]) -> str:
   digest = hashlib.sha1(json.dumps([_FORMAT_VERSION, name, dict(settings)]).encode())
   for path in layout.sources:
     stat = os.stat(path)
@@ -202,15 +89,16 @@ class _Converter:
   leaf_name: str
   parse_spec: Mapping[str, Any]
   # (task, layout) -> settings shared by all users (e.g. a vocabulary).
-  prepare: Callable[[str, _Layout], Mapping[str, Any]]
+  prepare: Callable[[str, leaf_json.Layout], Mapping[str, Any]]
   # (samples, settings) -> (train examples, test examples), or None to drop the user.
-  encode: Callable[[UserSamples, Mapping[str, Any]], Optional[tuple[list[bytes], list[bytes]]]]
+  encode: Callable[[leaf_json.UserSamples, Mapping[str, Any]],
+                   Optional[tuple[list[bytes], list[bytes]]]]
   split_last: bool = False
 
 
 def _convert(task: str, converter: _Converter, data_dir: str) -> tuple[str, Mapping[str, Any]]:
   """Returns the path of the cached SQLite file (building it if needed) and its metadata."""
-  layout = _find_layout(task, converter.leaf_name, data_dir)
+  layout = leaf_json.find_layout(task, converter.leaf_name, data_dir)
   fingerprint = _fingerprint(converter.name, layout, {
       'sent140_vocab_size': SENT140_VOCAB_SIZE, 'sent140_min_samples': SENT140_MIN_SAMPLES,
       'shakespeare_vocab': SHAKESPEARE_VOCAB})
@@ -226,11 +114,11 @@ def _convert(task: str, converter: _Converter, data_dir: str) -> tuple[str, Mapp
   kept = []
 
   def clients():
-    for path, user, samples in _iter_users(task, layout, converter.split_last):
+    for path, user, samples in leaf_json.iter_users(task, layout, converter.split_last):
       try:
         encoded = converter.encode(samples, settings)
       except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
-        raise DataFileError(f'--task={task}: {path}: user {user!r}: '
+        raise leaf_json.DataFileError(f'--task={task}: {path}: user {user!r}: '
                             f'{str(e).splitlines()[0] if str(e) else type(e).__name__}') from None
       if encoded is None:
         continue
@@ -258,7 +146,7 @@ def _convert(task: str, converter: _Converter, data_dir: str) -> tuple[str, Mapp
 # ---- Per-dataset conversion ---------------------------------------------------
 
 
-def _no_settings(task: str, layout: _Layout) -> Mapping[str, Any]:
+def _no_settings(task: str, layout: leaf_json.Layout) -> Mapping[str, Any]:
   del task, layout
   return {}
 
@@ -268,10 +156,10 @@ def _tweet_text(sample) -> str:
   return sample[4] if isinstance(sample, (list, tuple)) else str(sample)
 
 
-def _sent140_vocabulary(task: str, layout: _Layout) -> Mapping[str, Any]:
+def _sent140_vocabulary(task: str, layout: leaf_json.Layout) -> Mapping[str, Any]:
   """The 5,000 most frequent tokens of the kept users' training tweets."""
   counts = collections.Counter()
-  for _, _, (train_x, train_y, _, test_y) in _iter_users(task, layout, split_last=False):
+  for _, _, (train_x, train_y, _, test_y) in leaf_json.iter_users(task, layout, split_last=False):
     if len(train_y) + len(test_y) < SENT140_MIN_SAMPLES:
       continue
     for sample in train_x:
@@ -282,7 +170,7 @@ def _sent140_vocabulary(task: str, layout: _Layout) -> Mapping[str, Any]:
   return {'vocab': vocab, '_index': {w: i for i, w in enumerate(vocab)}}
 
 
-def _encode_sent140(samples: UserSamples, settings: Mapping[str, Any]):
+def _encode_sent140(samples: leaf_json.UserSamples, settings: Mapping[str, Any]):
   train_x, train_y, test_x, test_y = samples
   if len(train_y) + len(test_y) < SENT140_MIN_SAMPLES:
     return None
@@ -299,7 +187,7 @@ def _encode_sent140(samples: UserSamples, settings: Mapping[str, Any]):
   return None if not splits[0] else (splits[0], splits[1])
 
 
-def _encode_femnist(samples: UserSamples, settings: Mapping[str, Any]):
+def _encode_femnist(samples: leaf_json.UserSamples, settings: Mapping[str, Any]):
   del settings
   train_x, train_y, test_x, test_y = samples
   if not train_y:
@@ -332,7 +220,7 @@ _CHAR_INDEX = {c: i for i, c in enumerate(SHAKESPEARE_VOCAB)}
 _SPACE = _CHAR_INDEX[' ']
 
 
-def _encode_shakespeare(samples: UserSamples, settings: Mapping[str, Any]):
+def _encode_shakespeare(samples: leaf_json.UserSamples, settings: Mapping[str, Any]):
   del settings
   train_x, train_y, test_x, test_y = samples
   if not train_y:

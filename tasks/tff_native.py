@@ -38,21 +38,14 @@ parsing and preprocessing functions anew for every client (0.1-0.7 s each,
 measured on the full-size stand-ins of `bench/standins.py`).
 """
 
-import dataclasses
-import json
-import lzma
-import os
-import shutil
-import sqlite3
-import tarfile
 from collections.abc import Callable
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
 from tasks import data_files
+from tasks import tff_files
 from tasks.models import paper_cnns
 from tasks.models import recurrent
 
@@ -67,175 +60,6 @@ STACKOVERFLOW_WORD_VOCAB = 10_000
 STACKOVERFLOW_TAG_VOCAB = 500
 # Reddi et al. validate Stack Overflow tasks on 10,000 sampled test examples.
 STACKOVERFLOW_EVAL_EXAMPLES = 10_000
-DEFAULT_CACHE_DIR = '~/.tff'
-_STORAGE = 'https://storage.googleapis.com/tff-datasets-public'
-
-
-@dataclasses.dataclass(frozen=True)
-class _TffFile:
-  filename: str
-  loader: str  # Python call that downloads it into DIR
-
-
-_SQLITE = {
-    'cifar100': _TffFile('cifar100.sqlite',
-                         "tff.simulation.datasets.cifar100.load_data(cache_dir='DIR')"),
-    'emnist': _TffFile('emnist_all.sqlite',
-                       "tff.simulation.datasets.emnist.load_data(only_digits=False, "
-                       "cache_dir='DIR')"),
-    'shakespeare': _TffFile('shakespeare.sqlite',
-                            "tff.simulation.datasets.shakespeare.load_data(cache_dir='DIR')"),
-    'stackoverflow': _TffFile('stackoverflow.sqlite',
-                              "tff.simulation.datasets.stackoverflow.load_data(cache_dir='DIR')"),
-}
-_VOCABULARIES = {
-    'word': _TffFile('stackoverflow.word_count',
-                     "tff.simulation.datasets.stackoverflow.load_word_counts(cache_dir='DIR')"),
-    'tag': _TffFile('stackoverflow.tag_count',
-                    "tff.simulation.datasets.stackoverflow.load_tag_counts(cache_dir='DIR')"),
-}
-
-
-def _fetch_command(loader: str, data_dir: str) -> str:
-  return (f'python -c "import tensorflow_federated as tff; '
-          f'{loader.replace("DIR", data_dir)}"')
-
-
-def _load_sqlite(task: str, dataset: str, data_dir: str):
-  """TFF's `load_data`, once the file it would download is known to be there."""
-  spec = _SQLITE[dataset]
-  path = os.path.join(data_dir, spec.filename)
-  if not os.path.exists(path) and os.path.exists(path + '.lzma'):
-    # TFF stores the download decompressed; accept the compressed file as
-    # fetched by hand and decompress it the same way.
-    with lzma.open(path + '.lzma') as src, open(path + '.tmp', 'wb') as dst:
-      shutil.copyfileobj(src, dst, 1 << 20)
-    os.replace(path + '.tmp', path)
-  if not os.path.exists(path):
-    raise data_files.DataNotFoundError(data_files.missing_message(
-        task, data_dir, spec.filename,
-        f"TFF's federated {dataset} dataset ({_STORAGE}/{spec.filename}.lzma, decompressed)",
-        _fetch_command(spec.loader, data_dir)))
-  module = getattr(tff.simulation.datasets, dataset)
-  try:
-    if dataset == 'emnist':
-      return module.load_data(only_digits=False, cache_dir=data_dir)
-    if dataset == 'stackoverflow':
-      return _load_stackoverflow(path)
-    return module.load_data(cache_dir=data_dir)
-  except (sqlite3.DatabaseError, tff.simulation.datasets.sql_client_data.DatabaseFormatError) as e:
-    raise data_files.DataNotFoundError(
-        f'--task={task}: {path} is not one of TFF\'s client-data SQLite files ({e}); '
-        f'delete it and fetch it again with: {_fetch_command(spec.loader, data_dir)}') from None
-
-
-class _LazyClientData(tff.simulation.datasets.ClientData):
-  """A `ClientData` built on first use of its clients (its element type is known before)."""
-
-  def __init__(self, build: Callable[[], tff.simulation.datasets.ClientData], element_type):
-    self._build = build
-    self._data = None
-    self._element_type = element_type
-
-  def _get(self) -> tff.simulation.datasets.ClientData:
-    if self._data is None:
-      self._data = self._build()
-    return self._data
-
-  @property
-  def client_ids(self):
-    return self._get().client_ids
-
-  @property
-  def serializable_dataset_fn(self):
-    return self._get().serializable_dataset_fn
-
-  def create_tf_dataset_for_client(self, client_id):
-    return self._get().create_tf_dataset_for_client(client_id)
-
-  @property
-  def element_type_structure(self):
-    return self._element_type
-
-
-def _load_stackoverflow(path: str):
-  """TFF's `stackoverflow.load_data` (same splits, same parsing) on a file known to be there.
-
-  The held-out and test splits read their client ids (38,758 and 204,088, one
-  `SELECT DISTINCT` each, 1-2 s on the full-size file) on first use: the
-  tasks never use the held-out split and sample the test split only when
-  they first evaluate.
-  """
-  parse = tff.simulation.datasets.stackoverflow._add_proto_parsing  # pylint: disable=protected-access
-  sql = tff.simulation.datasets.SqlClientData
-  train = sql(path, 'train').preprocess(parse)
-
-  def lazy(split):
-    return _LazyClientData(lambda: sql(path, split).preprocess(parse),
-                           train.element_type_structure)
-
-  return train, lazy('heldout'), lazy('test')
-
-
-def _load_vocabulary(task: str, kind: str, data_dir: str, size: int) -> list[str]:
-  """The most frequent Stack Overflow words or tags, read as TFF reads them.
-
-  TFF's `load_word_counts` / `load_tag_counts` re-verify the archive's hash
-  through Keras' `get_file` and download again on any mismatch (and the
-  baseline builders ignore `cache_dir` for them), so we read the extracted
-  file they produce ourselves, extracting the archive first if only it is
-  there.
-  """
-  spec = _VOCABULARIES[kind]
-  path = data_files.find_file(data_dir, [spec.filename])
-  archive = data_files.find_file(data_dir, [spec.filename + '.tar.bz2'])
-  if path is None and archive is not None:
-    with tarfile.open(archive, 'r:bz2') as tar:
-      tar.extractall(os.path.dirname(archive), filter='data')
-    path = data_files.find_file(data_dir, [spec.filename])
-  if path is None:
-    raise data_files.DataNotFoundError(data_files.missing_message(
-        task, data_dir, f'{spec.filename} (or datasets/{spec.filename})',
-        f"TFF's Stack Overflow {kind} counts ({_STORAGE}/{spec.filename}.tar.bz2, extracted "
-        'by Keras into DIR/datasets/)', _fetch_command(spec.loader, data_dir)))
-  with open(path) as f:
-    if kind == 'tag':
-      counts = json.load(f)
-      ordered = sorted(counts.items(), key=lambda item: item[1], reverse=True)
-      return [tag for tag, _ in ordered][:size]
-    words = []
-    for line in f:
-      words.append(line.split()[0])
-      if len(words) >= size:
-        break
-    return words
-
-
-def _restrict_train_data(data: tff.simulation.datasets.ClientData, num_clients: int,
-                         max_client_examples: int, seed: int) -> tff.simulation.datasets.ClientData:
-  """Optionally caps each client's examples and samples a subset of clients.
-
-  The cap keeps each client's first examples (the same ones every round, as
-  the decaying-K paper's "maximum of 250 samples per client"); the subset is a seeded
-  uniform sample, kept lazy by reusing the serializable per-client dataset
-  function.
-  """
-  if max_client_examples < 0 or num_clients < 0:
-    raise ValueError('--num_clients and --max_client_examples must be non-negative')
-  if max_client_examples:
-    data = data.preprocess(lambda ds: ds.take(max_client_examples))
-  if num_clients:
-    ids = data.client_ids
-    if num_clients > len(ids):
-      raise ValueError(f'--num_clients={num_clients} but the data has only {len(ids)} '
-                       'training clients')
-    if num_clients < len(ids):
-      chosen = np.sort(np.random.default_rng(seed).choice(len(ids), num_clients, replace=False))
-      data = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-          [ids[i] for i in chosen], data.serializable_dataset_fn)
-  return data
-
-
 def _train_spec(batch_size: int, num_epochs: int) -> tff.simulation.baselines.ClientSpec:
   return tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
 
@@ -322,9 +146,9 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
                           seed: int) -> base.FederatedTask:
   model = cifar100_image_model
   _check_model('cifar100_image_model', model, CIFAR100_MODELS)
-  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
-  train, test = _load_sqlite('cifar100_image', 'cifar100', data_dir)
-  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
+  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
+  train, test = tff_files.load_sqlite('cifar100_image', 'cifar100', data_dir)
+  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   spec = _train_spec(batch_size, num_epochs)
   keras_model_fn = lambda: create_cifar100_model(model, seed)
   if model == 'resnet18':
@@ -373,9 +197,9 @@ def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_c
                             seed: int) -> base.FederatedTask:
   model = emnist_character_model
   _check_model('emnist_character_model', model, EMNIST_CHARACTER_MODELS)
-  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
-  train, test = _load_sqlite('emnist_character', 'emnist', data_dir)
-  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
+  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
+  train, test = tff_files.load_sqlite('emnist_character', 'emnist', data_dir)
+  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   tff_model = 'cnn_dropout' if model == 'fedgbo_cnn' else model
   char_tasks = _BASELINES.emnist.char_recognition_tasks
   baseline = char_tasks.create_character_recognition_task_from_datasets(
@@ -393,9 +217,9 @@ def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_c
 
 def create_emnist_autoencoder(*, data_dir: str, num_clients: int, max_client_examples: int,
                               batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
-  train, test = _load_sqlite('emnist_autoencoder', 'emnist', data_dir)
-  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
+  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
+  train, test = tff_files.load_sqlite('emnist_autoencoder', 'emnist', data_dir)
+  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   baseline = _BASELINES.emnist.autoencoder_tasks.create_autoencoder_task_from_datasets(
       _train_spec(batch_size, num_epochs), None, train, test)
   evaluation = base.KerasEvaluation(
@@ -429,9 +253,9 @@ def create_shakespeare_character(*, shakespeare_character_model: str, data_dir: 
                                  num_epochs: int, seed: int) -> base.FederatedTask:
   model = shakespeare_character_model
   _check_model('shakespeare_character_model', model, SHAKESPEARE_CHARACTER_MODELS)
-  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
-  train, test = _load_sqlite('shakespeare_character', 'shakespeare', data_dir)
-  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
+  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
+  train, test = tff_files.load_sqlite('shakespeare_character', 'shakespeare', data_dir)
+  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   shakespeare = _BASELINES.shakespeare
   baseline = shakespeare.char_prediction_tasks.create_character_prediction_task_from_datasets(
       _train_spec(batch_size, num_epochs), None, SHAKESPEARE_SEQUENCE_LENGTH, train, test)
@@ -469,10 +293,10 @@ def create_stackoverflow_word_model(vocab_size: int = STACKOVERFLOW_WORD_VOCAB) 
 
 def create_stackoverflow_word(*, data_dir: str, num_clients: int, max_client_examples: int,
                               batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
-  train, heldout, test = _load_sqlite('stackoverflow_word', 'stackoverflow', data_dir)
-  vocab = _load_vocabulary('stackoverflow_word', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
-  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
+  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
+  train, heldout, test = tff_files.load_sqlite('stackoverflow_word', 'stackoverflow', data_dir)
+  vocab = tff_files.load_vocabulary('stackoverflow_word', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
+  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   so = _BASELINES.stackoverflow
   baseline = so.word_prediction_tasks.create_word_prediction_task_from_datasets(
       _train_spec(batch_size, num_epochs), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train,
@@ -511,11 +335,11 @@ def create_stackoverflow_logistic_regression(word_vocab_size: int = STACKOVERFLO
 
 def create_stackoverflow_tag(*, data_dir: str, num_clients: int, max_client_examples: int,
                              batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
-  train, heldout, test = _load_sqlite('stackoverflow_tag', 'stackoverflow', data_dir)
-  words = _load_vocabulary('stackoverflow_tag', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
-  tags = _load_vocabulary('stackoverflow_tag', 'tag', data_dir, STACKOVERFLOW_TAG_VOCAB)
-  train = _restrict_train_data(train, num_clients, max_client_examples, seed)
+  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
+  train, heldout, test = tff_files.load_sqlite('stackoverflow_tag', 'stackoverflow', data_dir)
+  words = tff_files.load_vocabulary('stackoverflow_tag', 'word', data_dir, STACKOVERFLOW_WORD_VOCAB)
+  tags = tff_files.load_vocabulary('stackoverflow_tag', 'tag', data_dir, STACKOVERFLOW_TAG_VOCAB)
+  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   baseline = _BASELINES.stackoverflow.tag_prediction_tasks.create_tag_prediction_task_from_datasets(
       _train_spec(batch_size, num_epochs), None, words, tags, train, test, heldout)
   evaluation = base.KerasEvaluation(

@@ -25,6 +25,7 @@ import tensorflow_federated as tff
 
 from tasks import base
 from tasks import data_files
+from tasks import tff_files
 from tasks import tff_native
 from tasks.models import vit
 
@@ -99,11 +100,10 @@ def create_cifar100_vit(*, finetune: str, pretrained_weights: str, allow_random_
       'cifar100_image', CIFAR100_CLASSES, finetune=finetune,
       pretrained_weights=pretrained_weights, allow_random_init=allow_random_init, seed=seed)
   image_size = vit.VIT_S16.image_size
-  data_dir = data_files.expand_dir(data_dir, tff_native.DEFAULT_CACHE_DIR)
-  # tff_native's loader: the same offline check and message as the other TFF tasks.
-  train, test = tff_native._load_sqlite('cifar100_image', 'cifar100', data_dir)  # pylint: disable=protected-access
-  train = tff_native._restrict_train_data(  # pylint: disable=protected-access
-      train, num_clients, max_client_examples, seed)
+  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
+  # The TFF tasks' loader: the same offline check and message as theirs.
+  train, test = tff_files.load_sqlite('cifar100_image', 'cifar100', data_dir)
+  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   spec = tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                   shuffle_buffer_size=1)

@@ -19,6 +19,7 @@ from tasks import data_files
 from tasks import fixtures
 from tasks import registry
 from tasks.settings import TaskSettings
+from tasks import tff_files
 from tasks import tff_native
 from workflow import program
 
@@ -180,8 +181,8 @@ def test_stackoverflow_tag_bag_of_words_recall_at_5_and_sampled_evaluation(tff_d
 
 
 def test_stackoverflow_vocabulary_is_read_in_count_order(tff_dir):
-  tags = tff_native._load_vocabulary('t', 'tag', tff_dir, 3)
-  words = tff_native._load_vocabulary('t', 'word', tff_dir, 4)
+  tags = tff_files.load_vocabulary('t', 'tag', tff_dir, 3)
+  words = tff_files.load_vocabulary('t', 'word', tff_dir, 4)
   assert tags == list(fixtures._TAGS[:3]) and words == list(fixtures._WORDS[:4])
 
 
