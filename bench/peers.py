@@ -181,7 +181,8 @@ def run_worker(python: str, engine: str, args: list, log_path: str, extra_env, t
                             cwd=ROOT, check=False)
       code = done.returncode
     except subprocess.TimeoutExpired:
-      code = f'timeout after {timeout:.0f} s'
+      return None, (f'killed after {timeout:.0f} s without a result (a worker writes it after '
+                    'its last round)')
   if code == 0:
     return None, None
   with open(log_path) as f:
@@ -392,6 +393,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="committed: run every worker from a copy of HEAD's files, so that "
                       'uncommitted edits in this checkout (other work in progress) do not change '
                       "what `ours` measures; worktree: this checkout's files")
+  p.add_argument('--render_only', action='store_true',
+                 help="rewrite --doc's table from <out_dir>/peers.json, measuring nothing")
   p.add_argument('--dry_run', action='store_true',
                  help='no peer environment: tiny settings, the raw loop of the first setting '
                       'in the package environment only, one process, one timed round; writes '
@@ -402,6 +405,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None):
   p = _parser()
   args = p.parse_args(argv)
+  if args.render_only:
+    with open(os.path.join(args.out_dir, 'peers.json')) as f:
+      result = json.load(f, object_pairs_hook=collections.OrderedDict)
+    update_doc(args.doc, markdown(result))
+    return result
   settings = [s for s in args.settings.split(',') if s]
   wanted = [r for r in args.rows.split(',') if r]
   if args.dry_run:
