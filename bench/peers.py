@@ -435,7 +435,9 @@ def main(argv=None):
     else:
       pythons[env] = ensure_env(args.envs_dir, env)
   result = collections.OrderedDict(
-      schema_version=SCHEMA_VERSION, section='peers', machine=machine(), checkout=source,
+      # 'benchmark', not bench/run.py's 'section': run.py's results/README.md renders the
+      # JSON files with a section, and this one has its own table.
+      schema_version=SCHEMA_VERSION, benchmark='peers', machine=machine(), checkout=source,
       date=datetime.datetime.now().strftime('%Y-%m-%d %H:%M'), dry_run=args.dry_run,
       reps=args.reps,
       warmup=args.warmup, rounds=args.warmup + args.timed, target=TARGET, load_before=_load(),

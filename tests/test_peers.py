@@ -28,7 +28,7 @@ def test_dry_run_writes_json_and_section_without_peer_envs(tmp_path):
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   assert not envs.exists()  # no environment created
   result = json.loads((tmp_path / 'peers.json').read_text())
-  assert result['dry_run'] and result['section'] == 'peers'
+  assert result['dry_run'] and result['benchmark'] == 'peers' and 'section' not in result
   assert list(result['settings']) == list(peers.SETTINGS)
   assert 'load_average' in result['machine'] and len(result['load_before']) == 3
   mlp = result['settings']['mlp_50x10']['rows']
