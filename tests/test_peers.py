@@ -58,6 +58,7 @@ def test_table_marks_target_and_loss_and_replaces_the_doc_section(tmp_path):
                  load_after=[2.0, 1, 1],
                  target=dict(ours_over_pfl=0.1 / 0.15, met=False))
   result = dict(machine=dict(nproc=2, cpu_model='cpu', memory_gib=1.0), date='d', dry_run=False,
+                target=0.5,
                 reps=2, rounds=5, warmup=2, load_before=[1, 1, 1], load_after=[2, 2, 2],
                 settings={'mlp_50x10': setting}, versions={'main': {'tensorflow': '2.14.1'}})
   text = peers.markdown(result)
