@@ -301,7 +301,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--doc', default=os.path.join(ROOT, 'docs', 'performance.md'))
   p.add_argument('--envs_dir', default=os.path.join(HERE, 'peer_envs'))
   p.add_argument('--data_dir', default=os.path.join(HERE, 'tmp', 'peers'))
-  # The slowest process that finished took ~90 s (GRU, per client, load 12).
+  # The slowest process that finished took 114 s (CIFAR shape, ours, load 12).
   p.add_argument('--timeout', type=float, default=600.0, help='seconds per process')
   p.add_argument('--update', action='store_true',
                  help="keep <out_dir>/peers.json's other settings, and in the settings measured "
