@@ -16,6 +16,8 @@ Row `<algorithm>@<execution>`, data `arrays`:
                    the same, with the next round's padding on a background thread
                    while this round trains, as bin/train's feed does
                    (`cohort_data.Prefetcher`): the round as bin/train runs it
+  cohort_vec_bg    cohort_vec with the background padding: bin/train's round for
+                   recurrent models, which `auto` vectorises unrolled (fedavg only)
 
 Data: each client's K batches are read once from the bench's in-memory
 datasets into NumPy arrays (`cohort_data.client_batches`, what the workflow's
@@ -53,8 +55,9 @@ EXECUTIONS = collections.OrderedDict([
     ('cohort_seq_xlaprog', dict(mode='sequential', jit_compile='program')),
     ('cohort_vec_xlaprog_bg', dict(mode='vectorized', jit_compile='program')),
     ('cohort_seq_xlaprog_bg', dict(mode='sequential', jit_compile='program')),
+    ('cohort_vec_bg', dict(mode='vectorized')),
 ])
-BACKGROUND = ('cohort_vec_xlaprog_bg', 'cohort_seq_xlaprog_bg')
+BACKGROUND = ('cohort_vec_xlaprog_bg', 'cohort_seq_xlaprog_bg', 'cohort_vec_bg')
 FEDAVG_ONLY = ('cohort_vec_cpp', 'cohort_seq_xla', *BACKGROUND)
 DATA = 'arrays'
 TOLERANCE = 1e-5

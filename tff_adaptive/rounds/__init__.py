@@ -14,6 +14,7 @@
   cohort_next.py        the cohort process's `next`: client datasets or shards in
   cohort_data.py        the cohort's client data as padded tensors, cached
   cohort_aggregation.py the cohort program's aggregators: mean, DP, CE-FedAvg, robust
+  recurrent.py          recurrent layers unrolled, so the cohort vectorises them
 
 `tff_adaptive.algorithms.composer` is the entry point algorithms use.
 """
