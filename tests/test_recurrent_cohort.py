@@ -4,8 +4,9 @@ A tiny GRU and a tiny LSTM (6 positions, Embedding(mask_zero=True) as the
 Shakespeare models), 3 clients of unequal sizes with partial batches: the
 vectorised cohort (recurrent layers unrolled, `tf.vectorized_map`) equals the
 per-client round within 1e-5 over 2 rounds, weights, server state and metrics;
-`auto` picks it; a length the layers cannot be unrolled over keeps them in
-sequence, and 'vectorized' is then refused in one line.
+`auto` keeps recurrent models in sequence beyond `MAX_UNROLLED_CELLS`; a length
+the layers cannot be unrolled over keeps them in sequence, and 'vectorized' is
+then refused in one line.
 """
 
 import collections
@@ -67,8 +68,8 @@ def _assert_equal(a, b, what):
 
 
 @pytest.mark.parametrize('layer, local_steps, mode, jit_compile', [
-    (tf.keras.layers.GRU, 2, 'auto', False),
-    (tf.keras.layers.LSTM, 0, 'auto', 'auto'),  # epochs: clients of 1-4 batches, padded steps
+    (tf.keras.layers.GRU, 2, 'vectorized', False),
+    (tf.keras.layers.LSTM, 0, 'vectorized', 'auto'),  # epochs: 1-4 batches, padded steps
     (tf.keras.layers.GRU, 1, 'vectorized', 'step'),  # XLA per step inside vectorized_map
 ])
 def test_vectorised_recurrent_cohort_equals_the_per_client_round(layer, local_steps, mode,
@@ -95,17 +96,18 @@ def test_layers_without_a_static_length_stay_in_sequence_and_vectorized_is_refus
 
 
 @pytest.mark.parametrize('conv, cells, mode, jit_compile, expected', [
-    (False, 160, 'auto', 'auto', True),  # the Shakespeare GRU: 2 layers x 80 positions
-    (False, 160, 'auto', False, True),
-    (False, 160, 'auto', 'step', False),  # XLA asked for: the sequential step compiles
-    (False, 160, 'auto', True, False),
-    (False, recurrent.MAX_UNROLLED_CELLS + 1, 'auto', 'auto', False),  # too long to unroll
-    (False, recurrent.MAX_UNROLLED_CELLS + 1, 'vectorized', 'auto', True),  # asked for
-    (True, 160, 'auto', 'auto', False),  # convolutions: in sequence, as without recurrence
+    # The Shakespeare GRU (2 layers x 80 positions): its vectorised round program
+    # does not build in bounded time, so auto keeps it in sequence.
+    (False, 160, 'auto', 'auto', False),
+    (False, 160, 'vectorized', 'auto', True),  # asked for
+    (False, 160, 'vectorized', 'step', True),
+    (False, recurrent.MAX_UNROLLED_CELLS, 'auto', 'auto', True),  # within the bound
+    (False, recurrent.MAX_UNROLLED_CELLS, 'auto', 'step', False),  # XLA asked for
+    (True, recurrent.MAX_UNROLLED_CELLS, 'auto', 'auto', False),  # convolutions
     (False, 160, 'sequential', 'auto', False),
 ])
-def test_auto_vectorises_recurrent_models_it_can_unroll(conv, cells, mode, jit_compile,
-                                                        expected):
+def test_auto_vectorises_only_recurrent_models_within_the_bound(conv, cells, mode, jit_compile,
+                                                                expected):
   view = types.SimpleNamespace(has_rnn=True, has_conv=conv, has_conv_or_rnn=True,
                                rnn_unrolled_cells=cells, rnn_vectorise_reason=None)
   assert recurrent.vectorise(mode, view, jit_compile) is expected

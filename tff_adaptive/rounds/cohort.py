@@ -76,8 +76,9 @@ class CohortExecution:
     mode: 'vectorized' (clients in parallel, `tf.vectorized_map`),
       'sequential' (`tf.map_fn`), or 'auto': sequential for models with
       convolutions (pfor runs their gradients as while loops: slower than in
-      sequence, docs/performance.md) and for recurrent layers that cannot be
-      unrolled, else vectorized (recurrent layers unrolled: recurrent.py).
+      sequence, docs/performance.md) or recurrent layers (vectorised, they run
+      unrolled, recurrent.py, whose program does not build in bounded time
+      for the Shakespeare GRU), else vectorized.
     in_process: run the shard program as a `tf.function` in this process
       (single-machine simulation); False: through the current TFF context.
     num_shards: split the cohort into this many shards (e.g. one per TFF

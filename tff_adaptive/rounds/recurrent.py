@@ -13,24 +13,28 @@ float32 summation order.
 
 Measured on the Shakespeare GRU (2 × GRU 128, 80 positions, 10 clients × B4;
 docs/performance.md): one gradient of the whole cohort took 0.30× the ten
-clients' gradients in sequence; tracing the unrolled, vectorised program is
-slow (minutes for 2 × 80 cells under load), paid once per process.
+clients' gradients in sequence, but building the vectorised round program
+(pfor's conversion of the unrolled gradient inside the step loop) takes
+longer than 14 minutes, so `auto` does not pick it (`MAX_UNROLLED_CELLS`).
 
 Unrolling needs the sequence length at build time (a static time dimension)
-and puts every position of every layer in the graph, so `MAX_UNROLLED_CELLS`
-bounds what `auto` unrolls; beyond it, or with an unknown length, recurrent
-cohorts run in sequence as before.
+and puts every position of every layer in the graph; with an unknown length
+'vectorized' is refused and recurrent cohorts run in sequence as before.
 """
 
 from typing import Optional
 
 import tensorflow as tf
 
-# Positions × recurrent layers that `auto` unrolls. 2 × 80 (Shakespeare) is
-# measured faster vectorised; beyond a few hundred cells the graph (and its
-# tracing and pfor conversion, minutes already at 160) grows without a
-# measurement that it still pays.
-MAX_UNROLLED_CELLS = 400
+# Positions × recurrent layers that `auto` unrolls: none. One vectorised
+# gradient of the Shakespeare GRU (2 × 80 cells) is 0.30× the clients in
+# sequence, but converting the round program (the unrolled gradient inside
+# the client's step loop) did not finish in 14 minutes (pfor's
+# `WhileV2._process_body`, load 9-13; a bench build at load 8-17 ran over
+# an hour), and no smaller model was measured faster as a round. So `auto`
+# keeps recurrent cohorts in sequence (XLA per step) and
+# `mode='vectorized'` is opt-in until the build is bounded.
+MAX_UNROLLED_CELLS = 0
 # `CohortExecution(jit_compile='auto')` for vectorised recurrent cohorts.
 AUTO_JIT_COMPILE = False
 
