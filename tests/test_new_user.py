@@ -42,18 +42,7 @@ def _noise(stderr: str) -> list[str]:
           or any(w in l.lower() for w in TF_LOG_WORDS)]
 
 
-def _train(settings):
-  """(exit code, stderr lines) of an in-process bin/train run."""
-  err, code = io.StringIO(), 0
-  with contextlib.redirect_stderr(err):
-    try:
-      cli.run_training(settings)
-    except cli.RunError as e:
-      code = cli.report(e)
-    finally:
-      signal.signal(signal.SIGINT, signal.default_int_handler)
-      signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  return code, [l for l in err.getvalue().splitlines() if l.strip()]
+_train = train_config.train_settings
 
 
 def _snapshot(path):

@@ -38,21 +38,7 @@ def _settings(root, **overrides):
                                                'rounds_per_checkpoint': 1, **overrides})
 
 
-def _train(settings):
-  """(exit code, stderr lines) of an in-process bin/train run."""
-  import contextlib  # pylint: disable=g-import-not-at-top
-  import io  # pylint: disable=g-import-not-at-top
-  err = io.StringIO()
-  code = 0
-  with contextlib.redirect_stderr(err):
-    try:
-      cli.run_training(settings)
-    except cli.RunError as e:
-      code = cli.report(e)
-    finally:
-      signal.signal(signal.SIGINT, signal.default_int_handler)
-      signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  return code, [l for l in err.getvalue().splitlines() if l.strip()]
+_train = train_config.train_settings
 
 
 def _run_dir(root):

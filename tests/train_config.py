@@ -51,19 +51,17 @@ def small_run(root, name: str, **overrides) -> config.Settings:
                             **overrides})
 
 
-def train(args, program: str = 'train.py') -> tuple[int, str]:
-  """(exit status, stdout and stderr) of bin/train's command line `args`, run in this process.
+def _in_process(run, program: str) -> tuple[int, str]:
+  """(exit status, stdout and stderr) of `run()` reported as bin/train reports a RunError.
 
-  What bin/train does once absl has parsed the command line: resolve the
-  flags, check them, run, and report a RunError as it would. The caller's
-  SIGINT/SIGTERM handlers are put back afterwards (a stopped run leaves the
-  default actions).
+  The caller's SIGINT/SIGTERM handlers are put back afterwards (a stopped run
+  leaves the default actions).
   """
   out = io.StringIO()
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
     try:
-      cli.run_training(*cli.config_from_args(args))
+      run()
       code = 0
     except cli.RunError as e:
       code = cli.report(e, program)
@@ -71,6 +69,19 @@ def train(args, program: str = 'train.py') -> tuple[int, str]:
       for s, handler in handlers.items():
         signal.signal(s, handler)
   return code, out.getvalue()
+
+
+def train(args, program: str = 'train.py') -> tuple[int, str]:
+  """(exit status, output) of bin/train's command line `args`, run in this process: what
+  bin/train does once absl has parsed it (resolve the flags, check them, run, report)."""
+  return _in_process(lambda: cli.run_training(*cli.config_from_args(args)), program)
+
+
+def train_settings(settings: config.Settings) -> tuple[int, list[str]]:
+  """(exit status, the output's non-empty lines) of `cli.run_training(settings)` in this
+  process, its error reported as bin/train would."""
+  code, output = _in_process(lambda: cli.run_training(settings), 'train.py')
+  return code, [line for line in output.splitlines() if line.strip()]
 
 
 def refused_runs(tmp_path, arg_lists):
