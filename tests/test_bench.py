@@ -22,7 +22,7 @@ import run as bench  # pylint: disable=g-import-not-at-top
 # has no cohort form.
 COHORT_ROWS = ('fedavg@cohort_vec', 'fedavg@cohort_seq', 'fedavg@cohort_vec_cpp',
                'fedavg@cohort_seq_xla', 'fedavg@cohort_vec_xlaprog', 'fedavg@cohort_seq_xlaprog',
-               'fedavg@cohort_vec_xlaprog_bg', 'fedavg@cohort_seq_xlaprog_bg')
+               'fedavg@cohort_vec_xlaprog_bg', 'fedavg@cohort_seq_xlaprog_bg', 'fedavg@cohort_vec_bg')
 
 
 @pytest.fixture(scope='module')
