@@ -36,7 +36,7 @@ HPARAM_BITS = 32 + 32  # η (float32) and K (int32), broadcast every round
 
 
 # TFF's local C++ context for the module, its worker stopped after (conftest.py).
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 @pytest.fixture(scope='module')

@@ -22,6 +22,9 @@ from workflow import personalization
 from workflow import train_flags
 from workflow import train_help
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -101,6 +104,7 @@ TOY_MODULE = '''\
 """Toy: FedAvg through the round composer, registered by a test in one entry."""
 
 from tff_adaptive.algorithms import fedopt
+
 
 
 def build_toy(model_fn, client_optimizer_fn, server_optimizer_fn=None, *, local_steps=0,

@@ -37,7 +37,7 @@ PAPER_ROUNDS = 2
 
 
 # TFF's local C++ context for the module, its worker stopped after (conftest.py).
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 @pytest.fixture(scope='module')

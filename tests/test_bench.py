@@ -17,6 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import run as bench  # pylint: disable=g-import-not-at-top
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 # Every cohort execution of FedAvg (the default --cohort_executions); tff_fedavg
 # has no cohort form.

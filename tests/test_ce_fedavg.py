@@ -43,7 +43,7 @@ SHAPES = [(3, 3, 1, 8), (8,), (72, 20), (20,), (20, 10)]
 
 
 # TFF's local C++ context for the module, its worker stopped after (conftest.py).
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 def _list_type(shapes):

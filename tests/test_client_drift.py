@@ -28,7 +28,7 @@ LR = 0.1
 
 
 # TFF's local C++ context for the module, its worker stopped after (conftest.py).
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 def _from_sum(vectors):

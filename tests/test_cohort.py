@@ -30,7 +30,7 @@ from tff_adaptive.algorithms import scaffold
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 D, H, C, B = 5, 7, 3, 4
 SIZES = (7, 13, 3, 10)  # partial batches everywhere (B = 4)

@@ -29,7 +29,7 @@ from tff_adaptive.algorithms import fedopt
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_aggregation
 
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 def test_dp_aggregator_is_tff_gaussian_fixed_and_keeps_its_parameters():

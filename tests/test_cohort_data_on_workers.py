@@ -33,6 +33,9 @@ from tff_adaptive.execution import remote_context
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 WORKERS = 2
 ROUNDS = 3
 B = 64  # digits clients (8 of 111-285 examples) end in partial batches; K=3 cycles through one

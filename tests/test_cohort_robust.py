@@ -31,7 +31,7 @@ from tff_adaptive.execution import remote_context
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_aggregation
 
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 SCALES = (1.0, 10.0, 1.0, 3000.0)  # client 1 is clipped, client 3 zeroed
 

@@ -33,7 +33,7 @@ import native_profile  # pylint: disable=g-import-not-at-top,wrong-import-positi
 
 
 # TFF's local C++ context for the module, its worker stopped after (conftest.py).
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 def _keras_model():

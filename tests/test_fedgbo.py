@@ -27,7 +27,7 @@ UNIFORM = tff.learning.ClientWeighting.UNIFORM
 
 
 # TFF's local C++ context for the module, its worker stopped after (conftest.py).
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 @pytest.fixture(scope='module')

@@ -25,6 +25,11 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

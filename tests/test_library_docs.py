@@ -5,6 +5,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'library.md')
 

@@ -24,6 +24,9 @@ from tests import nan_task_fixture
 from workflow import cli
 from workflow import data_checks
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What TensorFlow's C++ logging prints at start-up (oneDNN, CUDA stubs, cuDNN/cuFFT/
 # cuBLAS registration, TensorRT), matched case-insensitively.

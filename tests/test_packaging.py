@@ -8,6 +8,11 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIT = ['git', '-c', 'user.email=test@example.com', '-c', 'user.name=test']
 

@@ -11,6 +11,9 @@ import algorithm_testing as at  # pylint: disable=g-bad-import-order
 from tff_adaptive.execution import runtime
 from tff_adaptive.optimizers import paper_fedopt
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 def _specs(dtype=tf.float64):
   """A nested structure with rank 0 to 3 leaves."""
   return collections.OrderedDict(

@@ -14,6 +14,9 @@ import processes  # pylint: disable=g-bad-import-order
 
 from tff_adaptive.execution import parent_death
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 linux_only = pytest.mark.skipif(not sys.platform.startswith('linux'),
                                 reason='PR_SET_PDEATHSIG is Linux only')
 

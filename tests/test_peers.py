@@ -11,12 +11,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'bench'))
 
 import peers  # pylint: disable=g-import-not-at-top
+
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
 
 
 def test_dry_run_writes_json_and_section_without_peer_envs(tmp_path):

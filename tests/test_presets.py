@@ -15,6 +15,9 @@ from workflow import cli
 from workflow import config
 from workflow import presets
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 DOC = os.path.join(ROOT, 'docs', 'tasks.md')

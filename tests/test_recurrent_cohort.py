@@ -22,7 +22,7 @@ from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import recurrent
 
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 T, V, B = 6, 9, 4
 

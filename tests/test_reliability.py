@@ -29,6 +29,9 @@ import train_config  # pylint: disable=g-bad-import-order
 from workflow import cli
 from workflow import program
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 NAME = 'run'
 
 
@@ -351,6 +354,7 @@ def test_trust_command_line_resumes_and_records_flags(reference, three_rounds, t
 
 _HOLD = """
 import fcntl, os, sys, time
+
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.ftruncate(fd, 0); os.write(fd, f'{os.getpid()}\\n'.encode())

@@ -30,6 +30,9 @@ from workflow import program
 from workflow import run_dir
 from workflow import sweep
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

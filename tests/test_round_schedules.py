@@ -31,6 +31,9 @@ from tff_adaptive.schedules import local_steps
 from tff_adaptive.schedules import quadratic_toy
 from tff_adaptive.execution import runtime  # disarms TFF's noisy exit handlers
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 CLIENTS = 3

@@ -12,6 +12,9 @@ import processes  # pylint: disable=g-bad-import-order
 
 from tff_adaptive.execution import runtime
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent('''

@@ -26,7 +26,7 @@ SERVER_LR = 0.7
 SIZES = (7, 12, 5, 9)  # partial batches; the 5-example client cycles within a round
 N = len(SIZES)
 
-pytestmark = pytest.mark.usefixtures('local_cpp_context')
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 @pytest.fixture(scope='module')

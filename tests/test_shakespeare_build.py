@@ -19,6 +19,9 @@ import pytest
 
 from tasks import shakespeare_build as sb
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYS_DIR = os.path.join(ROOT, 'tests', 'shakespeare_plays')
 BUILD = os.path.join(ROOT, 'bin', 'build_shakespeare.py')

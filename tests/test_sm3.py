@@ -13,6 +13,9 @@ from tff_adaptive.execution import runtime
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 _LR, _EPS = 0.5, 1e-12
 
 

@@ -29,6 +29,9 @@ from workflow import stats
 from workflow import sweep
 from workflow import sweep_runner
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The fake trial: curves are functions of the flags, so tests know the winner.

@@ -26,6 +26,9 @@ from tasks import registry
 from workflow import cli
 from workflow import config
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'tasks.md')
 # Where each task's fixture lives inside the fixture root, and how many clients it has.

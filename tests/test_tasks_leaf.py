@@ -15,6 +15,9 @@ from tasks import leaf
 from tasks import registry
 from tasks.settings import TaskSettings
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 def _create(task, data_dir, *, batch_size=4, seed=0, **flags):
   """The registry's `task` on `data_dir`: one epoch, the other task flags at their defaults."""

@@ -23,6 +23,9 @@ from tasks import tff_files
 from tasks import tff_native
 from workflow import program
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -22,6 +22,9 @@ import train_config  # pylint: disable=g-bad-import-order
 from workflow import cli
 from workflow import config
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 SMALL = ['--task=digits', '--num_clients=8', '--clients_per_round=4', '--client_batch_size=20',

@@ -30,6 +30,9 @@ from workflow import tensorboard_hparams
 from workflow import train_flags
 from workflow import train_help
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 # Task and loop flags only (no algorithm flag): tiny digits, one evaluation.

@@ -18,6 +18,9 @@ from tasks.models import vit
 from tff_adaptive.execution import runtime
 from tff_adaptive.algorithms import fedopt
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TINY = vit.ViTConfig(image_size=32, patch_size=16, width=16, depth=1, num_heads=2, mlp_dim=32)
 CLASSES = 5
 

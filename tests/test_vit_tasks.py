@@ -30,6 +30,9 @@ from tasks import vit_tasks
 from workflow import cli
 from workflow import config
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope='module')
 def gld_dir(tmp_path_factory):

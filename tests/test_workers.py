@@ -34,6 +34,9 @@ from tff_adaptive.execution import worker_process
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 
+# Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, 'bin', 'worker.py')
 ROUNDS = 3
@@ -309,6 +312,7 @@ SCRIPT = '''
 import sys, time
 sys.path.insert(0, {root!r})
 from tff_adaptive.execution import worker_process
+
 started = worker_process.start_local_workers(2)
 print('PIDS', *[w.pid for w in started], flush=True)
 sys.stdin.readline()  # the test has seen the workers alive
