@@ -31,6 +31,7 @@ from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
 from workflow import algorithm_builders as registry
+from workflow import algorithms
 from workflow import config
 from tff_adaptive.compression import codec
 from tff_adaptive.compression import sparsify
@@ -255,10 +256,10 @@ def test_builders_name_the_argument_and_the_registry_the_flag():
   for s in (1.0, -0.1, 1.5):
     with pytest.raises(ValueError, match=r'SharedIndexCompressionFactory: sparsity must be in'):
       compression.SharedIndexCompressionFactory(s)
-  with pytest.raises(registry.ConfigError, match='--upload_compression'):
+  with pytest.raises(algorithms.ConfigError, match='--upload_compression'):
     registry.build(None, config.from_flags(dict(algorithm='ce_fedavg', client_optimizer='adam',
                                                 upload_compression='none')))
-  with pytest.raises(registry.ConfigError, match='--upload_compression'):
+  with pytest.raises(algorithms.ConfigError, match='--upload_compression'):
     registry.build(None, config.from_flags(dict(algorithm='mimelite', upload_compression='topk')))
 
 

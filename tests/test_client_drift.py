@@ -20,6 +20,7 @@ from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from workflow import algorithm_builders as registry
+from workflow import algorithms
 from workflow import cli
 from workflow import config
 
@@ -114,7 +115,7 @@ def test_off_by_default_and_the_registry_flag():
   # The context does not leak: a later build without the flag has no metric.
   assert 'client_drift' not in dir(tf_type(registry.build(task, settings.replace(
       measure_client_drift=False))))
-  with pytest.raises(registry.ConfigError, match='measure_client_drift'):
+  with pytest.raises(algorithms.ConfigError, match='measure_client_drift'):
     registry.build(task, settings.replace(algorithm='mimelite', client_optimizer='sgd'))
 
 

@@ -54,13 +54,11 @@ Builder = Callable[..., tff.learning.templates.LearningProcess]
 WEIGHTINGS = {'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
               'uniform': tff.learning.ClientWeighting.UNIFORM}
 
-ConfigError = algorithms.ConfigError
 Settings = config.Settings
-uses_dp = algorithms.uses_dp
 
 
 def _weighting(settings: Settings):
-  if uses_dp(settings):
+  if algorithms.uses_dp(settings):
     return tff.learning.ClientWeighting.UNIFORM  # DP aggregation is unweighted
   name = settings.client.client_weighting or 'default'
   return None if name == 'default' else WEIGHTINGS[name]
@@ -87,7 +85,7 @@ def model_aggregator(settings: Settings):
   """
   aggregation = settings.aggregation
   name = aggregation.aggregator or 'mean'
-  if uses_dp(settings):
+  if algorithms.uses_dp(settings):
     return privacy.dp_aggregator(aggregation.dp_noise_multiplier, aggregation.dp_clip_norm,
                                  settings.client.clients_per_round)
   if name == 'mean':
@@ -172,8 +170,8 @@ def standard(build_fn: Callable[..., Any]) -> Builder:
 def _refuse_server_optimizer(settings: Settings, implied: str, because: str) -> None:
   given = settings.server.server_optimizer
   if given and given != implied:
-    raise ConfigError(f'--server_optimizer={given} contradicts {because} (which uses '
-                      f'{implied}); leave it unset')
+    raise algorithms.ConfigError(f'--server_optimizer={given} contradicts {because} (which '
+                                 f'uses {implied}); leave it unset')
 
 
 def build_fedopt(task, settings: Settings, **options):
@@ -206,8 +204,9 @@ def build_mfl(task, settings: Settings, **options):
 def build_ce_fedavg(task, settings: Settings, **options):
   client, compression_name = settings.client, settings.aggregation.upload_compression or 'none'
   if compression_name == 'none':
-    raise ConfigError('--algorithm=ce_fedavg compresses its uploads: set --upload_compression='
-                      'topk or topk_uniq (or use --algorithm=mfl --client_optimizer=adam)')
+    raise algorithms.ConfigError(
+        '--algorithm=ce_fedavg compresses its uploads: set --upload_compression=topk or '
+        'topk_uniq (or use --algorithm=mfl --client_optimizer=adam)')
   beta_1, beta_2, epsilon = client.client_beta_1, client.client_beta_2, client.client_epsilon
   biased_optimizers.BiasedOptimizer('adam', beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
   return ce_fedavg.build_ce_fedavg(
@@ -277,9 +276,9 @@ def _personalized_weighting(settings: Settings):
 def _mtfl_client(settings: Settings, strategy: str):
   client = settings.client
   if strategy != 'fedavg_adam' and client.client_optimizer != 'sgd':
-    raise ConfigError(f'--client_optimizer={client.client_optimizer} contradicts '
-                      f'--mtfl_strategy={strategy} (SGD clients); --mtfl_strategy=fedavg_adam '
-                      'runs Adam clients')
+    raise algorithms.ConfigError(
+        f'--client_optimizer={client.client_optimizer} contradicts --mtfl_strategy={strategy} '
+        '(SGD clients); --mtfl_strategy=fedavg_adam runs Adam clients')
   if strategy == 'fedavg_adam':
     return biased_client_optimizer(dataclasses.replace(client, client_optimizer='adam'))
   return client_sgd(client)
@@ -357,7 +356,7 @@ def build(task: task_base.FederatedTask,
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
     # The library names its arguments; the settings name the flags.
-    with library_flags.named_by_flags(settings, ConfigError):
+    with library_flags.named_by_flags(settings, algorithms.ConfigError):
       process = entry_builder(settings.server.algorithm)(task, settings, **options)
   for warning in caught:
     text = str(warning.message)
