@@ -42,7 +42,6 @@ import collections
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -52,6 +51,7 @@ import time
 import numpy as np
 
 # BEGIN, END: re-exported for the tests.
+import machine_info
 from peers_report import BEGIN, END, REFERENCE  # pylint: disable=unused-import
 from peers_report import markdown, update_doc
 
@@ -96,22 +96,6 @@ LOSS_EXCEPTIONS = {
                            "generator, so the trajectories differ by the masks' noise (compare "
                            "the two raw loops: the same code, two generators)"),
 }
-
-
-def _load():
-  return [round(x, 2) for x in os.getloadavg()]
-
-
-def machine() -> collections.OrderedDict:
-  cpu = platform.processor() or 'unknown'
-  try:
-    with open('/proc/cpuinfo') as f:
-      cpu = next(l.split(':', 1)[1].strip() for l in f if l.startswith('model name'))
-  except (OSError, StopIteration):
-    pass
-  mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
-  return collections.OrderedDict(nproc=os.cpu_count(), cpu_model=cpu, memory_gib=round(mem, 1),
-                                 python=platform.python_version(), load_average=_load())
 
 
 def checkout() -> collections.OrderedDict:
@@ -206,7 +190,7 @@ def prepare(settings, data_dir: str, tiny: bool, timeout: float) -> None:
 def measure_setting(name: str, rows, pythons, data_dir: str, reps: int, rounds: int,
                     timeout: float) -> dict:
   """Every row of one setting, `reps` processes each, alternated; raw results per row."""
-  load_before = _load()
+  load_before = machine_info.load_average()
   per_row = collections.OrderedDict((row, []) for row, _, _ in rows)
   errors = {}
   for rep in range(reps):
@@ -234,7 +218,8 @@ def measure_setting(name: str, rows, pythons, data_dir: str, reps: int, rounds: 
       per_row[row].append(result)
       print(f"peers: {name} {row} rep {rep}: rounds "
             f"{', '.join(f'{t:.3f}' for t in result['round_times_s'])} s", flush=True)
-  return dict(results=per_row, errors=errors, load_before=load_before, load_after=_load())
+  return dict(results=per_row, errors=errors, load_before=load_before,
+              load_after=machine_info.load_average())
 
 
 def _weights(path):
@@ -354,10 +339,12 @@ def main(argv=None):
   result = collections.OrderedDict(
       # 'benchmark', not bench/run.py's 'section': run.py's results/README.md renders the
       # JSON files with a section, and this one has its own table.
-      schema_version=SCHEMA_VERSION, benchmark='peers', machine=machine(), checkout=source,
+      schema_version=SCHEMA_VERSION, benchmark='peers', machine=machine_info.machine(),
+      checkout=source,
       date=datetime.datetime.now().strftime('%Y-%m-%d %H:%M'), dry_run=args.dry_run,
       reps=args.reps,
-      warmup=args.warmup, rounds=args.warmup + args.timed, target=TARGET, load_before=_load(),
+      warmup=args.warmup, rounds=args.warmup + args.timed, target=TARGET,
+      load_before=machine_info.load_average(),
       settings=collections.OrderedDict())
   prepare(settings, args.data_dir, args.dry_run, args.timeout)
   for i, name in enumerate(settings):
@@ -371,7 +358,7 @@ def main(argv=None):
     measured['results'] = collections.OrderedDict(
         (r, measured['results'].get(r, [])) for r, _, _ in rows)
     result['settings'][name] = summarize(name, measured, args.warmup, not_run)
-  result['load_after'] = _load()
+  result['load_after'] = machine_info.load_average()
   path = os.path.join(args.out_dir, 'peers.json')
   if args.update and os.path.exists(path):
     result = _merged(path, result, wanted)

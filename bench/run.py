@@ -44,7 +44,6 @@ import cProfile
 import io
 import json
 import os
-import platform
 import pstats
 import resource
 import statistics
@@ -63,6 +62,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import bench_cohort
+import machine_info
 import bench_models
 from tff_adaptive.execution import runtime
 from workflow import algorithm_builders as registry
@@ -305,10 +305,6 @@ def interleaved(fns: dict, reps: int) -> dict:
   return times
 
 
-def _load():
-  return [round(x, 2) for x in os.getloadavg()]
-
-
 def _finite_ratio(a, b):
   return float(a / b) if b > 0 else float('nan')
 
@@ -317,7 +313,7 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
                      cohort_executions=()):
   """Ratios to raw compute for `names` under each data mode and each cohort
   execution (bench_cohort.py), all interleaved."""
-  load_before = _load()
+  load_before = machine_info.load_average()
   fns = {'raw': build_raw(setting), 'raw_pipeline': build_raw_pipeline(setting)}
   fns['raw']()  # trace
   fns['raw_pipeline']()
@@ -366,7 +362,8 @@ def overhead_section(setting: Setting, names, data_modes, reps, profile_rounds=0
       if key.startswith(('fedavg/', TFF_REFERENCE + '/')):
         profiles[key] = profile(runners[key], profile_rounds)
   return collections.OrderedDict(
-      setting=vars_of(setting), reps=reps, load_before=load_before, load_after=_load(),
+      setting=vars_of(setting), reps=reps, load_before=load_before,
+      load_after=machine_info.load_average(),
       raw_times_s=times['raw'], raw_pipeline_times_s=times['raw_pipeline'],
       raw_pipeline_over_raw=_finite_ratio(raw_pipeline, raw), rows=rows, times_s=times,
       cohort_skipped=cohort_skipped, cohort_failed=cohort_failed, targets=bench_cohort.targets(rows, TFF_REFERENCE),
@@ -431,7 +428,7 @@ def _second_half_slope(series) -> float:
 
 
 def memory_section(setting: Setting, name: str, data: str, rounds: int):
-  load_before = _load()
+  load_before = machine_info.load_average()
   runner = Runner(name, setting, data)
   rss, worker_rss = [], []
   t0 = time.perf_counter()
@@ -447,7 +444,7 @@ def memory_section(setting: Setting, name: str, data: str, rounds: int):
       worker_rss_kib=worker_rss, worker_rss_first_kib=worker_rss[0],
       worker_rss_last_kib=worker_rss[-1], worker_peak_rss_kib=max(worker_rss),
       worker_slope_second_half_kib_per_round=_second_half_slope(worker_rss),
-      load_before=load_before, load_after=_load())
+      load_before=load_before, load_after=machine_info.load_average())
 
 
 def memory_cohort_section(setting: Setting, name: str, rounds: int, min_clients: int,
@@ -459,7 +456,7 @@ def memory_cohort_section(setting: Setting, name: str, rounds: int, min_clients:
   The arrays of `setting.clients` clients are read once (as the workflow's
   ClientCache keeps them); round r trains on a random subset of them.
   """
-  load_before = _load()
+  load_before = machine_info.load_average()
   algorithm, _ = ALGORITHMS[name]
   process, reason = bench_cohort.build(algorithm, setting.task(), _config(name, setting),
                                        'cohort_vec' if setting.model != 'cnn' else 'cohort_seq')
@@ -485,21 +482,11 @@ def memory_cohort_section(setting: Setting, name: str, rounds: int, min_clients:
       slope_second_half_kib_per_round=_second_half_slope(rss),
       slope_all_kib_per_round=float(np.polyfit(np.arange(len(rss)), rss, 1)[0]),
       padding_waste=process.shard_stats.waste,
-      load_before=load_before, load_after=_load())
+      load_before=load_before, load_after=machine_info.load_average())
 
 
 def machine():
-  cpu = platform.processor() or 'unknown'
-  try:
-    with open('/proc/cpuinfo') as f:
-      cpu = next(l.split(':', 1)[1].strip() for l in f if l.startswith('model name'))
-  except (OSError, StopIteration):
-    pass
-  mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
-  return collections.OrderedDict(
-      nproc=os.cpu_count(), sched_affinity=len(os.sched_getaffinity(0)), cpu_model=cpu,
-      memory_gib=round(mem, 1), python=platform.python_version(), tensorflow=tf.__version__,
-      tff=tff.__version__, load_average=_load())
+  return machine_info.machine(tensorflow=tf.__version__, tff=tff.__version__)
 
 
 def write(out_dir, section, payload):
@@ -721,7 +708,7 @@ def main(argv=None):
     print(json.dumps(result['rows'], indent=1), flush=True)
   if 'scaling' in sections:
     entries = []
-    load_before = _load()
+    load_before = machine_info.load_average()
     for model in args.scaling_models.split(','):
       for clients in (int(c) for c in args.scaling_clients.split(',')):
         if clients * args.local_steps > args.scaling_max_steps:
@@ -733,7 +720,7 @@ def main(argv=None):
         print(entries[-len(res['rows']):], flush=True)
     written.append(write(args.out_dir, f'scaling{tag}', collections.OrderedDict(
         columns=SCALING_COLUMNS,
-        entries=entries, load_before=load_before, load_after=_load(),
+        entries=entries, load_before=load_before, load_after=machine_info.load_average(),
         execution_concurrency=concurrency)))
   if 'memory' in sections:
     setting = Setting(args.memory_model, args.clients, args.local_steps, args.batch)
