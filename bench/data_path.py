@@ -195,8 +195,9 @@ def main(argv=None):
     return result
   sys.path.insert(0, os.path.join(ROOT, 'bench'))
   import run as bench  # pylint: disable=g-import-not-at-top
+  import machine_info  # pylint: disable=g-import-not-at-top
   sections = args.sections.split(',')
-  load_before = bench._load()  # pylint: disable=protected-access
+  load_before = machine_info.load_average()
   create, rounds = [], []
   for spec in args.tasks.split(','):
     task, clients = spec.split(':')
@@ -213,7 +214,7 @@ def main(argv=None):
       emnist_model=args.emnist_model,
       standins=json.load(open(standins)) if os.path.exists(standins) else None,
       create=create, rounds=rounds, load_before=load_before,
-      load_after=bench._load())  # pylint: disable=protected-access
+      load_after=machine_info.load_average())
   tag = f'_{args.tag}' if args.tag else ''
   path = bench.write(args.out_dir, f'data_path{tag}', payload)
   bench.markdown(args.out_dir)

@@ -36,6 +36,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import machine_info  # pylint: disable=g-import-not-at-top
 import run as bench  # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
 
@@ -168,7 +169,7 @@ def main(argv=None):
   runtime.use_local_cpp_context(args.execution_concurrency)
   setting = bench.Setting(args.model, args.clients, args.local_steps, args.batch)
   results = collections.OrderedDict()
-  load_before = bench._load()  # pylint: disable=protected-access
+  load_before = machine_info.load_average()
   with tempfile.TemporaryDirectory() as workdir:
     raw = bench.build_raw(setting)
     raw()
@@ -186,7 +187,7 @@ def main(argv=None):
   path = bench.write(args.out_dir, f'native_profile{tag}', collections.OrderedDict(
       setting=bench.vars_of(setting), rounds=args.rounds, frequency=args.frequency,
       execution_concurrency=args.execution_concurrency, load_before=load_before,
-      load_after=bench._load(), profiles=results))  # pylint: disable=protected-access
+      load_after=machine_info.load_average(), profiles=results))
   bench.markdown(args.out_dir)
   runtime.shutdown_workers()
   print('wrote', path)
