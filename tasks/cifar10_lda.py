@@ -41,6 +41,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
+from tasks import common
 from tasks import data_files
 from tasks import thesis
 from tasks.models import thesis_models
@@ -197,18 +198,11 @@ def create_task(*, cifar10_model: str, dirichlet_alpha: float, num_clients: int,
     keras_model_fn = lambda: builder(seed=seed)
     from_logits = True
     element_map = lambda e: (tf.cast(e['image'], tf.float32) / 255.0, e['label'])
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train, test_data=tff.simulation.datasets.TestClientData(
-          {'all': {'image': x_test, 'label': y_test.astype(np.int64)}}),
-      validation_data=None, train_preprocess_fn=train_fn, eval_preprocess_fn=eval_fn)
-
-  def model_fn():
-    return tff.learning.models.from_keras_model(
-        keras_model_fn(),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
-        input_spec=datasets.element_type_structure,
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
-
+  datasets = common.baseline_datasets(
+      train, tff.simulation.datasets.TestClientData(
+          {'all': {'image': x_test, 'label': y_test.astype(np.int64)}}), train_fn, eval_fn)
+  model_fn = common.classifier_model_fn(keras_model_fn, datasets.element_type_structure,
+                                        from_logits)
   evaluation = base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
       metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],

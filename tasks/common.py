@@ -48,18 +48,31 @@ def label_histograms(clients: ClientArrays, num_classes: int) -> np.ndarray:
                    for c in sorted(clients)])
 
 
+def baseline_datasets(train, test, train_preprocess_fn, eval_preprocess_fn):
+  """TFF's `BaselineTaskDatasets` without validation data (no task here has any)."""
+  return tff.simulation.baselines.BaselineTaskDatasets(
+      train_data=train, test_data=test, validation_data=None,
+      train_preprocess_fn=train_preprocess_fn, eval_preprocess_fn=eval_preprocess_fn)
+
+
+def classifier_model_fn(build_keras_model: Callable[[], tf.keras.Model], input_spec,
+                        from_logits: bool = True) -> Callable[[], tff.learning.models.VariableModel]:
+  """A TFF `model_fn` for a Keras classifier: sparse cross-entropy and accuracy."""
+
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        build_keras_model(),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+        input_spec=input_spec,
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+  return model_fn
+
+
 def keras_model_fn(build_keras_model: Callable[[], tf.keras.Model],
                    element_spec) -> Callable[[], tff.learning.models.VariableModel]:
   """A TFF `model_fn` for a classifier taking batches of (x, y)."""
   batched_spec = collections.OrderedDict(
       x=tf.TensorSpec([None] + list(element_spec['x'].shape), tf.float32),
       y=tf.TensorSpec([None], tf.int32))
-
-  def model_fn():
-    return tff.learning.models.from_keras_model(
-        build_keras_model(),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        input_spec=batched_spec,
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
-
-  return model_fn
+  return classifier_model_fn(build_keras_model, batched_spec)

@@ -112,10 +112,9 @@ def create_task(*, partition: str = 'dirichlet', num_clients: int = 20, alpha: f
   train, test = generate(partition, num_clients, alpha, seed)
   train_data = common.client_data_from_arrays(train)
   test_data = common.client_data_from_arrays(test)
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train_data, test_data=test_data, validation_data=None,
-      train_preprocess_fn=common.make_preprocess_fn(batch_size, num_epochs, seed),
-      eval_preprocess_fn=lambda ds: ds.batch(256))
+  datasets = common.baseline_datasets(
+      train_data, test_data, common.make_preprocess_fn(batch_size, num_epochs, seed),
+      lambda ds: ds.batch(256))
   keras_fn = lambda: build_keras_model(model)
   model_fn = common.keras_model_fn(keras_fn, train_data.element_type_structure)
   return base.FederatedTask(

@@ -44,6 +44,7 @@ import tensorflow_federated as tff
 
 from tensorflow_federated.python.simulation.datasets import vision_datasets_utils
 from tasks import base
+from tasks import common
 from tasks import data_files
 from tasks import vit_tasks
 from tasks.models import vit
@@ -162,10 +163,9 @@ def create_gld23k(*, finetune: str, pretrained_weights: str, allow_random_init: 
   # TFF's landmark task evaluates with batches of 64, unshuffled.
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                   shuffle_buffer_size=1)
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train, test_data=test, validation_data=None,
-      train_preprocess_fn=preprocess_fn(spec, is_training=True, image_size=image_size),
-      eval_preprocess_fn=preprocess_fn(eval_spec, is_training=False, image_size=image_size))
+  datasets = common.baseline_datasets(
+      train, test, preprocess_fn(spec, is_training=True, image_size=image_size),
+      preprocess_fn(eval_spec, is_training=False, image_size=image_size))
   baseline = tff.simulation.baselines.BaselineTask(
       datasets, vit_tasks.vit_model_fn(keras_model_fn, datasets.element_type_structure))
   return base.FederatedTask(name='gld23k', baseline=baseline, keras_model_fn=keras_model_fn,

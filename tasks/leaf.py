@@ -43,6 +43,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
+from tasks import common
 from tasks import data_files
 from tasks import leaf_json
 from tasks.models import paper_cnns
@@ -341,18 +342,10 @@ def _build(task: str, to_xy: Callable, keras_model_fn, num_classes: int, *, data
            default_clients: int = 0, shuffle_buffer: int = 1000,
            evaluation_fn: Optional[Callable] = None) -> base.FederatedTask:
   train, test, _ = load_client_data(task, data_dir, num_clients, default_clients)
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train, test_data=test, validation_data=None,
-      train_preprocess_fn=_preprocess_fn(to_xy, batch_size, num_epochs, seed, shuffle_buffer),
-      eval_preprocess_fn=lambda ds: ds.map(to_xy).batch(256))
-  element_spec = datasets.train_preprocess_fn(
-      train.create_tf_dataset_for_client(train.client_ids[0])).element_spec
-
-  def model_fn():
-    return tff.learning.models.from_keras_model(
-        keras_model_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        input_spec=element_spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
-
+  datasets = common.baseline_datasets(
+      train, test, _preprocess_fn(to_xy, batch_size, num_epochs, seed, shuffle_buffer),
+      lambda ds: ds.map(to_xy).batch(256))
+  model_fn = common.classifier_model_fn(keras_model_fn, datasets.element_type_structure)
   return base.FederatedTask(
       name=task, baseline=tff.simulation.baselines.BaselineTask(datasets, model_fn),
       keras_model_fn=keras_model_fn, num_classes=num_classes,

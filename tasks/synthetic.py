@@ -56,10 +56,9 @@ def create_task(*, alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
   train, test = generate(alpha, beta, num_clients, seed, max_examples)
   train_data = common.client_data_from_arrays(train)
   test_data = common.client_data_from_arrays(test)
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train_data, test_data=test_data, validation_data=None,
-      train_preprocess_fn=common.make_preprocess_fn(batch_size, num_epochs, seed),
-      eval_preprocess_fn=lambda ds: ds.batch(256))
+  datasets = common.baseline_datasets(
+      train_data, test_data, common.make_preprocess_fn(batch_size, num_epochs, seed),
+      lambda ds: ds.batch(256))
   model_fn = common.keras_model_fn(build_keras_model, train_data.element_type_structure)
   return base.FederatedTask(
       name='synthetic', baseline=tff.simulation.baselines.BaselineTask(datasets, model_fn),

@@ -166,6 +166,15 @@ def load_vocabulary(task: str, kind: str, data_dir: str, size: int) -> list[str]
     return words
 
 
+def load_restricted(task: str, dataset: str, data_dir: str, num_clients: int,
+                    max_client_examples: int, seed: int):
+  """(train, test) of a two-split TFF dataset in `data_dir` (default: TFF's cache),
+  its training clients restricted (`restrict_train_data`)."""
+  data_dir = data_files.expand_dir(data_dir, DEFAULT_CACHE_DIR)
+  train, test = load_sqlite(task, dataset, data_dir)
+  return restrict_train_data(train, num_clients, max_client_examples, seed), test
+
+
 def restrict_train_data(data: tff.simulation.datasets.ClientData, num_clients: int,
                          max_client_examples: int, seed: int) -> tff.simulation.datasets.ClientData:
   """Optionally caps each client's examples and samples a subset of clients.

@@ -44,6 +44,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
+from tasks import common
 from tasks import data_files
 from tasks import tff_files
 from tasks.models import paper_cnns
@@ -146,9 +147,8 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
                           seed: int) -> base.FederatedTask:
   model = cifar100_image_model
   _check_model('cifar100_image_model', model, CIFAR100_MODELS)
-  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
-  train, test = tff_files.load_sqlite('cifar100_image', 'cifar100', data_dir)
-  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
+  train, test = tff_files.load_restricted('cifar100_image', 'cifar100', data_dir, num_clients,
+                                         max_client_examples, seed)
   spec = _train_spec(batch_size, num_epochs)
   keras_model_fn = lambda: create_cifar100_model(model, seed)
   if model == 'resnet18':
@@ -158,10 +158,9 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
             train_data=train, test_data=test)
     from_logits = False  # TFF's ResNet ends in a softmax
   else:
-    datasets = tff.simulation.baselines.BaselineTaskDatasets(
-        train_data=train, test_data=test, validation_data=None,
-        train_preprocess_fn=fedgbo_cifar100_preprocess_fn(spec, distort=True),
-        eval_preprocess_fn=fedgbo_cifar100_preprocess_fn(
+    datasets = common.baseline_datasets(
+        train, test, fedgbo_cifar100_preprocess_fn(spec, distort=True),
+        fedgbo_cifar100_preprocess_fn(
             tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                 shuffle_buffer_size=1), distort=False))
     from_logits = True
@@ -197,9 +196,8 @@ def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_c
                             seed: int) -> base.FederatedTask:
   model = emnist_character_model
   _check_model('emnist_character_model', model, EMNIST_CHARACTER_MODELS)
-  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
-  train, test = tff_files.load_sqlite('emnist_character', 'emnist', data_dir)
-  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
+  train, test = tff_files.load_restricted('emnist_character', 'emnist', data_dir, num_clients,
+                                         max_client_examples, seed)
   tff_model = 'cnn_dropout' if model == 'fedgbo_cnn' else model
   char_tasks = _BASELINES.emnist.char_recognition_tasks
   baseline = char_tasks.create_character_recognition_task_from_datasets(
@@ -217,9 +215,8 @@ def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_c
 
 def create_emnist_autoencoder(*, data_dir: str, num_clients: int, max_client_examples: int,
                               batch_size: int, num_epochs: int, seed: int) -> base.FederatedTask:
-  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
-  train, test = tff_files.load_sqlite('emnist_autoencoder', 'emnist', data_dir)
-  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
+  train, test = tff_files.load_restricted('emnist_autoencoder', 'emnist', data_dir, num_clients,
+                                         max_client_examples, seed)
   baseline = _BASELINES.emnist.autoencoder_tasks.create_autoencoder_task_from_datasets(
       _train_spec(batch_size, num_epochs), None, train, test)
   evaluation = base.KerasEvaluation(
@@ -253,9 +250,8 @@ def create_shakespeare_character(*, shakespeare_character_model: str, data_dir: 
                                  num_epochs: int, seed: int) -> base.FederatedTask:
   model = shakespeare_character_model
   _check_model('shakespeare_character_model', model, SHAKESPEARE_CHARACTER_MODELS)
-  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
-  train, test = tff_files.load_sqlite('shakespeare_character', 'shakespeare', data_dir)
-  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
+  train, test = tff_files.load_restricted('shakespeare_character', 'shakespeare', data_dir, num_clients,
+                                         max_client_examples, seed)
   shakespeare = _BASELINES.shakespeare
   baseline = shakespeare.char_prediction_tasks.create_character_prediction_task_from_datasets(
       _train_spec(batch_size, num_epochs), None, SHAKESPEARE_SEQUENCE_LENGTH, train, test)

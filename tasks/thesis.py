@@ -31,6 +31,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
+from tasks import common
 from tasks import data_files
 from tasks.models import thesis_models
 
@@ -271,18 +272,9 @@ def _create(task: str, loader: Callable, keras_model_fn: Callable, *, data_dir: 
     ds = ds.shuffle(1000, seed=seed, reshuffle_each_iteration=True)
     return ds.repeat(num_epochs).batch(batch_size).map(_to_float)
 
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train, test_data=test, validation_data=None,
-      train_preprocess_fn=train_preprocess,
-      eval_preprocess_fn=lambda ds: ds.batch(256).map(_to_float))
-  element_spec = train_preprocess(
-      train.create_tf_dataset_for_client(train.client_ids[0])).element_spec
-
-  def model_fn():
-    return tff.learning.models.from_keras_model(
-        keras_model_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        input_spec=element_spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
-
+  datasets = common.baseline_datasets(train, test, train_preprocess,
+                                      lambda ds: ds.batch(256).map(_to_float))
+  model_fn = common.classifier_model_fn(keras_model_fn, datasets.element_type_structure)
   return base.FederatedTask(
       name=task, baseline=tff.simulation.baselines.BaselineTask(datasets, model_fn),
       keras_model_fn=keras_model_fn, num_classes=10,

@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base
+from tasks import common
 from tasks import data_files
 from tasks import tff_files
 from tasks import tff_native
@@ -100,17 +101,14 @@ def create_cifar100_vit(*, finetune: str, pretrained_weights: str, allow_random_
       'cifar100_image', CIFAR100_CLASSES, finetune=finetune,
       pretrained_weights=pretrained_weights, allow_random_init=allow_random_init, seed=seed)
   image_size = vit.VIT_S16.image_size
-  data_dir = data_files.expand_dir(data_dir, tff_files.DEFAULT_CACHE_DIR)
-  # The TFF tasks' loader: the same offline check and message as theirs.
-  train, test = tff_files.load_sqlite('cifar100_image', 'cifar100', data_dir)
-  train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
+  train, test = tff_files.load_restricted('cifar100_image', 'cifar100', data_dir, num_clients,
+                                         max_client_examples, seed)
   spec = tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                   shuffle_buffer_size=1)
-  datasets = tff.simulation.baselines.BaselineTaskDatasets(
-      train_data=train, test_data=test, validation_data=None,
-      train_preprocess_fn=cifar100_vit_preprocess_fn(spec, image_size),
-      eval_preprocess_fn=cifar100_vit_preprocess_fn(eval_spec, image_size))
+  datasets = common.baseline_datasets(
+      train, test, cifar100_vit_preprocess_fn(spec, image_size),
+      cifar100_vit_preprocess_fn(eval_spec, image_size))
   baseline = tff.simulation.baselines.BaselineTask(
       datasets, vit_model_fn(keras_model_fn, datasets.element_type_structure))
   return base.FederatedTask(name='cifar100_image', baseline=baseline,
