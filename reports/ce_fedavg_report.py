@@ -17,7 +17,6 @@ for the digits MLP (measured in training) and for the FedGBO paper's 1.25M-param
 CIFAR100 CNN (one encode of random deltas through the aggregator).
 """
 
-import argparse
 import collections
 import math
 import os
@@ -133,10 +132,7 @@ def plot(jobs, partition, out):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--runs_dir', default='/tmp/ce_fedavg_report')
-  parser.add_argument('--out_dir', default=os.path.join(rr.ROOT, 'reports'))
-  parser.add_argument('--jobs', type=int, default=2, help='worker processes')
+  parser = rr.report_parser(__doc__, '/tmp/ce_fedavg_report')
   opts = parser.parse_args()
   started = time.monotonic()
   jobs = all_jobs(opts.runs_dir)
@@ -259,9 +255,7 @@ def write_markdown(opts, jobs, statuses, cifar, minutes):
     lines.append(f'- `{rr.command_line(args)}` ({statuses.get(tuple(args))})')
   lines.append('')
   path = os.path.join(opts.out_dir, 'ce_fedavg.md')
-  with open(path, 'w') as f:
-    f.write('\n'.join(lines))
-  print(path)
+  rr.write_report(lines, path)
 
 
 def _ratio_row(model, s, name, n, w, measured, codec):

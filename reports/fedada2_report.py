@@ -18,7 +18,6 @@ reports/fedada2.md with the per-round communication and client-memory costs
 that the processes measure (`cost/*` columns of metrics.csv).
 """
 
-import argparse
 import math
 import os
 import sys
@@ -31,6 +30,8 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report_runner as rr  # pylint: disable=g-import-not-at-top
+
+sys.path.insert(0, rr.ROOT)  # so_shaped_data reads with tasks/
 import so_shaped_data  # pylint: disable=g-import-not-at-top
 
 ROUNDS = 30
@@ -132,10 +133,7 @@ def _fmt(v, digits=3):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--runs_dir', default='/tmp/fedada2_report')
-  parser.add_argument('--out_dir', default=os.path.join(rr.ROOT, 'reports'))
-  parser.add_argument('--jobs', type=int, default=2, help='worker processes')
+  parser = rr.report_parser(__doc__, '/tmp/fedada2_report')
   opts = parser.parse_args()
   started = time.monotonic()
   data_dir = os.path.join(opts.runs_dir, 'so_shaped_data')
@@ -277,9 +275,7 @@ def write_markdown(opts, jobs, statuses, minutes):
     lines.append(f'- `{rr.command_line(args)}` ({statuses.get(tuple(args))})')
   lines.append('')
   path = os.path.join(opts.out_dir, 'fedada2.md')
-  with open(path, 'w') as f:
-    f.write('\n'.join(lines))
-  print(path)
+  rr.write_report(lines, path)
 
 
 if __name__ == '__main__':

@@ -28,7 +28,6 @@ parsed by bin/train's own flags and run in-process by `cli.run_training`.
 Run directories go to --runs_dir (default runs/mtfl_report, git-ignored).
 """
 
-import argparse
 import json
 import math
 import multiprocessing
@@ -122,10 +121,7 @@ def _fmt(value, digits=3):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--runs_dir', default=os.path.join(ROOT, 'runs', 'mtfl_report'))
-  parser.add_argument('--out_dir', default=os.path.join(ROOT, 'reports'))
-  parser.add_argument('--jobs', type=int, default=2, help='worker processes')
+  parser = rr.report_parser(__doc__, os.path.join(ROOT, 'runs', 'mtfl_report'))
   parser.add_argument('--only', default='', help='comma-separated run names (smoke tests only)')
   parser.add_argument('--skip_runs', action='store_true',
                       help='only rewrite the report from the runs in --runs_dir')
@@ -271,9 +267,7 @@ def main():
   lines += [command_line(args) for _, args in jobs]
   lines += ['```', '']
   report = os.path.join(opts.out_dir, 'mtfl.md')
-  with open(report, 'w') as f:
-    f.write('\n'.join(lines))
-  print(report)
+  rr.write_report(lines, report)
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ pasting the printed command. Used by `fedada2_report.py` and
 `ce_fedavg_report.py`.
 """
 
+import argparse
 import csv
 import importlib.util
 import math
@@ -137,15 +138,36 @@ def run_dir(args: Sequence[str]) -> str:
   return os.path.join(flag(args, 'root_output_dir'), flag(args, 'experiment_name'))
 
 
-def read_columns(args: Sequence[str]) -> dict[str, list[float]]:
-  """metrics.csv as columns of floats (NaN where a round has no value)."""
-  with open(os.path.join(run_dir(args), 'metrics.csv'), newline='') as f:
+def read_csv_columns(path: str) -> dict[str, list[float]]:
+  """A metrics.csv as columns of floats (NaN where a round has no value)."""
+  with open(path, newline='') as f:
     rows = list(csv.DictReader(f))
   columns = {}
   for row in rows:
     for key, value in row.items():
       columns.setdefault(key, []).append(float(value) if value not in (None, '') else math.nan)
   return columns
+
+
+def read_columns(args: Sequence[str]) -> dict[str, list[float]]:
+  """The run's metrics.csv as columns (`read_csv_columns`)."""
+  return read_csv_columns(os.path.join(run_dir(args), 'metrics.csv'))
+
+
+def report_parser(doc: str, runs_dir: str) -> argparse.ArgumentParser:
+  """A report script's parser: --runs_dir, --out_dir (reports/) and --jobs."""
+  parser = argparse.ArgumentParser(description=doc.split('\n')[0])
+  parser.add_argument('--runs_dir', default=runs_dir)
+  parser.add_argument('--out_dir', default=os.path.join(ROOT, 'reports'))
+  parser.add_argument('--jobs', type=int, default=2, help='worker processes')
+  return parser
+
+
+def write_report(lines: Sequence[str], path: str) -> None:
+  """Writes a report's markdown lines and prints where."""
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines))
+  print(path)
 
 
 def points(columns, x: str, y: str):

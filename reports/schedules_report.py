@@ -21,7 +21,6 @@ Finished runs in --runs_dir are reused (bin/train resumes them at their end).
 """
 
 import argparse
-import csv
 import importlib.util
 import math
 import os
@@ -34,12 +33,14 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 from tff_adaptive.schedules import core as schedules  # pylint: disable=g-import-not-at-top
 from tff_adaptive.schedules import learning_rate  # pylint: disable=g-import-not-at-top
 from tff_adaptive.schedules import local_steps  # pylint: disable=g-import-not-at-top
 from tff_adaptive.schedules import quadratic_toy  # pylint: disable=g-import-not-at-top
+import report_runner as rr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FIGURES = os.path.join(ROOT, 'reports', 'figures')
 REPORT = os.path.join(ROOT, 'reports', 'schedules.md')
@@ -112,16 +113,6 @@ def train(flag_values, args) -> str:
   except SystemExit as e:
     return f'exit {e.code}'
   return 'ok'
-
-
-def read_columns(path):
-  with open(path, newline='') as f:
-    rows = list(csv.DictReader(f))
-  cols = {}
-  for row in rows:
-    for key, value in row.items():
-      cols.setdefault(key, []).append(float(value) if value not in (None, '') else math.nan)
-  return cols
 
 
 def evaluated(cols, x, y):
@@ -274,7 +265,7 @@ def main():
 
   results = {}
   for name, label, _ in RUNS:
-    cols = read_columns(os.path.join(opts.runs_dir, name, 'metrics.csv'))
+    cols = rr.read_csv_columns(os.path.join(opts.runs_dir, name, 'metrics.csv'))
     acc = [a for _, a in evaluated(cols, 'round', 'eval/accuracy')]
     results[name] = dict(
         label=label, max_acc=max(acc), last_acc=float(np.mean(acc[-5:])),
@@ -288,7 +279,7 @@ def main():
 
 
 def _minutes_to(cols_path, target):
-  cols = read_columns(cols_path)
+  cols = rr.read_csv_columns(cols_path)
   for minutes, acc in evaluated(cols, 'sim/cumulative_minutes', 'eval/accuracy'):
     if acc >= target:
       return minutes
@@ -298,7 +289,7 @@ def _minutes_to(cols_path, target):
 def _finished(run_dir: str) -> bool:
   """Whether the run already holds all ROUNDS rounds (bin/train then only reloads it)."""
   try:
-    rounds = read_columns(os.path.join(run_dir, 'metrics.csv')).get('round', [])
+    rounds = rr.read_csv_columns(os.path.join(run_dir, 'metrics.csv')).get('round', [])
   except FileNotFoundError:
     return False
   return bool(rounds) and rounds[-1] >= ROUNDS
