@@ -40,7 +40,7 @@ around them (types, server update, costs, the federated computations).
 import collections
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -52,6 +52,7 @@ from tff_adaptive.algorithms import validation
 from tff_adaptive.personalization import client_work
 from tff_adaptive.personalization import recipe as recipe_lib
 from tff_adaptive.rounds import layout as round_layout
+from tff_adaptive.rounds import skeleton
 from tff_adaptive.rounds import stateful
 
 # What an algorithm writes (`recipe`), importable from here as the algorithms do.
@@ -62,20 +63,14 @@ sgd_recipe = recipe_lib.sgd_recipe
 private_names = client_work.private_names
 
 
-class PersonalizedOutput(NamedTuple):
-  """`next`'s result: like `LearningProcessOutput` plus per-client outputs."""
-  state: Any
-  metrics: Any
-  clients: Any  # list (one per client, in input order) of OrderedDict(ua, [private])
-
-
 class PersonalizedProcess(stateful.ClientStateProcess):
   """An iterative process whose clients keep private state between rounds.
 
   Not a `tff.learning.templates.LearningProcess`: TFF requires that
   process's outputs to be placed at SERVER, and the private state must come
   back to each client. It has the same `initialize`, `next` (returning
-  `PersonalizedOutput`), `get_model_weights` and `set_model_weights`.
+  `stateful.StatefulClientsOutput`: the state, the metrics and each client's
+  output), `get_model_weights` and `set_model_weights`.
 
   Attributes:
     private_initial: name → np.ndarray, the private state of a client that
@@ -284,18 +279,11 @@ def _next_computation(m: _Model, state_type, broadcast_fn, client_update_fn, agg
     num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
     cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.grad_examples),
                                        tff.federated_sum(client_stats.local_steps), num_clients))
-    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-        global_model_weights=new_weights, distributor=state.distributor,
-        client_work=state.client_work, aggregator=agg.state, finalizer=new_stats))
-    metrics = tff.federated_zip(collections.OrderedDict(
-        distributor=tff.federated_value((), tff.SERVER),
-        client_work=tff.federated_zip(collections.OrderedDict(
-            train=m.metrics_aggregation_fn(local_metrics),
-            first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss))),
-        aggregator=agg.measurements,
-        finalizer=tff.federated_value((), tff.SERVER),
-        cost=cost))
-    return PersonalizedOutput(new_state, metrics, client_out)
+    round_metrics = tff.federated_zip(collections.OrderedDict(
+        first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss), cost=cost))
+    return skeleton.output(skeleton.FEDERATED, state, (new_weights, new_stats, round_metrics),
+                           agg.state, agg.measurements, m.metrics_aggregation_fn(local_metrics),
+                           measure_client_drift=False, client_states=client_out)
 
   return next_fn
 

@@ -2,6 +2,8 @@
 
   recipe.py             an algorithm's math (`Recipe`): the only place it is written
                         (the equations of each: docs/algorithms.md)
+  skeleton.py           the round, written once: broadcast → client phase → aggregation
+                        → server step → output (TFF intrinsics, or calls in process)
   client.py             one client's round: init / step / final (+ the sums sent up)
   server.py             the server step, costs and metrics of a round
   layout.py             the state layout (TFF's `LearningAlgorithmState`) and hparams
@@ -9,9 +11,10 @@
   options.py            `RoundOptions`: how a round is aggregated, measured, executed
   functional.py         a Keras-backed model as pure functions of its weights
   stateful.py           processes whose clients keep state across rounds
-  per_client.py         execution 1: each client its own TFF computation call
-  cohort.py             execution 2: the whole cohort as one compiled program
-  cohort_next.py        the cohort process's `next`: client datasets or shards in
+  per_client.py         client phase 1: each client its own TFF computation call
+  cohort.py             client phase 2: the whole cohort as one compiled program
+  cohort_next.py        the cohort process's `next`: client datasets or shards in,
+                        the round in process or through TFF
   cohort_data.py        the cohort's client data as padded tensors, cached
   cohort_aggregation.py the cohort program's aggregators: mean, DP, CE-FedAvg, robust
   recurrent.py          recurrent layers unrolled, so the cohort vectorises them

@@ -62,6 +62,7 @@ from tff_adaptive.rounds import per_client
 from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import recurrent
 from tff_adaptive.rounds import server as server_lib
+from tff_adaptive.rounds import skeleton
 from tff_adaptive.rounds import stateful
 
 MODES = ('auto', 'vectorized', 'sequential')
@@ -332,9 +333,12 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   state_type = initialize_fn.type_signature.result
   message_fn = _message_computation(info, recipe, aggregation, state_type.member.aggregator)
 
-  next_fn = _next_computation(state_type, data_type, info, message_fn, shard_fn, server_round_fn,
-                              aggregation, process, stateful_clients,
-                              options.measure_client_drift)
+  steps = skeleton.RoundSteps(
+      message=message_fn, client_phase=shard_fn, server=server_round_fn,
+      aggregation=skeleton.Summed(aggregation, process),
+      message_takes_aggregator_state=message_fn is not info.server_message_fn,
+      stateful_clients=stateful_clients, measure_client_drift=options.measure_client_drift)
+  next_fn = skeleton.federated_next(state_type, data_type, steps)
 
   # Keras metric finalizers build metrics (variables) when called: in-process,
   # they run eagerly on the summed values, outside the server's tf.function.
@@ -342,7 +346,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                                        options.measure_client_drift)
   in_process = cohort_next.InProcessNext(
       next_fn, functools.partial(program_message, recipe, aggregation), program, traced,
-      unfinalized, info, sums_type, process, options.measure_client_drift)
+      unfinalized, info, sums_type, steps)
   process_class = StatefulCohortProcess if stateful_clients else CohortProcess
   process = per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
@@ -350,35 +354,6 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
       vectorized=vectorized, jit_compile=jit_compile, **client_state_arguments)
   process.recipe = recipe
   return process
-
-
-def _next_computation(state_type, data_type, info, message_fn, shard_fn, server_round_fn,
-                      aggregation, aggregator_process, stateful_clients: bool,
-                      measure_client_drift: bool) -> tff.Computation:
-  """`tff_next`: broadcast, the shard programs at CLIENTS, one federated_sum, the server."""
-
-  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, shards):
-    server_state = (state.global_model_weights, state.finalizer, state.client_work)
-    if message_fn is not info.server_message_fn:
-      server_state += (state.aggregator,)
-    message = tff.federated_broadcast(tff.federated_map(message_fn, server_state))
-    results = tff.federated_map(shard_fn, (message, shards))
-    new_client_states = None
-    if stateful_clients:  # each shard's new states go back with it, never summed
-      results, new_client_states = results
-    sums = tff.federated_sum(results)
-    server = tff.federated_map(server_round_fn, (
-        state.global_model_weights, state.finalizer, state.client_work, sums))
-    aggregator_state, measurements = aggregation.after_round(aggregator_process, state.aggregator,
-                                                             sums, server[2])
-    output = per_client.output(state, server, aggregator_state, measurements, None,
-                               measure_client_drift)
-    if stateful_clients:
-      return stateful.StatefulClientsOutput(output.state, output.metrics, new_client_states)
-    return output
-
-  return next_fn
 
 
 def program_message_type(message_type, aggregation) -> tff.Type:

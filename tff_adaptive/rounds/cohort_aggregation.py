@@ -107,32 +107,22 @@ class Mean:
   def server(self, server_round, model_weights, stats, hparams, sums):
     return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
 
-  def after_round(self, process, aggregator_state, sums, server_metrics):
-    """(the aggregator's new state, its measurements), both at SERVER."""
+  def after_round(self, placement, process, aggregator_state, sums, round_metrics):
+    """(the aggregator's new state, its measurements), placed as the round's
+    steps are (`skeleton.Placement`: at SERVER, or in this process in TFF's
+    Python containers)."""
     del sums
-    return (self.next_state(aggregator_state),
-            self.measurements(process, server_metrics))
-
-  def after_round_in_process(self, process, aggregator_state, sums, metrics):
-    """`after_round` in this process, in TFF's Python containers."""
-    del sums
-    return (self.next_state_in_process(aggregator_state),
-            self.measurements_in_process(process, metrics))
+    return (self.next_state(placement, aggregator_state),
+            self.measurements(placement, process, round_metrics))
 
   # The process keeps no state and measures nothing: both stay as they are.
-  def next_state(self, aggregator_state):
+  def next_state(self, placement, aggregator_state):
+    del placement
     return aggregator_state
 
-  def next_state_in_process(self, aggregator_state):
-    return aggregator_state
-
-  def measurements(self, process, server_metrics):
-    del server_metrics
-    return tff.federated_value(self.no_measurements(process), tff.SERVER)
-
-  def measurements_in_process(self, process, server_metrics):
-    del server_metrics
-    return self.no_measurements(process)
+  def measurements(self, placement, process, round_metrics):
+    del round_metrics
+    return placement.value(self.no_measurements(process))
 
   @staticmethod
   def no_measurements(process):
@@ -181,13 +171,12 @@ class FixedDP(Mean):
 
   # The query's state does not change (fixed clip, constant DP event): as the
   # TFF process, the round only marks the state as no longer the initial one.
-  def next_state(self, aggregator_state):
-    return tff.federated_zip(tff_dp.DPAggregatorState(
+  def next_state(self, placement, aggregator_state):
+    # np.False_ in process: the value TFF's own round returns there.
+    not_initial = placement.value(np.False_ if placement.in_process else False)
+    return placement.zip(tff_dp.DPAggregatorState(
         aggregator_state.query_state, aggregator_state.agg_state, aggregator_state.dp_event,
-        tff.federated_value(False, tff.SERVER)))
-
-  def next_state_in_process(self, aggregator_state):
-    return aggregator_state._replace(is_init_state=np.False_)
+        not_initial))
 
 
 class Compression(Mean):
@@ -229,15 +218,10 @@ class Compression(Mean):
                         tf.nest.map_structure(mean, sums['weighted_delta']),
                         tf.nest.map_structure(mean, sums['weighted_extra']), bits)
 
-  def measurements(self, process, server_metrics):
-    return tff.federated_zip(collections.OrderedDict(
-        mean=tff.federated_value(self._no_mean_measurements(process), tff.SERVER),
-        upload_bits_per_client=server_metrics.cost.upload_bits_per_client))
-
-  def measurements_in_process(self, process, server_metrics):
-    return collections.OrderedDict(
-        mean=self._no_mean_measurements(process),
-        upload_bits_per_client=server_metrics['cost']['upload_bits_per_client'])
+  def measurements(self, placement, process, round_metrics):
+    return placement.zip(collections.OrderedDict(
+        mean=placement.value(self._no_mean_measurements(process)),
+        upload_bits_per_client=round_metrics['cost']['upload_bits_per_client']))
 
   @staticmethod
   def _no_mean_measurements(process):
@@ -344,20 +328,19 @@ class Robust(Mean):
     return (_with_query_states(aggregator_state, self.norms, new_states),
             self._measurements(measured))
 
-  def after_round(self, process, aggregator_state, sums, server_metrics):
-    del process, server_metrics
+  def after_round(self, placement, process, aggregator_state, sums, round_metrics):
+    del process, round_metrics
+    if placement.in_process:
+      new_state, measurements = self._update_in_process(
+          tf.nest.map_structure(tf.convert_to_tensor, aggregator_state), sums)
+      as_numpy = lambda like, tensors: tf.nest.pack_sequence_as(
+          like, [t.numpy() for t in tf.nest.flatten(tensors)])
+      return (as_numpy(aggregator_state, new_state),
+              tf.nest.map_structure(np.asarray, measurements))
     update = tff.tensorflow.computation(self.update, aggregator_state.type_signature.member,
                                         sums.type_signature.member)
     new_state, measurements = tff.federated_map(update, (aggregator_state, sums))
     return new_state, measurements
-
-  def after_round_in_process(self, process, aggregator_state, sums, metrics):
-    del process, metrics
-    new_state, measurements = self._update_in_process(
-        tf.nest.map_structure(tf.convert_to_tensor, aggregator_state), sums)
-    as_numpy = lambda like, tensors: tf.nest.pack_sequence_as(
-        like, [t.numpy() for t in tf.nest.flatten(tensors)])
-    return as_numpy(aggregator_state, new_state), tf.nest.map_structure(np.asarray, measurements)
 
   def _measurements(self, measured):
     """TFF's nesting: OrderedDict(zeroing=OrderedDict(clipping=<the mean's>,

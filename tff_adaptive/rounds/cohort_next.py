@@ -20,7 +20,7 @@ caller that samples the same clients often should keep arrays and pass
 round.
 """
 
-import collections
+import dataclasses
 import functools
 from collections.abc import Mapping
 
@@ -30,6 +30,7 @@ import tensorflow_federated as tff
 
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import layout
+from tff_adaptive.rounds import skeleton
 from tff_adaptive.rounds import stateful
 
 
@@ -116,61 +117,45 @@ def _in_input_order(stacked_states, shards):
 
 
 class InProcessNext:
-  """The shards' round as `tf.function`s in this process: same programs, no executor."""
+  """The shards' round in this process: `skeleton.run_round` with `IN_PROCESS`
+  placement, over the same programs as `tff_next`, without an executor."""
 
   def __init__(self, tff_next, message_fn, program, traced_shard, server_round, info,
-               sums_type, aggregator_process, measure_client_drift):
+               sums_type, steps: skeleton.RoundSteps):
     self.type_signature = tff_next.type_signature
-    self._aggregator_process = aggregator_process
-    self._aggregation = program.aggregation
-    self._measure_client_drift = measure_client_drift
-    self._shard = traced_shard  # relaxed shapes: one trace for every cohort
     self._view = program.view
-    self._stateful = program.stateful
-    self._message = tf.function(message_fn)
-    self._sends_params = self._aggregation.client_params_type() is not None
-    self._server = tf.function(functools.partial(self._aggregation.server, server_round))
+    message = tf.function(message_fn)
+    server = tf.function(functools.partial(program.aggregation.server, server_round))
     # Traced now, as the TFF computations are: the first round then costs what
     # the others do (a state of another nesting would trace again, not fail).
     specs = [tff.types.type_to_tf_tensor_specs(t)
              for t in (info.weights_type, info.stats_type, layout.HPARAMS_TYPE)]
-    self._message.get_concrete_function(*specs, *(
-        [tff.types.type_to_tf_tensor_specs(
-            aggregator_process.initialize.type_signature.result.member)]
-        if self._sends_params else []))
-    self._server.get_concrete_function(*specs, tff.types.type_to_tf_tensor_specs(sums_type))
+    aggregator_specs = ([tff.types.type_to_tf_tensor_specs(
+        steps.aggregation.process.initialize.type_signature.result.member)]
+                        if steps.message_takes_aggregator_state else [])
+    message.get_concrete_function(*specs, *aggregator_specs)
+    server.get_concrete_function(*specs, tff.types.type_to_tf_tensor_specs(sums_type))
+    self._message, self._server = message, server
+    # relaxed shapes: one trace of the shard program for every cohort
+    self._steps = dataclasses.replace(steps, message=self._message_step,
+                                      client_phase=traced_shard, server=self._server_step)
 
   def __call__(self, state, shards):
-    weights, stats, hparams = _as_tensors((state.global_model_weights, state.finalizer,
-                                           state.client_work))
-    weights = tff.learning.models.ModelWeights(*weights)
-    message = self._message(weights, stats, hparams, *(
-        [_as_tensors(state.aggregator)] if self._sends_params else []))
-    sums, client_states = None, []
-    for shard in shards:
-      shard_sums = self._shard(message, shard)
-      if self._stateful:
-        shard_sums, shard_states = shard_sums
-        client_states.append(shard_states)
-      sums = shard_sums if sums is None else tf.nest.map_structure(tf.add, sums, shard_sums)
-    new_weights, new_stats, metrics = self._server(weights, stats, hparams, sums)
+    return skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, shards)
+
+  def _message_step(self, weights, stats, hparams, *aggregator_state):
+    weights = tff.learning.models.ModelWeights(*_as_tensors(weights))
+    return self._message(weights, *_as_tensors((stats, hparams, *aggregator_state)))
+
+  def _server_step(self, weights, stats, hparams, sums):
+    """The server's tf.function; then, eagerly, the Keras metric finalizers (they
+    build metrics, i.e. variables, when called) and TFF's NumPy containers."""
+    tensors = tff.learning.models.ModelWeights(*_as_tensors(weights))
+    new_weights, new_stats, metrics = self._server(tensors, *_as_tensors((stats, hparams)),
+                                                   sums)
     metrics['train'] = self._view.finalize(sums['metrics'])
-    metrics = tf.nest.map_structure(np.asarray, metrics)
-    aggregator_state, measurements = self._aggregation.after_round_in_process(
-        self._aggregator_process, state.aggregator, sums, metrics)
-    new_state = state._replace(
-        global_model_weights=_numpy_like(state.global_model_weights, new_weights),
-        finalizer=_numpy_like(state.finalizer, new_stats), aggregator=aggregator_state)
-    out = collections.OrderedDict(
-        distributor=(), client_work=collections.OrderedDict(
-            train=metrics['train'], first_minibatch_loss=metrics['first_minibatch_loss']),
-        aggregator=measurements,
-        finalizer=(), cost=metrics['cost'])
-    if self._measure_client_drift:
-      out['client_drift'] = metrics['client_drift']
-    if self._stateful:
-      return stateful.StatefulClientsOutput(new_state, out, client_states)
-    return tff.learning.templates.LearningProcessOutput(new_state, out)
+    return (_numpy_like(weights, new_weights), _numpy_like(stats, new_stats),
+            tf.nest.map_structure(np.asarray, metrics))
 
 
 def _as_tensors(structure):

@@ -1,15 +1,15 @@
 """Execution 1: every client its own call of a TFF computation (TFF's model).
 
-  next(state, client_datasets):
-    message = broadcast(x_t, broadcast(s_t), (η, K))
-    per client (tff.federated_map): y_k from the model's variables over its
-      tf.data batches; `client.ClientLoop` does the algorithm's part
-    one federated_sum of the client sums (the mean fused in), or Δ through
-      `model_aggregator` / `upload_compression`
-    server: `server.ServerRound`
-  A recipe whose clients keep state (`Recipe.init_client_state`) takes, per
-  client, OrderedDict(train=dataset, private=state) and returns the new states
-  per client: a `stateful.StatefulClientsProcess`.
+The round is `skeleton.run_round`; this module gives it its steps:
+  client phase: per client (tff.federated_map), y_k from the model's variables
+    over its tf.data batches; `client.ClientLoop` does the algorithm's part
+  aggregation: one federated_sum of the client sums (the mean fused in:
+    `skeleton.Summed`), or Δ through `model_aggregator` / `upload_compression`
+    (`_Aggregation`)
+  server: `server.ServerRound`
+A recipe whose clients keep state (`Recipe.init_client_state`) takes, per
+client, OrderedDict(train=dataset, private=state) and returns the new states
+per client: a `stateful.StatefulClientsProcess`.
 """
 
 import collections
@@ -19,11 +19,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.rounds import cohort_aggregation
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
 from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import server as server_lib
+from tff_adaptive.rounds import skeleton
 from tff_adaptive.rounds import stateful
 
 
@@ -72,13 +74,19 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
   shape = _RoundShape(recipe, options, info, metrics_aggregator)
   client_round_fn = _client_round_computation(shape)
   types = _ResultTypes(shape, client_round_fn.type_signature.result)
-  aggregation = _Aggregation(options, recipe, types.delta, types.extra)
+  aggregation = _Aggregation(options, recipe, types.delta, types.extra,
+                             _train_metrics_fn(shape, types))
   server_round_fn = _server_round_computation(shape, types)
   initialize_fn = layout.initial_state_computation(
       info.model_fn, client_learning_rate, local_steps, aggregation.delta, info.init_stats)
   state_type = initialize_fn.type_signature.result
-  next_fn = _next_computation(shape, types, state_type, client_round_fn, server_round_fn,
-                              aggregation)
+  steps = skeleton.RoundSteps(
+      message=info.server_message_fn, client_phase=client_round_fn, server=server_round_fn,
+      aggregation=(skeleton.Summed(cohort_aggregation.Mean(recipe.sum_extra), aggregation.delta)
+                   if shape.fused_mean else aggregation),
+      stateful_clients=shape.stateful_clients,
+      measure_client_drift=options.measure_client_drift)
+  next_fn = skeleton.federated_next(state_type, shape.data_type, steps)
   if shape.stateful_clients:
     return finish_process(
         initialize_fn, next_fn, state_type, info, recipe,
@@ -172,47 +180,13 @@ def _server_round_computation(shape: _RoundShape, types: _ResultTypes) -> tff.Co
   return server_round_fn
 
 
-def _next_computation(shape: _RoundShape, types: _ResultTypes, state_type, client_round_fn,
-                      server_round_fn, aggregation) -> tff.Computation:
-  """`process.next`: broadcast, the clients' rounds, aggregation, the server step."""
-  info, fused_mean, stateful_clients = shape.info, shape.fused_mean, shape.stateful_clients
-  if fused_mean:  # MeanFactory's (tensor-free) measurements, as every path reports them
-    no_measurements = layout.tensor_free_value(
-        aggregation.delta.next.type_signature.result.measurements)
-
-  @tff.federated_computation(state_type, tff.FederatedType(shape.data_type, tff.CLIENTS))
-  def next_fn(state, client_data):
-    message = tff.federated_broadcast(tff.federated_map(
-        info.server_message_fn, (state.global_model_weights, state.finalizer, state.client_work)))
-    server_args = (state.global_model_weights, state.finalizer, state.client_work)
-    train_metrics = None
-    results = tff.federated_map(client_round_fn, (message, client_data))
-    new_client_states = None
-    if stateful_clients:  # (sums, state) or (Δ, extra, weight, sums, metrics, state)
-      *results, new_client_states = results
-      results = results[0] if fused_mean else tuple(results)
-    if fused_mean:
-      sums = tff.federated_sum(results)
-      server = tff.federated_map(server_round_fn, (*server_args, sums))
-      aggregator_state = state.aggregator
-      measurements = tff.federated_value(no_measurements, tff.SERVER)
-    else:
-      delta, extra, weight, client_sums, local_metrics = results
-      if shape.metrics_aggregator is not None:
-        train_metrics = shape.metrics_aggregator(info.finalizers, types.local_metrics)(
-            local_metrics)
-      aggregator_state, measurements, mean_delta, mean_extra, bits = aggregation(
-          state.aggregator, delta, extra, weight)
-      server = tff.federated_map(server_round_fn, (
-          *server_args, tff.federated_sum(client_sums), mean_delta, mean_extra, bits))
-    learning_output = output(state, server, aggregator_state, measurements, train_metrics,
-                             shape.options.measure_client_drift)
-    if stateful_clients:
-      return stateful.StatefulClientsOutput(learning_output.state, learning_output.metrics,
-                                            new_client_states)
-    return learning_output
-
-  return next_fn
+def _train_metrics_fn(shape: _RoundShape, types: _ResultTypes):
+  """The clients' metrics → train metrics through `metrics_aggregator` (None: the server
+  step finalizes them from the sums)."""
+  if shape.metrics_aggregator is None:
+    return None
+  return lambda local_metrics: shape.metrics_aggregator(
+      shape.info.finalizers, types.local_metrics)(local_metrics)
 
 
 def check_client_state_options(recipe, options: options_lib.RoundOptions) -> None:
@@ -233,8 +207,10 @@ def client_state_arguments(recipe, info) -> dict:
 class _Aggregation:
   """Δ (and the extra upload) through `model_aggregator` or `upload_compression`."""
 
-  def __init__(self, options: options_lib.RoundOptions, recipe, delta_type, extra_type):
+  def __init__(self, options: options_lib.RoundOptions, recipe, delta_type, extra_type,
+               train_metrics_fn=None):
     self.options = options
+    self.train_metrics_fn = train_metrics_fn
     self.has_extra = recipe.upload is not None
     factory = options.model_aggregator or tff.aggregators.MeanFactory()
     weight_type = tff.TensorType(np.float32)
@@ -255,6 +231,18 @@ class _Aggregation:
       raise AssertionError('the extra upload aggregator must be stateless')
     self.extra_state = layout.tensor_free_value(extra_state_type)
 
+  def aggregate(self, placement, aggregator_state, results) -> skeleton.Aggregated:
+    """`skeleton.RoundSteps.aggregation`: Δ, the extra upload and the train metrics."""
+    del placement  # per client is always federated
+    delta, extra, weight, client_sums, local_metrics = results
+    train_metrics = (None if self.train_metrics_fn is None
+                     else self.train_metrics_fn(local_metrics))
+    new_state, measurements, mean_delta, mean_extra, bits = self(
+        aggregator_state, delta, extra, weight)
+    sums = tff.federated_sum(client_sums)
+    return skeleton.Aggregated((sums, mean_delta, mean_extra, bits), sums, train_metrics,
+                               (new_state, measurements))
+
   def __call__(self, state, delta, extra, weight):
     """(state, measurements, mean Δ, mean extra, measured upload bits), all at SERVER."""
     if self.options.upload_compression is not None:
@@ -273,26 +261,6 @@ class _Aggregation:
       mean_extra = tff.federated_value((), tff.SERVER)
     return (agg.state, agg.measurements, agg.result, mean_extra,
             tff.federated_value(np.float64(-1.0), tff.SERVER))
-
-
-def output(state, server, aggregator_state, measurements, train_metrics, measure_client_drift):
-  """The round's `LearningProcessOutput` in TFF's layout (federated values)."""
-  new_weights, new_stats, round_metrics = server
-  new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-      global_model_weights=new_weights, distributor=state.distributor,
-      client_work=state.client_work, aggregator=aggregator_state, finalizer=new_stats))
-  if train_metrics is None:
-    train_metrics = round_metrics.train
-  metrics = collections.OrderedDict(
-      distributor=tff.federated_value((), tff.SERVER),
-      client_work=tff.federated_zip(collections.OrderedDict(
-          train=train_metrics, first_minibatch_loss=round_metrics.first_minibatch_loss)),
-      aggregator=measurements,
-      finalizer=tff.federated_value((), tff.SERVER),
-      cost=round_metrics.cost)
-  if measure_client_drift:
-    metrics['client_drift'] = round_metrics.client_drift
-  return tff.learning.templates.LearningProcessOutput(new_state, tff.federated_zip(metrics))
 
 
 def finish_process(initialize_fn, next_fn, state_type, info, recipe, process_class=None, **kwargs):
