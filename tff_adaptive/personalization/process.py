@@ -145,7 +145,8 @@ def _describe_model(model_fn, name: str, layout: PatchLayout, local: LocalRecipe
 
 
 def _broadcast_computations(m: _Model, local: LocalRecipe, server_optimizer):
-  """(init_stats, broadcast_fn): the server statistics' initial value, and what is broadcast."""
+  """(init_stats, message_fn): the server statistics' initial value, and what the
+  clients receive (the shared weights and optimiser state, and the round's hparams)."""
   split = m.split
 
   def split_weights(weights):
@@ -164,46 +165,48 @@ def _broadcast_computations(m: _Model, local: LocalRecipe, server_optimizer):
                     if local.share_optimizer_state else collections.OrderedDict())
     return collections.OrderedDict(server=server_state, client_optimizer=client_state)
 
-  @tff.tensorflow.computation(m.weights_type, init_stats.type_signature.result)
-  def broadcast_fn(weights, stats):
-    return collections.OrderedDict(weights=split_weights(weights),
-                                   optimizer=stats['client_optimizer'])
+  @tff.tensorflow.computation(m.weights_type, init_stats.type_signature.result, m.hparams_type)
+  def message_fn(weights, stats, hparams):
+    broadcast = collections.OrderedDict(weights=split_weights(weights),
+                                        optimizer=stats['client_optimizer'])
+    return collections.OrderedDict(broadcast=broadcast, hparams=hparams)
 
-  return init_stats, broadcast_fn
+  return init_stats, message_fn
 
 
-def _client_computations(m: _Model, local: LocalRecipe, client_weighting, broadcast_type):
-  """(client_update_fn, client_eval_fn): a client's round (client_work), and its UA alone."""
+def _client_computations(m: _Model, local: LocalRecipe, client_weighting, message_type):
+  """(client_round_fn, client_eval_fn): a client's round (client_work), and its UA alone."""
   split, model_fn = m.split, m.model_fn
 
-  @tff.tensorflow.computation(broadcast_type, m.hparams_type, m.client_data_type)
-  def client_update_fn(broadcast, hparams, data):
+  @tff.tensorflow.computation(message_type, m.client_data_type)
+  def client_round_fn(message, data):
     # Variables (model, counters) must be created outside the tf.function.
     model, counters = model_fn(), recipe_lib.Counters()
-    return tf.function(lambda *args: client_work.client_update(
-        split, local, client_weighting, model, counters, *args))(broadcast, hparams, data)
+    return tf.function(lambda message, data: client_work.client_update(
+        split, local, client_weighting, model, counters, message['broadcast'],
+        message['hparams'], data))(message, data)
 
-  @tff.tensorflow.computation(broadcast_type, m.hparams_type, m.client_data_type)
-  def client_eval_fn(broadcast, hparams, data):
+  @tff.tensorflow.computation(message_type, m.client_data_type)
+  def client_eval_fn(message, data):
     model, counters = model_fn(), recipe_lib.Counters()
 
     @tf.function
-    def evaluate(broadcast, hparams, data):
-      trainable, non_trainable, _ = client_work.assemble(split, local, model, broadcast, data)
+    def evaluate(message, data):
+      trainable, non_trainable, _ = client_work.assemble(split, local, model,
+                                                         message['broadcast'], data)
       return collections.OrderedDict(ua=client_work.user_accuracy(
-          local, model, trainable, non_trainable, data, hparams['learning_rate'], counters))
+          local, model, trainable, non_trainable, data, message['hparams']['learning_rate'],
+          counters))
 
-    return evaluate(broadcast, hparams, data)
+    return evaluate(message, data)
 
-  return client_update_fn, client_eval_fn
+  return client_round_fn, client_eval_fn
 
 
-def _server_update_computation(m: _Model, local: LocalRecipe, server_optimizer, stats_type,
-                               upload_type):
+def _server_update(m: _Model, local: LocalRecipe, server_optimizer):
   """The server's step: the optimiser on shared trainable weights, the mean on the others."""
   split = m.split
 
-  @tff.tensorflow.computation(m.weights_type, stats_type, upload_type)
   def server_update_fn(weights, stats, mean_upload):
     t = [tf.identity(w) for w in tf.nest.flatten(weights.trainable)]
     n = [tf.identity(w) for w in tf.nest.flatten(weights.non_trainable)]
@@ -226,7 +229,7 @@ def _server_update_computation(m: _Model, local: LocalRecipe, server_optimizer, 
   return server_update_fn
 
 
-def _cost_computation(m: _Model, local: LocalRecipe, down_bits: int, upload_bits: int):
+def _cost(m: _Model, local: LocalRecipe, down_bits: int, upload_bits: int):
   """(grad examples, steps, clients) → the round's cost metrics (docs/algorithms.md#costs)."""
   split, fb_flops_per_example = m.split, m.fb_flops_per_example
   num_params = sum(int(np.prod(s.shape)) for s in m.trainable_specs)
@@ -235,8 +238,6 @@ def _cost_computation(m: _Model, local: LocalRecipe, down_bits: int, upload_bits
   private_floats = sum(int(np.size(v)) for v in split.private_initial.values())
   optimizer_flops_per_step = local.optimizer_ops_per_param * num_params
 
-  @tff.tensorflow.computation(tff.TensorType(np.int64), tff.TensorType(np.int32),
-                              tff.TensorType(np.int32))
   def cost_fn(grad_examples, steps, clients):
     clients = tf.maximum(tf.cast(clients, tf.float64), 1.0)
     cost = collections.OrderedDict(
@@ -257,46 +258,58 @@ def _cost_computation(m: _Model, local: LocalRecipe, down_bits: int, upload_bits
   return cost_fn
 
 
-def _next_computation(m: _Model, state_type, broadcast_fn, client_update_fn, aggregator,
-                      server_update_fn, cost_fn):
-  """The round: broadcast, client work, mean of the uploads, server step, metrics."""
-
-  @tff.tensorflow.computation(np.int32)
-  def one_client(n):
-    del n
-    return np.int32(1)
-
-  @tff.federated_computation(state_type, tff.FederatedType(m.client_data_type, tff.CLIENTS))
-  def next_fn(state, client_data):
-    broadcast = tff.federated_broadcast(
-        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
-    hparams = tff.federated_broadcast(state.client_work)
-    upload, weight, local_metrics, client_stats, client_out = tff.federated_map(
-        client_update_fn, (broadcast, hparams, client_data))
-    agg = aggregator.next(state.aggregator, upload, weight)
-    new_weights, new_stats = tff.federated_map(
-        server_update_fn, (state.global_model_weights, state.finalizer, agg.result))
-    num_clients = tff.federated_sum(tff.federated_map(one_client, client_stats.local_steps))
-    cost = tff.federated_map(cost_fn, (tff.federated_sum(client_stats.grad_examples),
-                                       tff.federated_sum(client_stats.local_steps), num_clients))
-    round_metrics = tff.federated_zip(collections.OrderedDict(
-        first_minibatch_loss=tff.federated_mean(client_stats.first_minibatch_loss), cost=cost))
-    return skeleton.output(skeleton.FEDERATED, state, (new_weights, new_stats, round_metrics),
-                           agg.state, agg.measurements, m.metrics_aggregation_fn(local_metrics),
-                           measure_client_drift=False, client_states=client_out)
-
-  return next_fn
+COUNTERS_TYPE = tff.StructWithPythonType(
+    [('grad_examples', np.int64), ('local_steps', np.int32), ('clients', np.int32)],
+    collections.OrderedDict)
 
 
-def _evaluate_computation(m: _Model, state_type, broadcast_fn, client_eval_fn):
+def _server_round_computation(m: _Model, stats_type, upload_type, server_update, cost):
+  """(x_t, s_t, hparams, mean upload, counters, mean first loss) → (x_{t+1}, s_{t+1},
+  the round's metrics)."""
+
+  @tff.tensorflow.computation(m.weights_type, stats_type, m.hparams_type, upload_type,
+                              COUNTERS_TYPE, np.float32)
+  def server_round_fn(weights, stats, hparams, mean_upload, counters, first_loss):
+    del hparams
+    new_weights, new_stats = server_update(weights, stats, mean_upload)
+    return new_weights, new_stats, collections.OrderedDict(
+        first_minibatch_loss=first_loss,
+        cost=cost(counters['grad_examples'], counters['local_steps'], counters['clients']))
+
+  return server_round_fn
+
+
+class _UploadMean:
+  """`skeleton.RoundSteps.aggregation`: the clients' uploads through the mean, their
+  counters summed, their first losses averaged, their metrics aggregated."""
+
+  def __init__(self, aggregator, metrics_aggregation_fn, stats_type):
+    self.aggregator = aggregator
+    self.metrics_aggregation_fn = metrics_aggregation_fn
+    self.counters = tff.tensorflow.computation(
+        lambda stats: collections.OrderedDict(grad_examples=stats['grad_examples'],
+                                              local_steps=stats['local_steps'],
+                                              clients=np.int32(1)), stats_type)
+
+  def aggregate(self, placement, aggregator_state, results):
+    del placement  # TFF's executor: the clients' state goes back per client
+    upload, weight, local_metrics, client_stats = results
+    agg = self.aggregator.next(aggregator_state, upload, weight)
+    counters = tff.federated_sum(tff.federated_map(self.counters, client_stats))
+    first_loss = tff.federated_mean(client_stats.first_minibatch_loss)
+    return skeleton.Aggregated((agg.result, counters, first_loss), counters,
+                               self.metrics_aggregation_fn(local_metrics),
+                               (agg.state, agg.measurements))
+
+
+def _evaluate_computation(m: _Model, state_type, message_fn, client_eval_fn):
   """(state, per-client data) → each client's UA, without training."""
 
   @tff.federated_computation(state_type, tff.FederatedType(m.client_data_type, tff.CLIENTS))
   def evaluate_fn(state, client_data):
-    broadcast = tff.federated_broadcast(
-        tff.federated_map(broadcast_fn, (state.global_model_weights, state.finalizer)))
-    return tff.federated_map(client_eval_fn,
-                             (broadcast, tff.federated_broadcast(state.client_work), client_data))
+    message = tff.federated_broadcast(tff.federated_map(
+        message_fn, (state.global_model_weights, state.finalizer, state.client_work)))
+    return tff.federated_map(client_eval_fn, (message, client_data))
 
   return evaluate_fn
 
@@ -367,23 +380,26 @@ def build_personalized_process(
   validation.check_client_weighting(client_weighting, name)
   client_weighting = client_weighting or tff.learning.ClientWeighting.NUM_EXAMPLES
   m = _describe_model(model_fn, name, layout, local, fb_flops_per_example)
-  init_stats, broadcast_fn = _broadcast_computations(m, local, server_optimizer)
-  broadcast_type = broadcast_fn.type_signature.result
-  client_update_fn, client_eval_fn = _client_computations(m, local, client_weighting,
-                                                          broadcast_type)
-  upload_type = client_update_fn.type_signature.result[0]
+  init_stats, message_fn = _broadcast_computations(m, local, server_optimizer)
+  message_type = message_fn.type_signature.result
+  client_round_fn, client_eval_fn = _client_computations(m, local, client_weighting,
+                                                         message_type)
+  upload_type, _, _, stats_type, _ = client_round_fn.type_signature.result
   aggregator = tff.aggregators.MeanFactory().create(upload_type, tff.TensorType(np.float32))
-  server_update_fn = _server_update_computation(m, local, server_optimizer,
-                                                init_stats.type_signature.result, upload_type)
-  down_bits = round_layout.num_bits(broadcast_type) + round_layout.num_bits(m.hparams_type)
   upload_bits = round_layout.num_bits(upload_type)
-  cost_fn = _cost_computation(m, local, down_bits, upload_bits)
+  server_round_fn = _server_round_computation(
+      m, init_stats.type_signature.result, upload_type,
+      _server_update(m, local, server_optimizer),
+      _cost(m, local, round_layout.num_bits(message_type), upload_bits))
   initialize_fn = composer.initial_state_computation(model_fn, client_learning_rate, local_steps,
                                                      aggregator, init_stats)
   state_type = initialize_fn.type_signature.result
-  next_fn = _next_computation(m, state_type, broadcast_fn, client_update_fn, aggregator,
-                              server_update_fn, cost_fn)
-  evaluate_fn = _evaluate_computation(m, state_type, broadcast_fn, client_eval_fn)
+  steps = skeleton.RoundSteps(
+      message=message_fn, client_phase=client_round_fn, server=server_round_fn,
+      aggregation=_UploadMean(aggregator, m.metrics_aggregation_fn, stats_type),
+      stateful_clients=True)
+  next_fn = skeleton.federated_next(state_type, m.client_data_type, steps)
+  evaluate_fn = _evaluate_computation(m, state_type, message_fn, client_eval_fn)
   get_model_weights, set_model_weights = composer.model_weights_fns(state_type.member,
                                                                     m.weights_type)
   get_hparams_fn, set_hparams_fn = _hparams_computations(state_type, server_optimizer)
