@@ -93,6 +93,40 @@ def _find_cycle(graph):
   return None
 
 
+# tff_adaptive's subpackages, lowest first: each imports only those before it (and the
+# top-level package). The round engine (rounds/) is below the algorithms that use it.
+LIBRARY_ORDER = ('accounting', 'compression', 'optimizers', 'aggregators', 'rounds',
+                 'personalization', 'algorithms', 'execution', 'schedules')
+
+
+def _upward_library_edges(graph) -> list:
+  upward = []
+  for module, targets in graph.items():
+    parts = module.split('.')
+    if parts[0] != 'tff_adaptive' or len(parts) < 3:
+      continue
+    rank = LIBRARY_ORDER.index(parts[1])
+    for target in sorted(targets):
+      target_parts = target.split('.')
+      if (target_parts[0] == 'tff_adaptive' and len(target_parts) > 1 and
+          target_parts[1] in LIBRARY_ORDER and LIBRARY_ORDER.index(target_parts[1]) > rank):
+        upward.append(f'{module} imports {target}')
+  return upward
+
+
+def test_library_subpackages_import_only_lower_ones():
+  assert not _upward_library_edges(GRAPH), '\n'.join(_upward_library_edges(GRAPH))
+
+
+def test_library_order_names_every_subpackage_and_sees_an_upward_edge():
+  subpackages = {m.split('.')[1] for m in GRAPH if m.startswith('tff_adaptive.')
+                 and len(m.split('.')) > 2}
+  assert subpackages == set(LIBRARY_ORDER)
+  planted = {'tff_adaptive.rounds.cohort': {'tff_adaptive.algorithms.composer'}}
+  assert _upward_library_edges(planted) == [
+      'tff_adaptive.rounds.cohort imports tff_adaptive.algorithms.composer']
+
+
 def test_no_import_cycles():
   # A package's __init__ re-exporting its own submodules is not a cycle.
   graph = {m: {t for t in ts if not (m == t.rsplit('.', 1)[0] and ALL_MODULES[m].endswith(

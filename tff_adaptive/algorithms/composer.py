@@ -64,12 +64,12 @@ from typing import Any, Optional, Union
 
 import tensorflow_federated as tff
 
-from tff_adaptive.algorithms import validation
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info
 from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import per_client
 from tff_adaptive.rounds import recipe as recipe_lib
+from tff_adaptive.rounds import validation
 
 Structure = Any
 Recipe = recipe_lib.Recipe

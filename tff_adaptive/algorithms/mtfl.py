@@ -37,8 +37,8 @@ import tensorflow_federated as tff
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedopt
-from tff_adaptive.algorithms import validation
 from tff_adaptive.personalization import process as personalized
+from tff_adaptive.rounds import validation
 
 PRIVATE_CHOICES = ('all', 'mu_sigma', 'gamma_beta', 'none')
 STRATEGIES = ('fedavg', 'fedadam', 'fedavg_adam')

@@ -20,9 +20,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow.python.eager import context as eager_context
 
-from tff_adaptive.algorithms import composer
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
+from tff_adaptive.rounds import layout
 
 # One shard's client ids: the CLIENTS-placed value a worker receives.
 SHARD_IDS_TYPE = tff.TensorType(np.str_, [None])
@@ -30,7 +30,7 @@ SHARD_IDS_TYPE = tff.TensorType(np.str_, [None])
 
 def has_round_hparams(process) -> bool:
   """Whether `process` runs K local steps itself (`local_steps` in its state's client_work)."""
-  return composer.runs_local_steps(process.initialize.type_signature.result)
+  return layout.runs_local_steps(process.initialize.type_signature.result)
 
 
 def compose_data_on_workers(process, task, local_steps: Optional[int] = None):

@@ -155,7 +155,7 @@ def user_accuracy(local: recipe_lib.LocalRecipe, model, trainable, non_trainable
   correct = tf.constant(0.0)
   loss_sum = tf.constant(0.0)
   examples = tf.constant(0, tf.int64)
-  for batch in iter(data['test']):  # iterator loop: see composer.client_update
+  for batch in iter(data['test']):  # iterator loop: see per_client.client_update
     output = model.forward_pass(batch, training=False)
     labels = tf.reshape(batch['y'] if isinstance(batch, Mapping) else batch[1], [-1])
     logits = tf.reshape(output.predictions, [tf.shape(labels)[0], -1])

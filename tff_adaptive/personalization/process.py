@@ -1,7 +1,7 @@
 """Federated rounds with per-client private state and user-accuracy evaluation.
 
 The machinery shared by MTFL (thesis ch. 4, Algorithm 5), Per-FedAvg and
-pFedMe (docs/algorithms.md#mtfl): the composer's round (`composer.py`) with three additions.
+pFedMe (docs/algorithms.md#mtfl): the round of `rounds/skeleton.py` with three additions.
 
   1. Private values. Some model weights (MTFL's batch-norm patches) and the
      client-optimiser values of those weights belong to the client. They enter
@@ -47,13 +47,12 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.accounting import costs
-from tff_adaptive.algorithms import composer
-from tff_adaptive.algorithms import validation
 from tff_adaptive.personalization import client_work
 from tff_adaptive.personalization import recipe as recipe_lib
 from tff_adaptive.rounds import layout as round_layout
 from tff_adaptive.rounds import skeleton
 from tff_adaptive.rounds import stateful
+from tff_adaptive.rounds import validation
 
 # What an algorithm writes (`recipe`), importable from here as the algorithms do.
 PatchLayout = recipe_lib.PatchLayout
@@ -391,7 +390,7 @@ def build_personalized_process(
       m, init_stats.type_signature.result, upload_type,
       _server_update(m, local, server_optimizer),
       _cost(m, local, round_layout.num_bits(message_type), upload_bits))
-  initialize_fn = composer.initial_state_computation(model_fn, client_learning_rate, local_steps,
+  initialize_fn = round_layout.initial_state_computation(model_fn, client_learning_rate, local_steps,
                                                      aggregator, init_stats)
   state_type = initialize_fn.type_signature.result
   steps = skeleton.RoundSteps(
@@ -400,7 +399,7 @@ def build_personalized_process(
       stateful_clients=True)
   next_fn = skeleton.federated_next(state_type, m.client_data_type, steps)
   evaluate_fn = _evaluate_computation(m, state_type, message_fn, client_eval_fn)
-  get_model_weights, set_model_weights = composer.model_weights_fns(state_type.member,
+  get_model_weights, set_model_weights = round_layout.model_weights_fns(state_type.member,
                                                                     m.weights_type)
   get_hparams_fn, set_hparams_fn = _hparams_computations(state_type, server_optimizer)
   private_initial = m.split.private_initial

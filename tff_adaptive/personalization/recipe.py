@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from tff_adaptive.algorithms import composer
+from tff_adaptive.rounds import recipe as round_recipe
 
 Structure = Any
 
@@ -110,7 +110,7 @@ class LocalRecipe:
   init_optimizer: Callable[[list], Structure] = lambda specs: collections.OrderedDict()
   personalize: Optional[Callable[..., None]] = None
   batches_per_step: int = 1
-  optimizer_ops_per_param: float = composer.DEFAULT_OPTIMIZER_OPS
+  optimizer_ops_per_param: float = round_recipe.DEFAULT_OPTIMIZER_OPS
   share_optimizer_state: bool = False
 
 

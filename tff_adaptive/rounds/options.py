@@ -52,7 +52,7 @@ class RoundOptions:
   execution: Union[str, Any] = 'per_client'
 
   def __post_init__(self):
-    # (argument types: tff_adaptive/algorithms/validation.py, as TFF's builders check them)
+    # (argument types: tff_adaptive/rounds/validation.py, as TFF's builders check them)
     loop = self.loop_implementation
     if loop is not None and not isinstance(loop, tff.learning.LoopImplementation):
       raise TypeError('loop_implementation must be a tff.learning.LoopImplementation; got '
