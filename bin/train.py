@@ -22,6 +22,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 
 # pylint: disable=g-import-not-at-top
 from workflow import cli
+from workflow import errors
 from workflow import train_flags
 from workflow import train_help
 
@@ -47,7 +48,7 @@ def parse_flags(argv):
     settings, notes = cli.resolve_flags(FLAGS)
     cli.check_settings(settings)
   except cli.UsageError as e:
-    sys.exit(cli.report(e))
+    sys.exit(errors.report(e))
   _RESOLVED.append((settings, notes))
   # TensorFlow loads here, before absl calls main(): imported inside main(),
   # Keras 2.14 builds Sequential models from plain tensors and fails.
@@ -64,7 +65,7 @@ def main(argv):
   try:
     cli.run_training(*_RESOLVED[-1])
   except cli.RunError as e:
-    sys.exit(cli.report(e))
+    sys.exit(errors.report(e))
 
 
 if __name__ == '__main__':

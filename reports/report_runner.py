@@ -53,6 +53,7 @@ def _init_worker(parent: int):
 
 def _train(args: Sequence[str]):
   from workflow import cli  # pylint: disable=g-import-not-at-top
+  from workflow import errors  # pylint: disable=g-import-not-at-top
   _FLAGS.unparse_flags()
   _FLAGS(['bin/train.py', *args])
   started, cpu = time.monotonic(), time.process_time()
@@ -61,7 +62,7 @@ def _train(args: Sequence[str]):
     cli.run_training(settings, notes)
     status = 'ok'
   except cli.RunError as e:  # exit status 1: diverged or failed; 2: bad flags or files
-    cli.report(e)
+    errors.report(e)
     status = 'diverged' if e.exit_code == 1 else f'exit {e.exit_code}'
   return tuple(args), status, time.monotonic() - started, time.process_time() - cpu
 

@@ -21,6 +21,7 @@ from workflow import config
 from workflow import personalization
 from workflow import train_flags
 from workflow import train_help
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -68,7 +69,7 @@ def test_lists_are_derived_from_the_entries():
 def test_one_check_refuses_in_validation_and_in_build(args, flag):
   settings, _ = cli.config_from_args(args)
   with pytest.raises(cli.UsageError) as usage:
-    cli.validate(settings)
+    validation.validate(settings)
   with pytest.raises(algorithms.ConfigError) as refused:
     algorithm_builders.build(None, settings)  # refused before the task is used
   assert str(usage.value) == str(refused.value)

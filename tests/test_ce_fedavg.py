@@ -26,6 +26,7 @@ import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
 from workflow import cli
 from workflow import config
+from workflow import validation
 from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
@@ -249,7 +250,7 @@ def test_validate_names_the_flag(args, flag):
     name, value = arg[2:].split('=')
     cfg[name] = float(value) if name == 'sparsity' else value
   with pytest.raises(cli.UsageError, match=flag):
-    cli.validate(config.from_flags(cfg))
+    validation.validate(config.from_flags(cfg))
 
 
 def test_builders_name_the_argument_and_the_registry_the_flag():

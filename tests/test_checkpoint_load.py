@@ -8,6 +8,7 @@ import pytest
 import tensorflow_federated as tff
 
 from workflow import program
+from workflow import run_files
 from tff_adaptive.execution import runtime  # pylint: disable=unused-import  (disarms TFF's noisy exit handler)
 
 
@@ -30,5 +31,5 @@ def test_list_saved_tuple_expected_loads_by_leaves(tmp_path):
 def test_foreign_checkpoint_is_one_clear_error(tmp_path):
   manager = _save(tmp_path, collections.OrderedDict(w=np.ones(4, np.float32)))
   wanted = collections.OrderedDict(w=np.zeros(4, np.float32), v=np.zeros(4, np.float32))
-  with pytest.raises(program.IncompatibleCheckpoint, match='another version of tff_adaptive'):
+  with pytest.raises(run_files.IncompatibleCheckpoint, match='another version of tff_adaptive'):
     asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access

@@ -23,6 +23,7 @@ from workflow import algorithm_builders as registry
 from workflow import algorithms
 from workflow import cli
 from workflow import config
+from workflow import experiment
 
 K = 3
 LR = 0.1
@@ -133,7 +134,7 @@ def test_bin_train_drift_runs_and_agrees_in_both_executions(tmp_path):
     settings, notes = cli.config_from_args(
         [*DRIFT_RUN, f'--execution={execution}', f'--root_output_dir={tmp_path / execution}'])
     _, rows[execution] = cli.run_training(settings, notes)
-    with open(tmp_path / execution / cli.default_experiment_name(settings) / 'metrics.csv',
+    with open(tmp_path / execution / experiment.default_experiment_name(settings) / 'metrics.csv',
               newline='') as f:
       written = list(csv.DictReader(f))
     keys = [k for k in written[-1] if 'client_drift' in k]

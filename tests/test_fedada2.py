@@ -21,6 +21,7 @@ import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from workflow import cli
 from workflow import config
+from workflow import validation
 from tff_adaptive.accounting import privacy
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.optimizers import sm3
@@ -368,7 +369,7 @@ def _config(args):
 @pytest.mark.parametrize('args, flag', BAD[:3])  # BAD[3] fails in the flag parser
 def test_validate_names_the_flag(args, flag):
   with pytest.raises(cli.UsageError, match=flag):
-    cli.validate(config.from_flags(_config(args)))
+    validation.validate(config.from_flags(_config(args)))
 
 
 def test_builders_name_the_argument():

@@ -224,15 +224,15 @@ def test_the_probe_sees_explicit_tracking(tmp_path):
 _BEFORE_TENSORFLOW = textwrap.dedent('''
     import sys
     from tasks import registry
-    from workflow import cli, train_help
+    from workflow import cli, experiment, train_help, validation
     settings, _ = cli.config_from_args(['--algorithm=fedgbo', '--task=shakespeare_leaf',
                                         '--root_output_dir=/nonexistent/runs'])
-    cli.validate(settings)
-    cli.experiment_dir(settings)
+    validation.validate(settings)
+    experiment.experiment_dir(settings)
     train_help.grouped_help()
     for refused in (['--algorithm=nope'], ['--task=nope'], ['--algorithm=mfl', '--dp']):
         try:
-            cli.validate(cli.config_from_args(refused)[0])
+            validation.validate(cli.config_from_args(refused)[0])
         except cli.UsageError:
             pass
         else:

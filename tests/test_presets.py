@@ -14,6 +14,8 @@ from tasks import fixtures
 from workflow import cli
 from workflow import config
 from workflow import presets
+from workflow import train_flags
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -103,9 +105,9 @@ def test_every_preset_validates(name):
   try:
     values(['bin/train.py', f'--preset={name}'])
     presets.apply(name, values)
-    cfg = {k: values[k].value for k in cli.TRAIN_FLAG_NAMES if k in values}
+    cfg = {k: values[k].value for k in train_flags.TRAIN_FLAG_NAMES if k in values}
   finally:
     values.unparse_flags()
   for flag, value in presets.PRESETS[name].items():
     assert str(cfg[flag]) == value or cfg[flag] == type(cfg[flag])(value), flag
-  cli.validate(config.from_flags(cfg))
+  validation.validate(config.from_flags(cfg))

@@ -3,7 +3,7 @@ never print a traceback and lose nothing but the rounds since the last intact
 checkpoint. docs/reliability.md lists these guarantees and names these tests.
 
 Runs are small digits runs trained in-process through `cli.run_training`
-(exit codes are those bin/train exits with: `cli.report` of the raised `cli.RunError`); only what needs a real process (a lock
+(exit codes are those bin/train exits with: `errors.report` of the raised `cli.RunError`); only what needs a real process (a lock
 held by another process) starts one, and it does not import TensorFlow.
 """
 
@@ -27,7 +27,11 @@ import tensorflow as tf
 import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import cli
+from workflow import errors
+from workflow import experiment
 from workflow import program
+from workflow import run_files
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -158,7 +162,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize('overrides, flag, allowed', BAD_VALUES)
 def test_bad_values_are_rejected_naming_flag_and_range(tmp_path, overrides, flag, allowed):
   with pytest.raises(cli.UsageError) as raised:
-    cli.validate(_settings(tmp_path / 'out', **overrides))
+    validation.validate(_settings(tmp_path / 'out', **overrides))
   message = str(raised.value)
   assert flag in message and allowed in message and '\n' not in message
 
@@ -220,7 +224,7 @@ def test_every_kind_of_checkpoint_damage_is_set_aside(three_rounds, tmp_path):
     shutil.copytree(os.path.join(three_rounds, 'checkpoints'), run / 'checkpoints')
     _damage(str(run / 'checkpoints' / 'program_state_3'), how)
     manager = _manager(run)
-    err = _capture(lambda: asyncio.run(program.recover(manager, str(run), structure)))
+    err = _capture(lambda: asyncio.run(run_files.recover(manager, str(run), structure)))
     version, _ = err.result
     assert version == 2, how
     assert sorted(os.listdir(run / 'checkpoints')) == [
@@ -286,7 +290,7 @@ def test_metrics_csv_damage_is_rebuilt_or_moved_aside(tmp_path, damage, warned):
           'rows after the checkpoint': good + '4,1.5,\n5,1.0,1.0\n'}.get(damage)
   if text is not None:
     path.write_bytes(text.encode('latin-1'))
-  metrics = program.MetricsFile(str(path))
+  metrics = run_files.MetricsFile(str(path))
   err = _capture(lambda: metrics.open_at(3))
   if warned:
     assert len(err.lines) == 1 and warned in err.lines[0] and str(path) in err.lines[0], err.lines
@@ -305,7 +309,7 @@ def test_metrics_csv_damage_is_rebuilt_or_moved_aside(tmp_path, damage, warned):
 
 def test_failed_metrics_append_leaves_no_partial_row(tmp_path, monkeypatch):
   path = tmp_path / 'metrics.csv'
-  metrics = program.MetricsFile(str(path))
+  metrics = run_files.MetricsFile(str(path))
   metrics.open_at(0)
   metrics.release({'loss': 1.0}, 1)
   before = path.read_bytes()
@@ -366,7 +370,7 @@ time.sleep(120)
 def test_second_run_into_a_locked_directory_exits_2_naming_the_holder(three_rounds, tmp_path):
   root = _copy(three_rounds, tmp_path)
   run = _run_dir(root)
-  holder = subprocess.Popen([sys.executable, '-c', _HOLD, os.path.join(run, cli.LOCK_NAME)],
+  holder = subprocess.Popen([sys.executable, '-c', _HOLD, os.path.join(run, experiment.LOCK_NAME)],
                             stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'locked'
@@ -381,7 +385,7 @@ def test_second_run_into_a_locked_directory_exits_2_naming_the_holder(three_roun
     holder.kill()
     holder.wait()
   # The holder is dead: its lock is taken over (the file still names it).
-  with open(os.path.join(run, cli.LOCK_NAME)) as f:
+  with open(os.path.join(run, experiment.LOCK_NAME)) as f:
     assert f.read().strip() == str(holder.pid)
   code, lines = _train(_settings(root))
   assert code == 0, lines
@@ -461,7 +465,7 @@ def test_signal_stops_with_one_line_and_resumes(reference, tmp_path, signum, cod
   assert len([l for l in lines if 'stopped' in l]) == 1
   assert not glob.glob(os.path.join(run, 'checkpoints', '*_temp*'))
   # The checkpoint named is the newest one there (the loop's own note of it could lag).
-  assert f'program_state_{program.newest_checkpoint(run)}' in lines[-1], lines
+  assert f'program_state_{run_files.newest_checkpoint(run)}' in lines[-1], lines
   got, lines = _train(_settings(tmp_path))
   assert got == 0, lines
   _assert_same_weights(reference, run)

@@ -26,9 +26,12 @@ from test_reliability import NAME, _settings, _copy, _one_line, _rounds, _run_di
 from test_reliability import three_rounds  # pylint: disable=unused-import  (a fixture)
 from workflow import cli
 from workflow import errors
+from workflow import experiment
 from workflow import program
 from workflow import run_dir
+from workflow import run_files
 from workflow import sweep
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -103,7 +106,7 @@ def test_files_are_opened_without_following_a_link_planted_after_the_check(tmp_p
   """The run's own files use O_NOFOLLOW: a link planted mid-run fails the write instead."""
   victim = tmp_path / 'victim.csv'
   victim.write_text('a,b\n')
-  metrics = program.MetricsFile(str(tmp_path / 'metrics.csv'))
+  metrics = run_files.MetricsFile(str(tmp_path / 'metrics.csv'))
   metrics.open_at(0)
   metrics.release({'loss': 1.0}, 1)
   os.remove(tmp_path / 'metrics.csv')
@@ -113,7 +116,7 @@ def test_files_are_opened_without_following_a_link_planted_after_the_check(tmp_p
   assert victim.read_text() == 'a,b\n'
   os.symlink(victim, tmp_path / '.lock')
   with pytest.raises(cli.UsageError, match='symbolic link'):
-    cli.lock_run_dir(str(tmp_path))
+    experiment.lock_run_dir(str(tmp_path))
   assert victim.read_text() == 'a,b\n'
 
 
@@ -158,7 +161,7 @@ def test_client_state_dir_naming_a_file_is_one_line(tmp_path):
 
 def test_lock_replaced_by_a_directory_is_named_as_such(three_rounds, tmp_path):
   root = _copy(three_rounds, tmp_path)
-  lock = os.path.join(_run_dir(root), cli.LOCK_NAME)
+  lock = os.path.join(_run_dir(root), experiment.LOCK_NAME)
   os.remove(lock)
   os.mkdir(lock)
   line = _rejected(tmp_path, _settings(root), lock, 'is a directory')
@@ -221,9 +224,9 @@ def test_the_bounds_keep_their_computations_finite():
   started = time.monotonic()
   rng = np.random.default_rng(0)
   for _ in range(10):
-    assert np.isfinite(rng.dirichlet(cli.MIN_DIRICHLET_ALPHA * np.ones(100))).all()
+    assert np.isfinite(rng.dirichlet(validation.MIN_DIRICHLET_ALPHA * np.ones(100))).all()
   for rate in (1e-3, 0.1, 1.0):
-    assert privacy.epsilon(cli.MAX_DP_NOISE_MULTIPLIER, rate, 100, 1e-5) >= 0
+    assert privacy.epsilon(validation.MAX_DP_NOISE_MULTIPLIER, rate, 100, 1e-5) >= 0
   assert time.monotonic() - started < 30
 
 
@@ -305,7 +308,7 @@ def test_checkpoint_messages_name_the_newest_checkpoint_on_disk(tmp_path):
   for name in ('program_state_2', 'program_state_4', 'program_state_5_temp1234',
                'program_state_6.damaged'):
     (run / 'checkpoints' / name).mkdir(parents=True)
-  assert program.newest_checkpoint(str(run)) == 4
+  assert run_files.newest_checkpoint(str(run)) == 4
   try:
     stopped = cli._stopped(signal.SIGINT, str(run),  # pylint: disable=protected-access
                            program.Progress(round_num=5, last_checkpoint=2))
@@ -316,7 +319,7 @@ def test_checkpoint_messages_name_the_newest_checkpoint_on_disk(tmp_path):
   line = str(stopped)
   assert 'stopped at round 5' in line and 'program_state_4' in line and '\n' not in line, line
   assert not (run / 'checkpoints' / 'program_state_5_temp1234').exists()
-  assert 'no checkpoint was kept' in program.checkpoint_phrase(str(tmp_path / 'none'))
+  assert 'no checkpoint was kept' in run_files.checkpoint_phrase(str(tmp_path / 'none'))
 
 
 def test_trust_command_line_runs_what_it_records(three_rounds, tmp_path):

@@ -23,6 +23,7 @@ import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import cli
 from workflow import config
+from workflow import errors
 from workflow import schedule_flags
 from tff_adaptive.schedules import core as schedules
 from tff_adaptive.schedules import driver as round_schedules
@@ -315,7 +316,7 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
 def test_bad_schedule_flags_exit_2_with_one_line(tmp_path, capsys, overrides, flag):
   with pytest.raises(cli.UsageError) as raised:
     cli.run_training(_settings(tmp_path / 'out', 'bad', **overrides))
-  assert cli.report(raised.value) == 2  # what bin/train prints, its exit status
+  assert errors.report(raised.value) == 2  # what bin/train prints, its exit status
   lines = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
   assert len(lines) == 1, lines
   assert flag in lines[0] and 'error' in lines[0]

@@ -25,6 +25,8 @@ from tasks import fixtures
 from tasks import registry
 from workflow import cli
 from workflow import config
+from workflow import train_flags
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -83,7 +85,7 @@ def _parse(command: str) -> dict:
   values.unparse_flags()
   try:
     values(shlex.split(command))
-    return {name: values[name].value for name in cli.TRAIN_FLAG_NAMES if name in values}
+    return {name: values[name].value for name in train_flags.TRAIN_FLAG_NAMES if name in values}
   finally:
     values.unparse_flags()
 
@@ -116,7 +118,7 @@ def _first_trainable_command(task):
 def test_table_command_runs_on_fixtures(fixture_root, tmp_path, task, index, command):
   cfg = _parse(command)
   assert cfg['task'] == task
-  cli.validate(config.from_flags(cfg))  # the documented flags are valid as written
+  validation.validate(config.from_flags(cfg))  # the documented flags are valid as written
   if task in FIXTURE:
     subdir, clients = FIXTURE[task]
     cfg['data_dir'] = str(fixture_root / subdir)

@@ -28,6 +28,7 @@ from tff_adaptive.optimizers import biased
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
 from workflow import program
+from workflow import run_files
 
 K = 3
 LR = 0.05
@@ -274,7 +275,7 @@ def test_checkpoint_of_the_old_state_layout_fails_in_one_line(tmp_path):
   manager = tff.program.FileProgramStateManager(str(tmp_path / 'checkpoints'))
   asyncio.run(manager.save({'state': old, 'totals': '{}', 'schedules': ''}, 4))
   wanted = {'state': state, 'totals': '{}', 'schedules': ''}
-  with pytest.raises(program.IncompatibleCheckpoint) as error:
+  with pytest.raises(run_files.IncompatibleCheckpoint) as error:
     asyncio.run(program._load_checkpoint(manager, str(tmp_path), 4, wanted))  # pylint: disable=protected-access
   assert 'another version of tff_adaptive' in str(error.value)
   assert '\n' not in str(error.value)

@@ -21,6 +21,7 @@ import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import cli
 from workflow import config
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -225,6 +226,6 @@ def test_divergence_stops_with_message_and_keeps_last_checkpoint(tmp_path):
 def test_validate_accepts_defaults():
   base = dict(task='digits', algorithm='fedavg', client_optimizer='sgd', clients_per_round=10,
               client_learning_rate=0.1, server_learning_rate=1.0)
-  cli.validate(config.from_flags(base))
+  validation.validate(config.from_flags(base))
   with pytest.raises(cli.UsageError, match='--clients_per_round'):
-    cli.validate(config.from_flags({**base, 'clients_per_round': -3}))
+    validation.validate(config.from_flags({**base, 'clients_per_round': -3}))

@@ -21,6 +21,7 @@ from workflow import algorithm_builders
 from workflow import algorithms
 from workflow import cli
 from workflow import config
+from workflow import experiment
 from workflow import plotting
 from workflow import report
 from workflow import selection
@@ -29,6 +30,7 @@ from workflow import sweep_runner
 from workflow import tensorboard_hparams
 from workflow import train_flags
 from workflow import train_help
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -99,19 +101,19 @@ def run_by_name(tmp_path_factory):
 def test_every_algorithm_runs_with_only_its_name(case, run_by_name):
   settings, row, err = run_by_name(case)
   assert np.isfinite(row['eval/loss'])
-  assert _rounds(cli.experiment_dir(settings)) == ['1']
+  assert _rounds(experiment.experiment_dir(settings)) == ['1']
   for line in DEFAULT_LINES.get(case, ()):
     assert line in err
   if case == 'fedgbo':  # the run's flags as a TensorBoard HParams session, beside its scalars
     hparams = tensorboard_hparams.read_hparams(
-        os.path.join(cli.experiment_dir(settings), 'tensorboard'))
+        os.path.join(experiment.experiment_dir(settings), 'tensorboard'))
     assert hparams['algorithm'] == 'fedgbo' and hparams['client_optimizer'] == 'adam'
     assert hparams['local_steps'] == 10 and 'root_output_dir' not in hparams
 
 
 def test_demo_plot_of_one_round_runs(run_by_name):
   """The demo's plot (bin/demo.sh: bin/plot.py over two runs), of one-round runs."""
-  run_dirs = [cli.experiment_dir(run_by_name(name)[0]) for name in ('fedavg', 'fedadam')]
+  run_dirs = [experiment.experiment_dir(run_by_name(name)[0]) for name in ('fedavg', 'fedadam')]
   fig = plotting.plot_runs_figure(run_dirs, metrics=('eval/accuracy', 'eval/loss'))
   title = fig._suptitle.get_text()  # pylint: disable=protected-access
   assert title.startswith('digits: ') and 'num_clients=4' in title and 'clients_per_round=2' in title
@@ -137,7 +139,7 @@ def test_explicit_flags_win_and_contradictions_fail_in_one_line():
                       '--upload_compression')):
     settings, _ = cli.config_from_args(args)
     with pytest.raises((cli.UsageError, algorithms.ConfigError)) as error:
-      cli.validate(settings)
+      validation.validate(settings)
       algorithm_builders.build(None, settings)
     assert flag in str(error.value) and '\n' not in str(error.value)
   # A preset's flags count as given: the algorithm's default does not override them.
@@ -172,7 +174,7 @@ def test_help_is_grouped_with_values_defaults_and_readers():
 def test_run_names_differ_by_setting_and_reruns_resume(tmp_path, capsys):
   settings_a, _, _ = _run(tmp_path, '--total_rounds=1')
   settings_b, _, _ = _run(tmp_path, '--total_rounds=1', '--client_learning_rate=0.05')
-  dir_a, dir_b = cli.experiment_dir(settings_a), cli.experiment_dir(settings_b)
+  dir_a, dir_b = experiment.experiment_dir(settings_a), experiment.experiment_dir(settings_b)
   assert dir_a != dir_b
   assert os.path.basename(dir_b) == (
       'digits_fedavg-client_batch_size=32-client_learning_rate=0.05-clients_per_round=2-'
@@ -181,18 +183,18 @@ def test_run_names_differ_by_setting_and_reruns_resume(tmp_path, capsys):
   # The same commands again (with more rounds, a loop flag): each resumes its own run.
   for settings, args in ((settings_a, ()), (settings_b, ('--client_learning_rate=0.05',))):
     again, _, _ = _run(tmp_path, '--total_rounds=2', *args)
-    assert cli.experiment_dir(again) == cli.experiment_dir(settings)
+    assert experiment.experiment_dir(again) == experiment.experiment_dir(settings)
     assert 'Resuming from the checkpoint after round 1' in capsys.readouterr().err
-    assert _rounds(cli.experiment_dir(settings)) == ['1', '2']
+    assert _rounds(experiment.experiment_dir(settings)) == ['1', '2']
   # An algorithm's defaults are not part of its name; long suffixes end in a hash.
-  assert cli.default_experiment_name(cli.config_from_args(['--algorithm=fedgbo'])[0]) == (
+  assert experiment.default_experiment_name(cli.config_from_args(['--algorithm=fedgbo'])[0]) == (
       'digits_fedgbo')
   long_settings, _ = cli.config_from_args([
       '--algorithm=fedadam', '--client_learning_rate=0.3', '--server_beta_1=0.5',
       '--server_beta_2=0.9', '--server_epsilon=0.01', '--client_batch_size=7', '--seed=3'])
-  name = cli.default_experiment_name(long_settings)
+  name = experiment.default_experiment_name(long_settings)
   assert name.startswith('digits_fedadam-client_batch_size=7') and len(name) < 110
-  other = cli.default_experiment_name(long_settings.replace(seed=4))
+  other = experiment.default_experiment_name(long_settings.replace(seed=4))
   assert other != name
 
 
@@ -200,14 +202,14 @@ def test_user_defined_task_from_outside_tasks(tmp_path):
   from tests import custom_task_fixture  # pylint: disable=g-import-not-at-top,unused-import
   settings, _, row = _run(tmp_path, '--task=tests.custom_task_fixture:make_task',
                           '--total_rounds=2', '--algorithm=fedadam')
-  assert os.path.basename(cli.experiment_dir(settings)).startswith(
+  assert os.path.basename(experiment.experiment_dir(settings)).startswith(
       'tests.custom_task_fixture.make_task_fedadam')
-  assert _rounds(cli.experiment_dir(settings)) == ['1', '2']
+  assert _rounds(experiment.experiment_dir(settings)) == ['1', '2']
   assert 0.0 <= row['eval/accuracy'] <= 1.0
   with pytest.raises(cli.UsageError, match='--task=tests.nothing_here:make_task'):
-    cli.validate(settings.replace(task='tests.nothing_here:make_task'))
+    validation.validate(settings.replace(task='tests.nothing_here:make_task'))
   with pytest.raises(cli.UsageError, match='no function'):
-    cli.validate(settings.replace(task='tests.custom_task_fixture:missing'))
+    validation.validate(settings.replace(task='tests.custom_task_fixture:missing'))
 
 
 def test_robust_and_secure_aggregators_train(tmp_path, capsys):
@@ -227,7 +229,7 @@ def test_robust_and_secure_aggregators_train(tmp_path, capsys):
   assert line.startswith('execution: cohort ('), line
   assert np.isfinite(robust_row['eval/loss'])
   runs = (mean_settings, secure_settings, robust_settings)
-  assert len({cli.experiment_dir(s) for s in runs}) == 3
+  assert len({experiment.experiment_dir(s) for s in runs}) == 3
   # Secure sums quantise to 32-bit integers: the same model as the mean, to float tolerance,
   # after two rounds (the second trains from the first's aggregate).
   compared = [k for k in mean_row if k.startswith(('eval/', 'train/')) and k in secure_row]
@@ -235,7 +237,7 @@ def test_robust_and_secure_aggregators_train(tmp_path, capsys):
   for key in compared:
     assert secure_row[key] == pytest.approx(mean_row[key], rel=1e-4, abs=1e-5), key
   with pytest.raises(cli.UsageError, match='--aggregator=robust cannot be combined with --dp'):
-    cli.validate(robust_settings.replace(dp=True, dp_clip_norm=1.0, dp_noise_multiplier=0.1))
+    validation.validate(robust_settings.replace(dp=True, dp_clip_norm=1.0, dp_noise_multiplier=0.1))
 
 
 def test_plot_legend_names_differing_settings_and_metric_words(tmp_path):
@@ -244,7 +246,7 @@ def test_plot_legend_names_differing_settings_and_metric_words(tmp_path):
     settings, _ = cli.config_from_args([*TINY, '--algorithm=fedadam',
                                         f'--client_learning_rate={lr}',
                                         f'--root_output_dir={tmp_path}'])
-    run = cli.prepare_output_dir(settings)
+    run = experiment.prepare_output_dir(settings)
     with open(os.path.join(run, 'metrics.csv'), 'w') as f:  # four rounds, one evaluation
       f.write('round,train/client_work/train/loss,cost/cumulative_upload_bits,eval/accuracy\n'
               '1,2.0,100,\n2,1.5,200,\n3,1.2,300,\n4,1.0,400,0.5\n')
@@ -318,7 +320,7 @@ def test_first_eval_round_evaluates_only_the_last_window(tmp_path):
   """--first_eval_round=4 with --rounds_per_eval=2 over 7 rounds: rounds 4, 6 and the last."""
   settings, _, _ = _run(tmp_path, '--algorithm=fedavg', '--total_rounds=7', '--rounds_per_eval=2',
                         '--first_eval_round=4')
-  with open(os.path.join(cli.experiment_dir(settings), 'metrics.csv'), newline='') as f:
+  with open(os.path.join(experiment.experiment_dir(settings), 'metrics.csv'), newline='') as f:
     evaluated = [r['round'] for r in csv.DictReader(f) if r.get('eval/loss')]
   assert evaluated == ['4', '6', '7']
 
@@ -328,7 +330,7 @@ def test_first_eval_round_refuses_a_schedule_that_watches_evaluations():
                      '--client_lr_schedule=step'):
     settings, _ = cli.config_from_args([*TINY, '--algorithm=fedavg', '--client_lr_schedule=step',
                                         '--first_eval_round=3'])
-    cli.validate(settings)
+    validation.validate(settings)
 
 
 def test_rounds_per_eval_changes_on_resume_only_without_a_step_schedule(tmp_path, capsys):
@@ -338,7 +340,7 @@ def test_rounds_per_eval_changes_on_resume_only_without_a_step_schedule(tmp_path
   _run(tmp_path, *plain, '--total_rounds=1', '--rounds_per_eval=1')
   again, _, _ = _run(tmp_path, *plain, '--total_rounds=2', '--rounds_per_eval=2')
   assert 'Resuming from the checkpoint after round 1' in capsys.readouterr().err
-  assert _rounds(cli.experiment_dir(again)) == ['1', '2']
+  assert _rounds(experiment.experiment_dir(again)) == ['1', '2']
   stepped = ('--algorithm=fedavg', '--client_lr_schedule=step', '--experiment_name=stepped')
   _run(tmp_path, *stepped, '--total_rounds=1', '--rounds_per_eval=1')
   with pytest.raises(cli.UsageError, match=r"--rounds_per_eval=2 \(saved 1\) "

@@ -29,6 +29,8 @@ from tasks import vit_fixtures
 from tasks import vit_tasks
 from workflow import cli
 from workflow import config
+from workflow import train_flags
+from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -146,10 +148,10 @@ def test_documented_commands_parse_and_validate():
     values.unparse_flags()
     try:
       values(shlex.split(command))
-      cfg = {name: values[name].value for name in cli.TRAIN_FLAG_NAMES if name in values}
+      cfg = {name: values[name].value for name in train_flags.TRAIN_FLAG_NAMES if name in values}
     finally:
       values.unparse_flags()
-    cli.validate(config.from_flags(cfg))
+    validation.validate(config.from_flags(cfg))
     assert cfg['task'] in registry.TASKS
     seen.add((cfg['task'], cfg.get('cifar100_image_model') if cfg['task'] == 'cifar100_image'
               else cfg.get('partition') if cfg['task'] == 'cifar10' else cfg.get('finetune')))

@@ -26,6 +26,7 @@ import train_config  # pylint: disable=g-bad-import-order
 
 from tasks import digits
 from workflow import cli
+from workflow import errors
 from workflow import program
 from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import remote_context
@@ -175,7 +176,7 @@ def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
                       functools.partial(remote_context.create_workers_context, connect_timeout=1.0))
   with pytest.raises(cli.RunFailed) as raised:
     cli.run_training(_train_settings(tmp_path, 'unreachable', workers=dead))
-  assert cli.report(raised.value) == 1  # what bin/train prints, its exit status
+  assert errors.report(raised.value) == 1  # what bin/train prints, its exit status
   err = capsys.readouterr().err
   assert f'error: TFF worker {dead} not reachable' in err
   assert 'Traceback' not in err
@@ -222,7 +223,7 @@ def test_killed_worker_fails_round_and_rerun_resumes_exactly(live_pool, tmp_path
   with pytest.raises(cli.RunFailed) as raised:
     cli.run_training(settings)
   watcher.join(5)
-  assert cli.report(raised.value) == 1  # what bin/train prints, its exit status
+  assert errors.report(raised.value) == 1  # what bin/train prints, its exit status
   err = capsys.readouterr().err
   assert f'error: lost TFF worker {live_pool[1].address}' in err, err
   failed_round = int(err.split('Round ')[1].split()[0])

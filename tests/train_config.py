@@ -25,6 +25,7 @@ import sys
 
 from workflow import cli
 from workflow import config
+from workflow import errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +65,7 @@ def _in_process(run, program: str) -> tuple[int, str]:
       run()
       code = 0
     except cli.RunError as e:
-      code = cli.report(e, program)
+      code = errors.report(e, program)
     finally:
       for s, handler in handlers.items():
         signal.signal(s, handler)

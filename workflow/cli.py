@@ -25,12 +25,10 @@ from workflow import library_flags
 from workflow import train_flags
 from workflow import validation
 
-TRAIN_FLAG_NAMES = train_flags.TRAIN_FLAG_NAMES
 
 # The errors run_training raises (tests and scripts catch them by these names).
 RunError, UsageError, RunFailed, Stopped = (errors.RunError, errors.UsageError, errors.RunFailed,
                                             errors.Stopped)
-report = errors.report
 
 
 HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
@@ -100,39 +98,20 @@ def config_from_args(args, program: str = 'bin/train.py') -> tuple[config.Settin
 
 
 # Re-exported: tests and scripts use them as cli's.
-validate = validation.validate
-check_task_counts = validation.check_task_counts
-MIN_DIRICHLET_ALPHA = validation.MIN_DIRICHLET_ALPHA
-MAX_DP_NOISE_MULTIPLIER = validation.MAX_DP_NOISE_MULTIPLIER
-MAX_LOCAL_STEPS = validation.MAX_LOCAL_STEPS
-RESUMABLE_CHANGES = experiment.RESUMABLE_CHANGES
-NOT_IN_NAME = experiment.NOT_IN_NAME
-LOCK_NAME = experiment.LOCK_NAME
-RunDirectoryBusy = experiment.RunDirectoryBusy
-run_settings = experiment.run_settings
-task_slug = experiment.task_slug
-default_experiment_name = experiment.default_experiment_name
-experiment_dir = experiment.experiment_dir
-check_data_dir = experiment.check_data_dir
-check_output_paths = experiment.check_output_paths
-check_not_busy = experiment.check_not_busy
-lock_run_dir = experiment.lock_run_dir
-unlock_run_dir = experiment.unlock_run_dir
-prepare_output_dir = experiment.prepare_output_dir
 
 
 def check_settings(settings: config.Settings) -> None:
   """Every check of a run's settings that needs neither TensorFlow nor the built task.
 
-  The flags (`validate`), the data directory, the output paths and the run
+  The flags (`validation.validate`), the data directory, the output paths and the run
   directory's lock: UsageError naming the first bad one, before anything is
   written. bin/train calls it before it imports TensorFlow; `run_training`
   calls it first.
   """
-  validate(settings)
-  check_data_dir(settings)
-  check_output_paths(settings)
-  check_not_busy(experiment_dir(settings))
+  validation.validate(settings)
+  experiment.check_data_dir(settings)
+  experiment.check_output_paths(settings)
+  experiment.check_not_busy(experiment.experiment_dir(settings))
 
 
 def _round_schedules(settings: config.Settings, task, process):
@@ -193,6 +172,7 @@ def _dp_metrics_fn(settings: config.Settings, task):
 def _raise_interrupted(signum, frame):
   del frame
   from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow import run_files  # pylint: disable=g-import-not-at-top
   raise program.Interrupted(signum)
 
 
@@ -228,12 +208,12 @@ def _stopped(signum: int, out, progress) -> Stopped:
     signal.signal(s, signal.SIG_DFL)
   from workflow import program  # pylint: disable=g-import-not-at-top
   if out is not None:
-    program.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
+    run_files.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
     # The checkpoints on disk, not what the loop last noted: the signal may
     # land between a save and the note of it.
     when = (f'at round {progress.round_num}' if progress is not None and progress.round_num
             else 'before its first round')
-    where = f'stopped {when} ({program.checkpoint_phrase(out)})'
+    where = f'stopped {when} ({run_files.checkpoint_phrase(out)})'
   else:
     where = 'stopped before the first round'
   return Stopped(signum, where)
@@ -270,7 +250,7 @@ def run_training(settings: config.Settings, notes=()):
     raise _stopped(signal.SIGINT, state['out'], state['progress']) from None
   finally:
     if state['out'] is not None:
-      unlock_run_dir(state['out'])
+      experiment.unlock_run_dir(state['out'])
     if not stopped:  # after a stop they stay the default action (`_stopped`)
       restore_signal_handlers(previous_handlers)
 
@@ -297,19 +277,19 @@ def _build(settings: config.Settings, status: dict):
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from workflow import algorithm_builders  # pylint: disable=g-import-not-at-top
   from workflow import personalization  # pylint: disable=g-import-not-at-top
-  run_dir = experiment_dir(settings)
+  run_dir = experiment.experiment_dir(settings)
   try:
     task = task_registry.create_task(
         settings.task, batch_size=settings.client.client_batch_size,
         num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
-    check_task_counts(settings, task)
+    validation.check_task_counts(settings, task)
     process = algorithm_builders.build(task, settings)
     schedules = _round_schedules(settings, task, process)
     client_data_fn = None
     if settings.execution.data_on_workers:
       process, client_data_fn = _data_on_workers(settings, task, process)
     fresh = not os.path.exists(os.path.join(run_dir, 'flags.json'))
-    out = prepare_output_dir(settings)
+    out = experiment.prepare_output_dir(settings)
     status['out'] = out
     if fresh:  # the run's settings in TensorBoard's HParams table (once per run)
       from workflow import tensorboard_hparams  # pylint: disable=g-import-not-at-top
@@ -318,7 +298,7 @@ def _build(settings: config.Settings, status: dict):
     # Personalised algorithms: noisy clients, the per-client state store
     # (a ClientStateError, a ValueError, names a foreign directory).
     task, client_state = personalization.setup(settings, task, process, out,
-                                               RESUMABLE_CHANGES)
+                                               experiment.RESUMABLE_CHANGES)
   except UsageError:
     raise
   except ValueError as e:  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
@@ -386,7 +366,7 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   try:
     result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(settings, task),
                          client_data_fn=client_data_fn)
-  except (program.IncompatibleCheckpoint, program.NoIntactCheckpoint) as e:
+  except (run_files.IncompatibleCheckpoint, run_files.NoIntactCheckpoint) as e:
     raise UsageError(str(e)) from None
   except (divergence.TrainingDiverged, program.WriteFailed) as e:
     raise RunFailed(str(e)) from None

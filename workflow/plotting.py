@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-
-from workflow import cli  # pylint: disable=g-import-not-at-top
+from workflow import cli
+from workflow import experiment
 
 # metrics.csv column (exact) -> words with units.
 EXACT_LABELS = {
@@ -124,7 +124,7 @@ def describe_runs(flag_sets: Sequence[Optional[Mapping[str, Any]]]
   """(settings every run shares, each run's own settings) of the runs' flags.json.
 
   Only flags that change the computation count (not the loop, output or
-  execution flags of `cli.NOT_IN_NAME`; the task and algorithm do). A flag's
+  execution flags of `experiment.NOT_IN_NAME`; the task and algorithm do). A flag's
   default is its algorithm's default where it has one, else bin/train's.
   Shared: equal in every run and not a default. Own: differing between runs,
   unless every run has its own default (FedAdam's server lr beside FedAvg's).
@@ -140,7 +140,7 @@ def describe_runs(flag_sets: Sequence[Optional[Mapping[str, Any]]]
       {k: v for k, v in f.items() if k in train_flags.TRAIN_FLAG_NAMES}))}
               for f in known]
   missing = object()
-  ignored = cli.NOT_IN_NAME - {'algorithm', 'task'}
+  ignored = experiment.NOT_IN_NAME - {'algorithm', 'task'}
   keys = [k for k in train_flags.FLAGS_BY_NAME if k not in ignored and any(k in f for f in known)]
   varying = [k for k in keys if len({json.dumps(f.get(k)) for f in known}) > 1]
   own_keys = [k for k in varying if k == 'algorithm' or any(

@@ -57,16 +57,7 @@ class Progress:
 
 
 # A run's files (workflow/run_files.py), re-exported: tests and tools use them as program's.
-IncompatibleCheckpoint = run_files.IncompatibleCheckpoint
-NoIntactCheckpoint = run_files.NoIntactCheckpoint
 _load_checkpoint = run_files._load_checkpoint  # pylint: disable=protected-access
-newest_checkpoint = run_files.newest_checkpoint
-checkpoint_phrase = run_files.checkpoint_phrase
-remove_partial_checkpoints = run_files.remove_partial_checkpoints
-recover = run_files.recover
-MetricsFile = run_files.MetricsFile
-trim_tensorboard = run_files.trim_tensorboard
-warn = run_files.warn
 _first_line = run_files._first_line  # pylint: disable=protected-access
 
 
@@ -167,10 +158,10 @@ class _Releases:
   """metrics.csv + TensorBoard releases, keyed by round, consistent with the checkpoint."""
 
   def __init__(self, output_dir: str, start_round: int):
-    self.csv = MetricsFile(os.path.join(output_dir, 'metrics.csv'))
+    self.csv = run_files.MetricsFile(os.path.join(output_dir, 'metrics.csv'))
     self.csv.open_at(start_round)
     tensorboard_dir = os.path.join(output_dir, 'tensorboard')
-    trim_tensorboard(tensorboard_dir, start_round)
+    run_files.trim_tensorboard(tensorboard_dir, start_round)
     self._tensorboard = tff.program.TensorBoardReleaseManager(tensorboard_dir)
 
   async def release(self, metrics: Mapping[str, float], round_num: int):
@@ -268,7 +259,7 @@ class _Loop:
     self.warned_non_finite_eval = False  # said once
 
   def where_to_resume(self) -> str:
-    return checkpoint_phrase(self.config.output_dir)
+    return run_files.checkpoint_phrase(self.config.output_dir)
 
   async def resume(self):
     """The program state of the newest intact checkpoint, else the initial one."""
@@ -279,7 +270,7 @@ class _Loop:
     # are unknown before the checkpoint is read, and loading needs a structure.
     program_state = {'state': initial, 'totals': '{}',
                      'schedules': self.sched.to_json() if self.sched else ''}
-    self.start_round, loaded = await recover(self.state_manager, self.config.output_dir,
+    self.start_round, loaded = await run_files.recover(self.state_manager, self.config.output_dir,
                                              dict(program_state))
     if loaded is not None:
       program_state = loaded
@@ -411,7 +402,7 @@ class _Loop:
           {'state': self.state, 'totals': json.dumps(dict(self.totals)),
            'schedules': self.sched.to_json() if self.sched else ''}, round_num)
     except (OSError, tf.errors.OpError) as e:
-      remove_partial_checkpoints(os.path.join(self.config.output_dir, 'checkpoints'))
+      run_files.remove_partial_checkpoints(os.path.join(self.config.output_dir, 'checkpoints'))
       raise WriteFailed(f'could not write the checkpoint of round {round_num} '
                         f'({_first_line(e)}); partial files removed; {self.where_to_resume()}; '
                         'free space and rerun the same command to resume') from None

@@ -78,7 +78,7 @@ def _known_flags() -> Optional[frozenset]:
     from workflow import cli  # pylint: disable=g-import-not-at-top
   except ImportError:  # pragma: no cover - absl missing
     return None
-  return frozenset(cli.TRAIN_FLAG_NAMES)
+  return frozenset(train_flags.TRAIN_FLAG_NAMES)
 
 
 _PARSERS: Optional[dict] = None
