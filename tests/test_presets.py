@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from tasks import fixtures
-from workflow import cli
 from workflow import config
 from workflow import presets
 from workflow import train_flags

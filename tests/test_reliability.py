@@ -27,9 +27,7 @@ import tensorflow as tf
 import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import cli
-from workflow import errors
 from workflow import experiment
-from workflow import program
 from workflow import run_files
 from workflow import validation
 

@@ -27,7 +27,6 @@ from tasks import registry
 from tasks.settings import TaskSettings
 from tasks import vit_fixtures
 from tasks import vit_tasks
-from workflow import cli
 from workflow import config
 from workflow import train_flags
 from workflow import validation

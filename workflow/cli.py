@@ -172,7 +172,6 @@ def _dp_metrics_fn(settings: config.Settings, task):
 def _raise_interrupted(signum, frame):
   del frame
   from workflow import program  # pylint: disable=g-import-not-at-top
-  from workflow import run_files  # pylint: disable=g-import-not-at-top
   raise program.Interrupted(signum)
 
 
@@ -206,7 +205,7 @@ def _stopped(signum: int, out, progress) -> Stopped:
   # A second signal now ends the process at once, without a traceback.
   for s in _SIGNALS:
     signal.signal(s, signal.SIG_DFL)
-  from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow import run_files  # pylint: disable=g-import-not-at-top
   if out is not None:
     run_files.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
     # The checkpoints on disk, not what the loop last noted: the signal may
@@ -343,6 +342,7 @@ def _loop_config(settings: config.Settings, out: str, schedules, client_state):
 def _run_training(settings: config.Settings, status: dict, notes=()):
   from workflow import divergence  # pylint: disable=g-import-not-at-top
   from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow import run_files  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top

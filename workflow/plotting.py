@@ -19,7 +19,6 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-from workflow import cli
 from workflow import experiment
 
 # metrics.csv column (exact) -> words with units.

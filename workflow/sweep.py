@@ -75,7 +75,7 @@ class Group:
 
 def _known_flags() -> Optional[frozenset]:
   try:
-    from workflow import cli  # pylint: disable=g-import-not-at-top
+    from workflow import train_flags  # pylint: disable=g-import-not-at-top
   except ImportError:  # pragma: no cover - absl missing
     return None
   return frozenset(train_flags.TRAIN_FLAG_NAMES)
