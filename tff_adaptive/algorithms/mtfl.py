@@ -38,13 +38,14 @@ from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.personalization import process as personalized
+from tff_adaptive.personalization import recipe as personal_recipe
 from tff_adaptive.rounds import validation
 
 PRIVATE_CHOICES = ('all', 'mu_sigma', 'gamma_beta', 'none')
 STRATEGIES = ('fedavg', 'fedadam', 'fedavg_adam')
 
 
-def patch_layout(keras_model: tf.keras.Model, private: str) -> personalized.PatchLayout:
+def patch_layout(keras_model: tf.keras.Model, private: str) -> personal_recipe.PatchLayout:
   """The positions of the private batch-norm values in `ModelWeights`.
 
   TFF's Keras models list weights in the Keras model's own order
@@ -61,7 +62,7 @@ def patch_layout(keras_model: tf.keras.Model, private: str) -> personalized.Patc
   bn_layers = [m for m in keras_model.submodules
                if isinstance(m, tf.keras.layers.BatchNormalization)]
   if private == 'none':
-    return personalized.PatchLayout()
+    return personal_recipe.PatchLayout()
   if not bn_layers:
     raise ValueError(
         f"patch_layout: private={private!r} needs a model with BatchNormalization layers "
@@ -85,11 +86,11 @@ def patch_layout(keras_model: tf.keras.Model, private: str) -> personalized.Patc
           out.append(index)
           description.append(f'{layer.name}.{attr}')
           break
-  return personalized.PatchLayout(tuple(sorted(private_t)), tuple(sorted(private_n)),
+  return personal_recipe.PatchLayout(tuple(sorted(private_t)), tuple(sorted(private_n)),
                                   tuple(description))
 
 
-def adam_recipe(optimizer: biased_optimizers.BiasedOptimizer) -> personalized.LocalRecipe:
+def adam_recipe(optimizer: biased_optimizers.BiasedOptimizer) -> personal_recipe.LocalRecipe:
   """MFL-Adam clients (FedAvg-Adam): moments move locally and are averaged."""
 
   def train_step(ctx, opt, batch, lr, step):
@@ -99,7 +100,7 @@ def adam_recipe(optimizer: biased_optimizers.BiasedOptimizer) -> personalized.Lo
     ctx.assign([w - lr * d for w, d in zip(ctx.values(), direction)])
     return opt
 
-  return personalized.LocalRecipe(
+  return personal_recipe.LocalRecipe(
       name=f'mfl_{optimizer.name}', train_step=train_step, init_optimizer=optimizer.init,
       optimizer_ops_per_param=optimizer.ops_moving, share_optimizer_state=True)
 
@@ -160,7 +161,7 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
     except ValueError as e:
       raise ValueError(f'mtfl: strategy={strategy!r} trains clients with SGD; an adaptive '
                        f"client optimiser is only used by strategy='fedavg_adam' ({e})") from None
-    local = personalized.sgd_recipe()
+    local = personal_recipe.sgd_recipe()
   return personalized.build_personalized_process(
       model_fn, name=f'mtfl_{strategy}', layout=layout, local=local,
       server_optimizer=server_optimizer_fn, client_learning_rate=client_learning_rate,

@@ -23,9 +23,10 @@ import tensorflow_federated as tff
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.personalization import process as personalized
+from tff_adaptive.personalization import recipe as personal_recipe
 
 
-def perfedavg_recipe(beta: float) -> personalized.LocalRecipe:
+def perfedavg_recipe(beta: float) -> personal_recipe.LocalRecipe:
   if not beta > 0:
     raise ValueError(f'perfedavg: beta must be > 0; got {beta}')
 
@@ -43,7 +44,7 @@ def perfedavg_recipe(beta: float) -> personalized.LocalRecipe:
     grads, _ = ctx.grad(batch)
     ctx.assign([w - alpha * g for w, g in zip(ctx.values(), grads)])
 
-  return personalized.LocalRecipe(
+  return personal_recipe.LocalRecipe(
       name='perfedavg_fo', train_step=train_step, personalize=personalize, batches_per_step=2,
       # Two SGD updates per meta-step.
       optimizer_ops_per_param=4.0)
@@ -59,7 +60,7 @@ def build_perfedavg(model_fn: Callable[[], tff.learning.models.VariableModel],
   (`tff.learning.optimizers.build_sgdm(α)`: its inner steps are plain SGD),
   meta rate `beta`, K meta-steps; server default SGD(1)."""
   return personalized.build_personalized_process(
-      model_fn, name='perfedavg', layout=personalized.PatchLayout(),
+      model_fn, name='perfedavg', layout=personal_recipe.PatchLayout(),
       local=perfedavg_recipe(beta),
       server_optimizer=server_optimizer_fn or fedopt.build_server_optimizer('sgd', 1.0),
       client_learning_rate=adapters.sgd_learning_rate(client_optimizer_fn,

@@ -31,10 +31,11 @@ import tensorflow_federated as tff
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.personalization import process as personalized
+from tff_adaptive.personalization import recipe as personal_recipe
 
 
 def pfedme_recipe(lam: float, personal_learning_rate: float,
-                  inner_steps: int = 1) -> personalized.LocalRecipe:
+                  inner_steps: int = 1) -> personal_recipe.LocalRecipe:
   if not lam > 0:
     raise ValueError(f'pfedme: lam must be > 0; got {lam}')
   if not personal_learning_rate > 0:
@@ -68,7 +69,7 @@ def pfedme_recipe(lam: float, personal_learning_rate: float,
     del eta
     inner(ctx, batch, ctx.values())
 
-  return personalized.LocalRecipe(
+  return personal_recipe.LocalRecipe(
       name='pfedme', train_step=train_step, init_optimizer=init_optimizer,
       personalize=personalize,
       # Per inner step ~4 ops per parameter, plus the w update.
@@ -88,7 +89,7 @@ def build_pfedme(model_fn: Callable[[], tff.learning.models.VariableModel],
   if not beta > 0:
     raise ValueError(f'pfedme: beta must be > 0; got {beta}')
   return personalized.build_personalized_process(
-      model_fn, name='pfedme', layout=personalized.PatchLayout(),
+      model_fn, name='pfedme', layout=personal_recipe.PatchLayout(),
       local=pfedme_recipe(lam, personal_learning_rate, inner_steps),
       server_optimizer=server_optimizer_fn or fedopt.build_server_optimizer('sgd', beta),
       client_learning_rate=adapters.sgd_learning_rate(client_optimizer_fn, algorithm='pfedme'),

@@ -54,12 +54,6 @@ from tff_adaptive.rounds import skeleton
 from tff_adaptive.rounds import stateful
 from tff_adaptive.rounds import validation
 
-# What an algorithm writes (`recipe`), importable from here as the algorithms do.
-PatchLayout = recipe_lib.PatchLayout
-LocalRecipe = recipe_lib.LocalRecipe
-StepContext = recipe_lib.StepContext
-sgd_recipe = recipe_lib.sgd_recipe
-private_names = client_work.private_names
 
 
 class PersonalizedProcess(stateful.ClientStateProcess):
@@ -115,7 +109,8 @@ class _Model:
   client_data_type: Any
 
 
-def _describe_model(model_fn, name: str, layout: PatchLayout, local: LocalRecipe,
+def _describe_model(model_fn, name: str, layout: recipe_lib.PatchLayout,
+                    local: recipe_lib.LocalRecipe,
                     fb_flops_per_example: Optional[float]) -> _Model:
   """The model's types, metrics and FLOPs, and which of its values are private."""
   with tf.Graph().as_default():
@@ -143,7 +138,7 @@ def _describe_model(model_fn, name: str, layout: PatchLayout, local: LocalRecipe
                 trainable_specs, split, private_type, hparams_type, client_data_type)
 
 
-def _broadcast_computations(m: _Model, local: LocalRecipe, server_optimizer):
+def _broadcast_computations(m: _Model, local: recipe_lib.LocalRecipe, server_optimizer):
   """(init_stats, message_fn): the server statistics' initial value, and what the
   clients receive (the shared weights and optimiser state, and the round's hparams)."""
   split = m.split
@@ -173,7 +168,8 @@ def _broadcast_computations(m: _Model, local: LocalRecipe, server_optimizer):
   return init_stats, message_fn
 
 
-def _client_computations(m: _Model, local: LocalRecipe, client_weighting, message_type):
+def _client_computations(m: _Model, local: recipe_lib.LocalRecipe, client_weighting,
+                         message_type):
   """(client_round_fn, client_eval_fn): a client's round (client_work), and its UA alone."""
   split, model_fn = m.split, m.model_fn
 
@@ -202,7 +198,7 @@ def _client_computations(m: _Model, local: LocalRecipe, client_weighting, messag
   return client_round_fn, client_eval_fn
 
 
-def _server_update(m: _Model, local: LocalRecipe, server_optimizer):
+def _server_update(m: _Model, local: recipe_lib.LocalRecipe, server_optimizer):
   """The server's step: the optimiser on shared trainable weights, the mean on the others."""
   split = m.split
 
@@ -228,7 +224,7 @@ def _server_update(m: _Model, local: LocalRecipe, server_optimizer):
   return server_update_fn
 
 
-def _cost(m: _Model, local: LocalRecipe, down_bits: int, upload_bits: int):
+def _cost(m: _Model, local: recipe_lib.LocalRecipe, down_bits: int, upload_bits: int):
   """(grad examples, steps, clients) → the round's cost metrics (docs/algorithms.md#costs)."""
   split, fb_flops_per_example = m.split, m.fb_flops_per_example
   num_params = sum(int(np.prod(s.shape)) for s in m.trainable_specs)
@@ -331,7 +327,8 @@ def _hparams_computations(state_type, server_optimizer):
   return get_hparams_fn, set_hparams_fn
 
 
-def _identity(name: str, local: LocalRecipe, layout: PatchLayout, private_initial,
+def _identity(name: str, local: recipe_lib.LocalRecipe, layout: recipe_lib.PatchLayout,
+              private_initial,
               fingerprint: Optional[Mapping[str, Any]]) -> collections.OrderedDict:
   """What the client-state store checks a directory against."""
   identity = collections.OrderedDict(
@@ -347,8 +344,8 @@ def build_personalized_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     *,
     name: str,
-    layout: PatchLayout,
-    local: LocalRecipe,
+    layout: recipe_lib.PatchLayout,
+    local: recipe_lib.LocalRecipe,
     server_optimizer: tff.learning.optimizers.Optimizer,
     client_learning_rate: float,
     local_steps: int,
@@ -390,8 +387,8 @@ def build_personalized_process(
       m, init_stats.type_signature.result, upload_type,
       _server_update(m, local, server_optimizer),
       _cost(m, local, round_layout.num_bits(message_type), upload_bits))
-  initialize_fn = round_layout.initial_state_computation(model_fn, client_learning_rate, local_steps,
-                                                     aggregator, init_stats)
+  initialize_fn = round_layout.initial_state_computation(
+      model_fn, client_learning_rate, local_steps, aggregator, init_stats)
   state_type = initialize_fn.type_signature.result
   steps = skeleton.RoundSteps(
       message=message_fn, client_phase=client_round_fn, server=server_round_fn,
