@@ -18,14 +18,17 @@ import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
 from workflow import cli
+from workflow import validation
 from workflow import config
 from tff_adaptive.accounting import flops
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms import fedprox
 from tff_adaptive.algorithms import mimelite
 from tff_adaptive.algorithms import mimexlite
+from tff_adaptive.rounds import layout
 
 K = 3
 CLIENT_LR = 0.1
@@ -199,27 +202,93 @@ def tff_mimelite():
       at.model_fn, _base_optimizer(), tff.learning.optimizers.build_sgdm(1.0))
 
 
-def test_mimelite_is_tffs_with_cost_metrics(clients, tff_mimelite):
-  ours = mimelite.build_mimelite(at.model_fn, _base_optimizer(), fb_flops_per_example=7.0)
-  data = at.datasets(clients, steps=K)
+@pytest.fixture(scope='module')
+def mimelite_process():
+  return mimelite.build_mimelite(at.model_fn, _base_optimizer(), local_steps=K,
+                                 fb_flops_per_example=7.0)
+
+
+def _max_diff(a, b):
+  return max(float(np.max(np.abs(np.asarray(u, np.float64) - np.asarray(v, np.float64))))
+             for u, v in zip(at.flat(a), at.flat(b)))
+
+
+def test_mimelite_equals_tffs_mime_lite(clients, tff_mimelite, mimelite_process):
+  # TFF's builder is given the K batches our round cycles each client's data to.
+  ours, data, tff_data = mimelite_process, at.datasets(clients), at.datasets(clients, steps=K)
   state, ref_state = ours.initialize(), tff_mimelite.initialize()
-  for _ in range(2):
-    output, ref_output = ours.next(state, data), tff_mimelite.next(ref_state, data)
+  for r in range(ROUNDS):
+    output, ref_output = ours.next(state, data), tff_mimelite.next(ref_state, tff_data)
     state, ref_state = output.state, ref_output.state
-    for a, b in zip(at.flat(state), at.flat(ref_state)):  # weights and optimiser states
-      np.testing.assert_array_equal(a, b)
-  metrics, ref_metrics = output.metrics, ref_output.metrics
-  assert set(metrics) == set(ref_metrics) | {'cost'}
-  assert metrics['client_work'] == ref_metrics['client_work']
+    # The same floating-point operations in the same order: bit-identical.
+    assert _max_diff(at.trainable(ours, state), at.trainable(tff_mimelite, ref_state)) == 0.0, r
+    assert _max_diff(state.finalizer['base'], ref_state.client_work[0]) == 0.0, r
+  assert max(float(np.abs(a).max()) for a in at.flat(state.finalizer['base']['accumulator'])) > 1e-2
+  train, ref_train = output.metrics['client_work']['train'], ref_output.metrics['client_work']['train']
+  assert train['num_examples'] == ref_train['num_examples']
+  assert train['loss'] == pytest.approx(ref_train['loss'], rel=1e-6)
   num_params = at.D * at.C + at.C
-  cost = metrics['cost']
+  cost = output.metrics['cost']
   assert cost['upload_bits_per_client'] == 32 * 2 * num_params  # Δ and the full gradient
-  # x and TFF's whole SGDm state: momentum buffer, learning_rate and momentum.
-  assert cost['download_bits_per_client'] == 32 * (2 * num_params + 2)
+  # x, the whole SGDm state (momentum buffer, learning_rate, momentum) and (η, K).
+  assert cost['download_bits_per_client'] == 32 * (2 * num_params + 2) + layout.num_bits(
+      layout.HPARAMS_TYPE)
   assert cost['client_steps'] == K * len(SIZES)
   examples = sum(len(y) for c in clients for _, y in at.np_batches(c, K))
   # K steps + the full-gradient pass over the same K batches, + 5|x| per step.
   assert cost['client_flops'] == pytest.approx(2 * 7.0 * examples + K * len(SIZES) * 5 * num_params)
+
+
+PROX_MU, PROX_LR = 0.5, 0.1
+
+
+def _prox_client_optimizer():
+  return tff.learning.optimizers.build_sgdm(PROX_LR, momentum=0.5)
+
+
+def _prox_process(mu, **kwargs):
+  # The recipe, not `build_fedprox` (which refuses μ < 0): TFF's sign is −μ here.
+  recipe = fedprox.fedprox_recipe(_prox_client_optimizer(), tff.learning.optimizers.build_sgdm(1.0),
+                                  mu, ops_per_param=11.0)
+  return composer.build_process(at.model_fn, recipe, client_learning_rate=PROX_LR,
+                                local_steps=K, fb_flops_per_example=7.0, **kwargs)
+
+
+def _prox_round_distance(process, data):
+  state = process.initialize()
+  x0 = at.trainable(process, state)
+  return at.max_abs_diff(at.trainable(process, process.next(state, data).state), x0)
+
+
+def test_fedprox_is_tffs_fed_prox_with_the_papers_sign(clients):
+  """TFF's client adds μ(x_t − y), the gradient of −(μ/2)‖y − x_t‖²: our recipe at
+  −μ is TFF's at μ, bit for bit; at +μ (the paper's sign) the proximal term
+  pulls the clients towards x_t."""
+  tff_fedprox = tff.learning.algorithms.build_weighted_fed_prox(
+      at.model_fn, PROX_MU, _prox_client_optimizer(), tff.learning.optimizers.build_sgdm(1.0))
+  tffs_sign = _prox_process(-PROX_MU)
+  data, tff_data = at.datasets(clients), at.datasets(clients, steps=K)
+  state, ref_state = tffs_sign.initialize(), tff_fedprox.initialize()
+  x0 = at.trainable(tffs_sign, state)
+  for r in range(ROUNDS):
+    state = tffs_sign.next(state, data).state
+    ref_state = tff_fedprox.next(ref_state, tff_data).state
+    assert _max_diff(at.trainable(tffs_sign, state),
+                     at.trainable(tff_fedprox, ref_state)) == 0.0, r
+  assert _max_diff(at.trainable(tffs_sign, state), x0) > 1e-2
+  ours = fedprox.build_fedprox(at.model_fn, _prox_client_optimizer(), proximal_strength=PROX_MU,
+                               local_steps=K, fb_flops_per_example=7.0)
+  output = ours.next(ours.initialize(), data)
+  moved = at.max_abs_diff(at.trainable(ours, output.state), x0)
+  assert moved < _prox_round_distance(_prox_process(0.0), data) < _prox_round_distance(
+      tffs_sign, data)
+  num_params = at.D * at.C + at.C
+  cost = output.metrics['cost']
+  assert cost['upload_bits_per_client'] == 32 * num_params
+  # SGDm's 8 ops per parameter (adapters) and the proximal term's 3.
+  assert cost['client_flops'] == pytest.approx(
+      7.0 * sum(len(y) for c in clients for _, y in at.np_batches(c, K)) +
+      K * len(SIZES) * 11 * num_params)
 
 
 @pytest.fixture(scope='module')
@@ -326,7 +395,7 @@ def test_cifar100_flops_table_row():
 # Bad input: bin/train exits 2 with one line naming the flag.
 # ---------------------------------------------------------------------------
 
-# Each class of bad input, several flags each. `cli.validate` is
+# Each class of bad input, several flags each. `validation.validate` is
 # what bin/train runs first; one case per class also goes through the real
 # binary (each run imports TF and TFF: seconds).
 BAD_FLAGS = [
@@ -364,7 +433,7 @@ def _config(args):
 @pytest.mark.parametrize('args, flag', BAD_FLAGS)
 def test_validate_names_the_flag(args, flag):
   with pytest.raises(cli.UsageError) as error:
-    cli.validate(config.from_flags(_config(args)))
+    validation.validate(config.from_flags(_config(args)))
   message = str(error.value)
   assert flag in message and '\n' not in message
 

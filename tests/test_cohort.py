@@ -24,7 +24,9 @@ from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.algorithms import fedprox
 from tff_adaptive.algorithms import mfl
+from tff_adaptive.algorithms import mimelite
 from tff_adaptive.algorithms import mimexlite
 from tff_adaptive.algorithms import scaffold
 from tff_adaptive.rounds import cohort
@@ -69,6 +71,9 @@ BUILDERS = {
     'mfl': lambda **kw: mfl.build_mfl(model_fn, adam(), **kw),
     'mimexlite': lambda **kw: mimexlite.build_mimexlite(
         model_fn, sgd(), tff.learning.optimizers.build_sgdm(1.0, momentum=0.9), **kw),
+    'mimelite': lambda **kw: mimelite.build_mimelite(
+        model_fn, tff.learning.optimizers.build_sgdm(0.1, momentum=0.9), **kw),
+    'fedprox': lambda **kw: fedprox.build_fedprox(model_fn, sgd(), proximal_strength=0.5, **kw),
     'fedada2': lambda **kw: fedada2.build_fedada2(
         model_fn, fedada2.build_client_optimizer('adam', 0.05),
         fedada2.build_server_optimizer('adam', 0.05), **kw),
@@ -124,7 +129,7 @@ def test_cohort_equals_per_client_k_steps(name):
   assert fast.recipe.name.split('_')[0] in name, (fast.recipe.name, name)
 
 
-@pytest.mark.parametrize('name', ['fedavg', 'fedadam', 'mfl'])
+@pytest.mark.parametrize('name', ['fedavg', 'fedadam', 'mfl', 'mimelite', 'fedprox'])
 def test_cohort_equals_per_client_epochs_in_sequence(name):
   fast = _compare(name, 0, cohort.CohortExecution(mode='sequential'))
   assert not fast.vectorized

@@ -1,31 +1,109 @@
-"""Mimelite: TFF's implementation, with the package's cost measurements.
+"""Mimelite, and the Mime recipe it shares with MimeXlite.
 
 Karimireddy et al., "Breaking the centralized barrier for cross-device
-federated learning" (Mime), NeurIPS 2021; a baseline of the FedGBO paper (docs/algorithms.md#mimelite-and-mimexlite).
+federated learning" (Mime), NeurIPS 2021; a baseline of the FedGBO paper
+(docs/algorithms.md#mimelite-and-mimexlite).
 
   server → clients: x_t and the base optimiser state s_t.
-  client:           full gradient ∇f_i(x_t) over the client's dataset; local
-                    steps with BaseOpt using s_t FIXED; Δ_i = x_t − y_K.
+  client:           ∇f_i(x_t) = Σ_b n_b g_b / Σ_b n_b, the example-weighted
+                    gradient at x_t over the batches the client trains on
+                    (`Recipe.full_gradient`: a pass before training);
+                    K steps y_k = BaseOpt_{s_t}(y_{k−1}, g_k) with s_t FIXED
+                    (the optimiser's new state is discarded); Δ_i = x_t − y_K.
   clients → server: Δ_i and ∇f_i(x_t) (2|x|).
-  server:           x_{t+1} = ServerOpt(x_t, Δ̄); s_{t+1} = BaseOpt state after a
-                    step with the mean full gradient.
-  network per client: down |x| + |s|, up 2|x|.
+  server:           x_{t+1} = ServerOpt(x_t, Δ̄); s_{t+1} = BaseOpt state after
+                    one step with the weighted mean of ∇f_i(x_t).
+  network per client: down |x| + |s|, up 2|x|.  FLOPs: 2·n·fb + K·C|x|.
 
-This wraps `tff.learning.algorithms.build_weighted_mime_lite` /
-`build_unweighted_mime_lite` unchanged. TFF computes the "full" gradient over
-the dataset the client is given: when the training loop cuts it to K local
-steps that is the round's K minibatches; with epochs it is all local data
-(n_i examples).
+With K local steps the client's data is cycled to exactly K batches and the
+full gradient is over those K batches; with local_steps=0 it is one pass over
+the client's dataset as given (E epochs: all local data). Per client this is
+exactly TFF's `build_weighted_mime_lite` given the same batches (the same
+floating-point order; tested); it also runs as a cohort program.
+
+The state has the composer's layout (`composer.py`): the base optimiser
+state is `state.finalizer['base']`, the server optimiser's
+`state.finalizer['server']`, η is `state.client_work['learning_rate']`. A
+checkpoint written by the former wrapper of TFF's builder (TFF's Mime state
+layout) does not load: `workflow.program` refuses it in one line
+(`IncompatibleCheckpoint`).
 """
 
-from typing import Optional
+import collections
+from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive.accounting import costs
 from tff_adaptive.algorithms import composer
 from tff_adaptive.optimizers import adapters
+
+GRADIENTS = ('full', 'first')
+
+
+def with_learning_rate(state, lr):
+  """A TFF optimiser's state with the round's η as its learning rate."""
+  if isinstance(state, dict) and 'learning_rate' in state:
+    state = collections.OrderedDict(state)
+    state['learning_rate'] = tf.cast(lr, tf.float32)
+  return state
+
+
+def mime_recipe(base_optimizer: tff.learning.optimizers.Optimizer,
+                server_optimizer: tff.learning.optimizers.Optimizer, *,
+                gradient: str = 'full', ops_per_param: float = 5.0,
+                name: Optional[str] = None) -> composer.Recipe:
+  """Mime's math. gradient='full': Mimelite's ∇f_i(x_t) over the client's
+  batches; 'first': MimeXlite's gradient of the first local minibatch."""
+  if gradient not in GRADIENTS:
+    raise ValueError(f"mime: gradient must be 'full' or 'first'; got {gradient!r}")
+
+  def init_stats(specs):
+    specs = [tf.TensorSpec(s.shape, s.dtype) for s in specs]
+    return collections.OrderedDict(base=base_optimizer.initialize(specs),
+                                   server=server_optimizer.initialize(specs))
+
+  def local_step(s, y, grads, lr, step):
+    del step
+    _, new_y = base_optimizer.next(with_learning_rate(s, lr), y, grads)
+    return s, new_y
+
+  def server_update(x, stats, mean_delta, mean_gradient, lr, local_steps):
+    del lr, local_steps
+    server_state, new_x = server_optimizer.next(stats['server'], x, mean_delta)
+    # TFF's Mime: the base optimiser steps "weights" of zeros; only its state is kept.
+    base_state, _ = base_optimizer.next(stats['base'], [tf.zeros_like(g) for g in mean_gradient],
+                                        list(mean_gradient))
+    return new_x, collections.OrderedDict(base=base_state, server=server_state)
+
+  return composer.Recipe(
+      name=name or ('mimelite' if gradient == 'full' else 'mimexlite'),
+      init_stats=init_stats, broadcast=lambda stats: stats['base'],
+      init_local=lambda s, y0: s, local_step=local_step, server_update=server_update,
+      upload=lambda s, g: list(g), optimizer_ops_per_param=ops_per_param,
+      uses_first_gradient=gradient == 'first', full_gradient=gradient == 'full',
+      get_server_hparams=lambda stats: collections.OrderedDict(
+          server_optimizer.get_hparams(stats['server'])),
+      set_server_hparams=lambda stats, hparams: collections.OrderedDict(
+          base=stats['base'], server=server_optimizer.set_hparams(stats['server'], hparams)))
+
+
+def build_mime(name: str, gradient: str, model_fn, client_optimizer_fn, server_optimizer_fn,
+               *, local_steps: int, ops_per_param: Optional[float], options: dict):
+  """Mimelite's and MimeXlite's process (their builders check their own arguments)."""
+  info = adapters.describe(client_optimizer_fn, algorithm=name)
+  learning_rate = adapters.learning_rate(client_optimizer_fn, algorithm=name)
+  server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)
+  adapters.describe(server_optimizer_fn, algorithm=name, role='server_optimizer_fn')
+  if ops_per_param is None:
+    ops_per_param = info.ops_per_param(moving=False)
+  if options.get('upload_compression') is not None:
+    raise ValueError(f'{name}: upload_compression is not supported (the gradient it uploads '
+                     'besides Δ is averaged uncompressed)')
+  recipe = mime_recipe(client_optimizer_fn, server_optimizer_fn, gradient=gradient,
+                       ops_per_param=ops_per_param, name=name)
+  return composer.build_process(model_fn, recipe, client_learning_rate=learning_rate,
+                                local_steps=local_steps, **options)
 
 
 def build_mimelite(
@@ -33,78 +111,51 @@ def build_mimelite(
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
-    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-    model_distributor=None,
+    local_steps: int = 0,
+    client_weighting: Optional[tff.learning.ClientWeighting] = None,
     model_aggregator: Optional[tff.aggregators.AggregationFactory] = None,
     full_gradient_aggregator=None,
-    metrics_aggregator=None,
-    loop_implementation: tff.learning.LoopImplementation = composer.TFF_CLIENT_LOOP,
     ops_per_param: Optional[float] = None,
-    fb_flops_per_example: Optional[float] = None,
+    **options: Any,
 ) -> tff.learning.templates.LearningProcess:
-  """TFF's Mimelite with `cost/` metrics (see module docstring).
+  """Mimelite (see module docstring).
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
-      or a `tff.learning.models.FunctionalModel` (TFF's Mime takes both).
-    client_optimizer_fn: Mime's base optimiser (TFF's `base_optimizer`): any
-      `tff.learning.optimizers.Optimizer`; its learning rate is η, scheduled
-      through `state.client_work[0]['learning_rate']`.
-    server_optimizer_fn: TFF's `server_optimizer`; default `build_sgdm(1.0)`.
-    client_weighting, model_distributor, model_aggregator,
-    full_gradient_aggregator, metrics_aggregator: passed to TFF's builder (an
-      unweighted `model_aggregator` selects `build_unweighted_mime_lite`,
-      which takes no client_weighting).
-    loop_implementation: default DATASET_ITERATOR (TFF's default is
-      DATASET_REDUCE; same result, cheaper in the C++ executor).
-    ops_per_param: base-optimiser ops per parameter per step (fixed state);
-      None: from its kind (`adapters`).
-    fb_flops_per_example: None: counted from the model (`composer.count_fb_flops`).
+      or a `tff.learning.models.FunctionalModel`.
+    client_optimizer_fn: Mime's base optimiser, any
+      `tff.learning.optimizers.Optimizer` with a `learning_rate`; its
+      learning rate is the initial η, `state.client_work['learning_rate']`,
+      which replaces the optimiser state's own at every local step (so
+      schedules can change it).
+    server_optimizer_fn: default `build_sgdm(1.0)`.
+    local_steps: K: each client runs exactly K steps, cycling its data; 0
+      (default): one pass over the client's dataset as given.
+    client_weighting: default NUM_EXAMPLES; an unweighted `model_aggregator`
+      averages Δ and the full gradients uniformly.
+    model_aggregator: any `tff.aggregators` factory for Δ (weighted or
+      unweighted).
+    full_gradient_aggregator: only None: the full gradients are averaged with
+      Δ's weights by the round's mean (TFF's default `MeanFactory`); any
+      other value is a TypeError.
+    ops_per_param: base-optimiser ops per parameter per step with fixed
+      state; None: from the optimiser's kind (`adapters`).
+    **options: the other `composer.RoundOptions` (`execution`,
+      `measure_client_drift`, `fb_flops_per_example`, `metrics_aggregator`,
+      `loop_implementation`, ...).
   """
-  info = adapters.describe(client_optimizer_fn, algorithm='mimelite')
-  server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)
-  adapters.describe(server_optimizer_fn, algorithm='mimelite', role='server_optimizer_fn')
-  if ops_per_param is None:
-    ops_per_param = info.ops_per_param(moving=False)
-  common = dict(model_distributor=model_distributor, model_aggregator=model_aggregator,
-                full_gradient_aggregator=full_gradient_aggregator,
-                metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)
+  if full_gradient_aggregator is not None:
+    raise TypeError('mimelite: full_gradient_aggregator is not supported: the full gradients '
+                    "are averaged with Δ's weights by the round's mean (pass None)")
+  if local_steps is None or local_steps < 0:
+    raise ValueError(f'mimelite: local_steps must be an integer ≥ 0; got {local_steps!r}')
   if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
-    if client_weighting != tff.learning.ClientWeighting.NUM_EXAMPLES and client_weighting not in (
-        None, tff.learning.ClientWeighting.UNIFORM):
+    if client_weighting not in (None, tff.learning.ClientWeighting.UNIFORM,
+                                tff.learning.ClientWeighting.NUM_EXAMPLES):
       raise ValueError('mimelite: an unweighted model_aggregator averages uniformly; '
                        f'client_weighting={client_weighting} cannot apply')
-    process = tff.learning.algorithms.build_unweighted_mime_lite(
-        model_fn, client_optimizer_fn, server_optimizer_fn, **common)
-  else:
-    process = tff.learning.algorithms.build_weighted_mime_lite(
-        model_fn, client_optimizer_fn, server_optimizer_fn, client_weighting=client_weighting,
-        **common)
-  n = costs.num_trainable_params(process)
-  trainable_specs = costs.trainable_specs(process)
-  state_floats = _state_floats(client_optimizer_fn, trainable_specs)
-  # TFF's Mime broadcasts the model weights and the whole base-optimiser state
-  # (its hyperparameter scalars and step counter included).
-  download_bits = costs.model_weights_bits(process) + _state_bits(client_optimizer_fn,
-                                                                   trainable_specs)
-  if fb_flops_per_example is None:
-    fb_flops_per_example = costs.count_fb_flops(model_fn, 'mimelite')
-  return costs.with_cost_metrics(
-      process, download_floats=download_bits / 32,
-      upload_floats=costs.measure_upload(process).bits / 32,  # Δ and ∇f, from the types
-      client_state_floats=state_floats, optimizer_flops_per_step=ops_per_param * n,
-      fb_flops_per_example=fb_flops_per_example, extra_passes=1.0)
-
-
-def _state_bits(optimizer, specs) -> int:
-  with tf.Graph().as_default():
-    state = [tf.convert_to_tensor(t) for t in tf.nest.flatten(optimizer.initialize(specs))]
-  return sum(int(t.shape.num_elements()) * t.dtype.size * 8 for t in state)
-
-
-def _state_floats(optimizer, specs) -> int:
-  with tf.Graph().as_default():
-    state = optimizer.initialize(specs)
-  # Scalars (learning rate, momentum, step) are hyperparameters, not memory.
-  return sum(int(tf.convert_to_tensor(t).shape.num_elements()) for t in tf.nest.flatten(state)
-             if tf.convert_to_tensor(t).shape.rank)
+    client_weighting = None  # the unweighted factory: uniform weights
+  return build_mime('mimelite', 'full', model_fn, client_optimizer_fn, server_optimizer_fn,
+                    local_steps=local_steps, ops_per_param=ops_per_param,
+                    options=dict(options, client_weighting=client_weighting,
+                                 model_aggregator=model_aggregator))

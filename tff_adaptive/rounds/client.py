@@ -1,6 +1,8 @@
 """One client's round as three pure functions (FedJAX's client_init/step/final).
 
   carry  = loop.init(x_t, broadcast(s_t)[, c_i])    y_0 = x_t, local = init_local(…)
+  carry  = loop.anchor(carry, ∇f(x_t; b), n_b)     `Recipe.full_gradient` only: each batch
+                                                   at x_t, before training (Σ_b n_b g_b)
   carry  = loop.step(carry, g_k, loss_k, n_k, η)   one minibatch: the recipe's local_step
   result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i[, c_i⁺]
   sums   = client_sums(result, metrics, …)         what is summed over clients
@@ -70,7 +72,7 @@ class ClientLoop:
 
   def init(self, x_t, broadcast_value, client_state=()):
     x_t = tuple(x_t)
-    return collections.OrderedDict(
+    carry = collections.OrderedDict(
         y=x_t,
         local=tuples(self.recipe.initial_local(broadcast_value, list(x_t), client_state)),
         client_state=client_state,
@@ -78,6 +80,23 @@ class ClientLoop:
         first_loss=tf.constant(0.0),
         num_examples=tf.constant(0, tf.int64),
         step=tf.constant(0, tf.int32))
+    if self.recipe.full_gradient:
+      carry['full_sum'] = tuple(tf.zeros_like(v) for v in x_t)
+      carry['full_examples'] = tf.constant(0, tf.int64)
+    return carry
+
+  def anchor(self, carry, grads, num_examples):
+    """One batch of the pass at x_t (`Recipe.full_gradient`), before any `step`.
+
+    Sums n_b·g_b and n_b in the order of TFF's Mime Lite client (g_sum + g·n),
+    so that the mean `final` hands `upload` is bit-identical to TFF's.
+    """
+    n = tf.cast(num_examples, tf.int64)
+    carry = collections.OrderedDict(carry)
+    carry['full_sum'] = tuple(s + g * tf.cast(n, g.dtype)
+                              for s, g in zip(carry['full_sum'], grads))
+    carry['full_examples'] = carry['full_examples'] + n
+    return carry
 
   def step(self, carry, grads, loss, num_examples, lr):
     grads = tuple(grads)
@@ -91,16 +110,26 @@ class ClientLoop:
     # Tuples throughout: TFF optimisers insist that weights and state have the
     # same structure.
     local, y = self.recipe.local_step(carry['local'], carry['y'], grads, lr, carry['step'])
-    return collections.OrderedDict(
-        y=tuple(y), local=tuples(local), client_state=carry['client_state'], g0=g0,
+    stepped = collections.OrderedDict(carry)  # the full-gradient sums pass through
+    stepped.update(
+        y=tuple(y), local=tuples(local), g0=g0,
         first_loss=tf.where(is_first, tf.cast(loss, tf.float32), carry['first_loss']),
         num_examples=carry['num_examples'] + tf.cast(num_examples, tf.int64),
         step=carry['step'] + 1)
+    return stepped
+
+  def first_gradient(self, carry):
+    """What `upload` receives as g_0: the first step's gradient, or with
+    `Recipe.full_gradient` the example-weighted mean of the pass at x_t."""
+    if not self.recipe.full_gradient:
+      return carry['g0']
+    n = carry['full_examples']
+    return tuple(tf.math.divide_no_nan(s, tf.cast(n, s.dtype)) for s in carry['full_sum'])
 
   def final(self, carry, x_t) -> ClientResult:
     delta, non_finite = zero_if_non_finite([a - b for a, b in zip(x_t, carry['y'])])
     weight = client_weight(carry['num_examples'], non_finite, self.weighting)
-    extra = (_as_float32(self.recipe.upload(carry['local'], carry['g0']))
+    extra = (_as_float32(self.recipe.upload(carry['local'], self.first_gradient(carry)))
              if self.recipe.upload is not None else ())
     if self.recipe.sum_extra:  # summed, not weighted: a dropped client adds zeros
       extra = tf.nest.map_structure(lambda t: tf.where(non_finite, tf.zeros_like(t), t), extra)

@@ -6,6 +6,7 @@
     per shard, one TF program:
       for each client (tf.vectorized_map, or tf.map_fn in sequence):
         carry = loop.init(x_t, broadcast)                       client.ClientLoop
+        [Recipe.full_gradient: for each step, at x_t: carry = loop.anchor(carry, g, n)]
         for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
                                        carry = loop.step(carry, g, loss, n, η)
         result = loop.final(carry, x_t)
@@ -205,6 +206,8 @@ class CohortProgram:
   def _one_client(self, message, x_t, batches, mask, client_state=()):
     lr = message['hparams']['learning_rate']
     carry = self.loop.init(x_t, message['broadcast'], client_state)
+    if self.loop.recipe.full_gradient:
+      carry = self._full_gradient_pass(carry, x_t, batches, mask)
     metrics = self.view.zero_metrics()
 
     def step(carry, metrics, batch, rows):
@@ -233,6 +236,28 @@ class CohortProgram:
     sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
                                         message.get('aggregator'))
     return (sums, result.client_state) if self.stateful else sums
+
+
+  def _full_gradient_pass(self, carry, x_t, batches, mask):
+    """`Recipe.full_gradient`: `loop.anchor` at x_t over the steps the client
+    trains on, padded steps and rows masked as in the training loop; no metrics."""
+    y0 = tuple(x_t)
+
+    def anchor(carry, batch, rows):
+      grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows)
+      return self.loop.anchor(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64))
+
+    if self.jit_compile:
+      anchor = tf.function(anchor, jit_compile=True)
+
+    def body(s, carry):
+      rows = mask[s]
+      anchored = anchor(carry, tf.nest.map_structure(lambda t: t[s], batches), rows)
+      active = tf.reduce_sum(rows) > 0
+      return s + 1, tf.nest.map_structure(lambda a, b: tf.where(active, a, b), anchored, carry)
+
+    _, carry = tf.while_loop(lambda s, *_: s < tf.shape(mask)[0], body, (tf.constant(0), carry))
+    return carry
 
 
 _PFOR_FALLBACK = re.compile(r'Using a while_loop for converting (\w+)|'

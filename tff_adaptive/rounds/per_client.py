@@ -47,19 +47,36 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
   lr = message['hparams']['learning_rate']
   carry = loop.init(x_t, message['broadcast'], client_state)
   batches = _batches(dataset, message['hparams']['local_steps'])
+  if loop.recipe.full_gradient:
+    # The variables hold x_t. The pass's metrics are not the round's training
+    # metrics: reset after it, as TFF's Mime Lite does.
+    for batch in (iter(batches) if iterate else batches):
+      output, grads = _loss_and_grads(model, trainable, batch)
+      carry = loop.anchor(carry, grads, _num_examples(output))
+    model.reset_metrics()
   # An iterator loop, not `for batch in dataset` (which autograph lowers to
   # `dataset.reduce`): in TFF's C++ executor the reduce form costs ~3x more per
   # client (bench/results, docs/performance.md).
   for batch in (iter(batches) if iterate else batches):
     for v, w in zip(trainable, carry['y']):
       v.assign(w)
-    with tf.GradientTape() as tape:
-      output = model.forward_pass(batch, training=True)
-    grads = tape.gradient(output.loss, trainable)
-    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-             for g, v in zip(grads, trainable)]
+    output, grads = _loss_and_grads(model, trainable, batch)
     carry = loop.step(carry, grads, output.loss, output.num_examples, lr)
   return loop.final(carry, x_t), variables.trainable
+
+
+def _loss_and_grads(model, trainable, batch):
+  with tf.GradientTape() as tape:
+    output = model.forward_pass(batch, training=True)
+  grads = tape.gradient(output.loss, trainable)
+  return output, [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                  for g, v in zip(grads, trainable)]
+
+
+def _num_examples(output):
+  if output.num_examples is None:  # as TFF's client loops count them
+    return tf.shape(output.predictions, out_type=tf.int64)[0]
+  return output.num_examples
 
 
 def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,

@@ -31,6 +31,12 @@ class Recipe:
     weighting: default client weighting.
     uses_first_gradient: `upload` reads g_0 (MimeXlite); otherwise the client
       loop does not keep it.
+    full_gradient: before training, the client makes a pass over the batches
+      it will train on with the model at x_t and hands `upload`, in place of
+      g_0, the example-weighted mean gradient Σ_b n_b g_b / Σ_b n_b (Mime's
+      "full" gradient, Karimireddy et al. 2021); this pass costs one more
+      forward/backward per trained example. Exclusive with
+      `uses_first_gradient`.
     get_server_hparams: s → the server's hyperparameters (e.g. a server
       optimiser's `get_hparams`), the `finalizer` part of `process.get_hparams`;
       None: no server hyperparameters.
@@ -60,6 +66,7 @@ class Recipe:
   equal_local_steps: bool = False
   weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES
   uses_first_gradient: bool = False
+  full_gradient: bool = False
   get_server_hparams: Optional[Callable[[Structure], Structure]] = None
   set_server_hparams: Optional[Callable[[Structure, Structure], Structure]] = None
   init_client_state: Optional[Callable[[list], Structure]] = None
@@ -67,6 +74,8 @@ class Recipe:
   sum_extra: bool = False
 
   def __post_init__(self):
+    if self.uses_first_gradient and self.full_gradient:
+      raise ValueError(f'{self.name}: uses_first_gradient and full_gradient exclude each other')
     if (self.init_client_state is None) != (self.client_state_update is None):
       raise ValueError(f'{self.name}: init_client_state and client_state_update go together')
 

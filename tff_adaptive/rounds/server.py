@@ -30,6 +30,8 @@ class RoundCosts:
   client_state_floats: int
   optimizer_flops_per_step: float
   fb_flops_per_example: Optional[float]
+  # Forward/backward passes per trained example (2: `Recipe.full_gradient`'s pass at x_t).
+  fb_passes: float = 1.0
 
   @classmethod
   def from_types(cls, recipe: recipe_lib.Recipe, *, weights_type, broadcast_type, delta_type,
@@ -49,7 +51,7 @@ class RoundCosts:
                        if t.dtype in (np.float32, np.float64) and len(t.shape) >= 1)
     num_params = sum(int(np.prod(s.shape)) for s in trainable_specs)
     return cls(down, up, state_floats, recipe.optimizer_ops_per_param * num_params,
-               fb_flops_per_example)
+               fb_flops_per_example, 2.0 if recipe.full_gradient else 1.0)
 
   def metrics(self, sums, measured_upload_bits):
     clients = tf.maximum(tf.cast(sums['clients'], tf.float64), 1.0)
@@ -62,7 +64,8 @@ class RoundCosts:
         download_bits_per_client=down, upload_bits_per_client=upload_bits,
         download_bits=down * clients, upload_bits=upload_bits * clients, client_steps=steps)
     if self.fb_flops_per_example is not None:
-      flops = (tf.cast(sums['num_examples'], tf.float64) * self.fb_flops_per_example +
+      flops = (tf.cast(sums['num_examples'], tf.float64) * self.fb_flops_per_example *
+               self.fb_passes +
                steps * self.optimizer_flops_per_step)
       cost['client_flops'] = flops
       cost['client_flops_per_client'] = flops / clients
