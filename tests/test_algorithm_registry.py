@@ -41,12 +41,11 @@ def test_readme_table_is_the_generated_one():
 def test_lists_are_derived_from_the_entries():
   assert personalization.PERSONALIZED_ALGORITHMS == ('mtfl', 'perfedavg', 'pfedme')
   assert personalization.CLIENT_STATE_ALGORITHMS == ('mtfl', 'perfedavg', 'pfedme', 'scaffold')
-  assert set(algorithms.per_client_only()) == {
-      'mimelite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme'}
+  assert set(algorithms.per_client_only()) == {'mtfl', 'perfedavg', 'pfedme'}
   assert set(algorithms.ALGORITHMS) - set(algorithms.having('compressible')) == {
-      'mimelite', 'mimexlite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme', 'scaffold'}
+      'mimelite', 'mimexlite', 'mtfl', 'perfedavg', 'pfedme', 'scaffold'}
   assert set(algorithms.ALGORITHMS) - set(algorithms.having('measures_client_drift')) == {
-      'mimelite', 'fedprox', 'mtfl', 'perfedavg', 'pfedme'}
+      'mtfl', 'perfedavg', 'pfedme'}
   readers = train_help.readers(train_flags.FLAGS_BY_NAME['upload_compression'])
   assert readers == algorithms.having('compressible')
   assert 'fedada2' not in train_help.readers(
@@ -64,7 +63,7 @@ def test_lists_are_derived_from_the_entries():
     (['--algorithm=pfedme', '--dp', '--dp_clip_norm=1', '--dp_noise_multiplier=1'], '--dp'),
     (['--algorithm=ce_fedavg', '--aggregator=robust', '--upload_compression=none'],
      '--aggregator'),
-    (['--algorithm=fedprox', '--measure_client_drift'], '--measure_client_drift'),
+    (['--algorithm=pfedme', '--measure_client_drift'], '--measure_client_drift'),
 ])
 def test_one_check_refuses_in_validation_and_in_build(args, flag):
   settings, _ = cli.config_from_args(args)

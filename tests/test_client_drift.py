@@ -116,8 +116,11 @@ def test_off_by_default_and_the_registry_flag():
   # The context does not leak: a later build without the flag has no metric.
   assert 'client_drift' not in dir(tf_type(registry.build(task, settings.replace(
       measure_client_drift=False))))
+  # Mimelite is a recipe (its full-gradient pass included): it measures drift too.
+  assert 'client_drift' in dir(tf_type(registry.build(task, settings.replace(
+      algorithm='mimelite', client_optimizer='sgd'))))
   with pytest.raises(algorithms.ConfigError, match='measure_client_drift'):
-    registry.build(task, settings.replace(algorithm='mimelite', client_optimizer='sgd'))
+    registry.build(task, settings.replace(algorithm='pfedme', client_optimizer='sgd'))
 
 
 # bin/train's drift run at 4 clients: epoch rounds on Dirichlet clients put

@@ -159,6 +159,8 @@ _COMPUTED_OWNER = re.compile(r'^: (?P<argument>[a-z_]\w*)(?![\w(])')
 # (owner, argument) → why no flag sets it (owner None: an owner computed at run time).
 NO_FLAG = {
     (None, 'init_client_state'): "an algorithm module's recipe, not a setting of bin/train",
+    (None, 'uses_first_gradient'): "a Recipe's field, not a setting of bin/train",
+    ('mime', 'gradient'): "mimelite.mime_recipe's, chosen by --algorithm (mimelite, mimexlite)",
     ('scaffold', 'total_clients'): "the task's number of clients (algorithm_builders passes it)",
     (None, 'client_weighting'): ('the builders derive it from --client_weighting and --dp and never '
                                  'pass one the library refuses; its messages are about the code'),

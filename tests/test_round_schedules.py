@@ -306,12 +306,9 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
     (dict(client_lr_schedule='rounds', client_lr_decay_rate=0.9), '--client_lr_decay_rate'),
     (dict(local_steps=5, local_steps_schedule='error', schedule_window=50, total_rounds=10),
      '--schedule_window'),
-    # Refuted by the built process: MFL has no server learning rate, FedProx
-    # reports no first-minibatch loss.
+    # Refuted by the built process: MFL has no server learning rate.
     (dict(algorithm='mfl', client_optimizer='adam', server_lr_schedule='exp',
           server_lr_decay_rate=0.9), '--server_lr_schedule'),
-    (dict(algorithm='fedprox', local_steps=5, local_steps_schedule='error', schedule_window=2),
-     '--local_steps_schedule'),
 ])
 def test_bad_schedule_flags_exit_2_with_one_line(tmp_path, capsys, overrides, flag):
   with pytest.raises(cli.UsageError) as raised:

@@ -218,12 +218,9 @@ def build_ce_fedavg(task, settings: Settings, **options):
 
 
 def build_mimelite(task, settings: Settings, **options):
-  del options  # TFF's template: per client, no drift measurement (the entry says so)
   return mimelite.build_mimelite(
       task.model_fn, client_optimizer(settings.client), server_optimizer('mimelite', settings),
-      client_weighting=_weighting(settings) or tff.learning.ClientWeighting.NUM_EXAMPLES,
-      model_aggregator=model_aggregator(settings),
-      fb_flops_per_example=fb_flops_per_example(task))
+      local_steps=settings.client.local_steps, **round_keywords(task, settings, **options))
 
 
 def build_mimexlite(task, settings: Settings, **options):
@@ -235,13 +232,10 @@ def build_mimexlite(task, settings: Settings, **options):
 
 
 def build_fedprox(task, settings: Settings, **options):
-  del options  # TFF's template: per client, no drift measurement (the entry says so)
   return fedprox.build_fedprox(
       task.model_fn, client_sgd(settings.client), server_optimizer('fedprox', settings),
-      proximal_strength=settings.algorithm.fedprox_mu,
-      client_weighting=_weighting(settings) or tff.learning.ClientWeighting.NUM_EXAMPLES,
-      model_aggregator=model_aggregator(settings),
-      fb_flops_per_example=fb_flops_per_example(task))
+      proximal_strength=settings.algorithm.fedprox_mu, local_steps=settings.client.local_steps,
+      **round_keywords(task, settings, **options))
 
 
 def build_fedmax(task, settings: Settings, **options):

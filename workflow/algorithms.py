@@ -60,7 +60,6 @@ class No:
 
 
 Feature = Union[bool, No]
-_TFF_TEMPLATE = "built by TFF's own template"
 _PERSONALISED = 'personalised round with private client state'
 
 
@@ -128,12 +127,7 @@ def _personalised(build, doc, **fields) -> AlgorithmEntry:
                         cohort=No('a personalised round'), **fields)
 
 
-def _tff_template(build, doc, **fields) -> AlgorithmEntry:
-  return AlgorithmEntry(build, doc, compressible=No("its upload is aggregated inside TFF's own "
-                                                    'builder'),
-                        measures_client_drift=No(f'{_TFF_TEMPLATE}; use an algorithm of the '
-                                                 'round composer'),
-                        cohort=No("built by TFF's template"), **fields)
+_MIME_UPLOAD = 'its gradient upload besides Δ is averaged uncompressed'
 
 
 # chosen: Reddi et al. 2021 tune η_s per task (FedAdam/FedYogi/FedAdagrad need one far
@@ -176,15 +170,15 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     'mfl': AlgorithmEntry('build_mfl', 'locally moving optimiser state, averaged (FedGBO paper)',
                           BIASED_FLAG_OPTIMIZERS, server_optimizer='',
                           defaults=_fixed(client_optimizer='adam')),
-    'mimelite': _tff_template('build_mimelite', "TFF's Mimelite",
-                              client_optimizers=MIME_OPTIMIZERS),
+    'mimelite': AlgorithmEntry('build_mimelite',
+                               'Mime with fixed optimiser state, full gradient (Karimireddy et '
+                               'al. 2021)', MIME_OPTIMIZERS, compressible=No(_MIME_UPLOAD)),
     'mimexlite': AlgorithmEntry('build_mimexlite',
                                 'Mimelite with a one-minibatch gradient (FedGBO paper)',
                                 MIME_OPTIMIZERS, needs_local_steps=True,
-                                compressible=No("its upload is aggregated inside TFF's own "
-                                                'builder'),
+                                compressible=No(_MIME_UPLOAD),
                                 defaults=_fixed(local_steps=10)),
-    'fedprox': _tff_template('build_fedprox', "TFF's FedProx"),
+    'fedprox': AlgorithmEntry('build_fedprox', 'proximal term μ/2‖y − x_t‖² (Li et al. 2020)'),
     'fedmax': AlgorithmEntry('build_fedmax', 'max-entropy activation penalty'),
     'ce_fedavg': AlgorithmEntry('build_ce_fedavg',
                                 'MFL-Adam with compressed uploads (thesis ch. 3)', ('adam',),

@@ -75,9 +75,9 @@ Structure = Any
 Recipe = recipe_lib.Recipe
 RoundOptions = options_lib.RoundOptions
 DEFAULT_OPTIMIZER_OPS = recipe_lib.DEFAULT_OPTIMIZER_OPS
-# For the algorithms built by TFF's own templates (Mime, FedProx): the same
-# client loop as TFF's default (DATASET_REDUCE), ~3x cheaper per client in
-# TFF's C++ executor (docs/performance.md).
+# For processes built by TFF's own templates: the same client loop as TFF's
+# default (DATASET_REDUCE), ~3x cheaper per client in TFF's C++ executor
+# (docs/performance.md).
 TFF_CLIENT_LOOP = tff.learning.LoopImplementation.DATASET_ITERATOR
 
 ModelFn = Union[Callable[[], tff.learning.models.VariableModel],

@@ -11,19 +11,20 @@ schedule for its value and writes it into the server state (a
 round then reads:
 
   * composer-built processes (FedAvg/FedSGD, the FedOpt family, FedGBO, MFL,
-    FedAda2, MimeXlite, FedMAX, CE-FedAvg) and the personalised ones: K_t and
+    FedAda2, Mimelite, MimeXlite, FedProx, FedMAX, CE-FedAvg) and the
+    personalised ones: K_t and
     γ_t into `state.client_work` (`local_steps`, `learning_rate`), broadcast
     to clients with the model (FedGBO's server inverse step reads the same
     K_t and γ_t); η_s into the server optimiser state,
-    `state.finalizer['learning_rate']` (MimeXlite:
+    `state.finalizer['learning_rate']` (Mimelite, MimeXlite:
     `state.finalizer['server']['learning_rate']`). FedGBO, MFL and CE-FedAvg
     have no server learning rate (x ← x − Δ̄).
-  * processes built by TFF's own builders (Mimelite, FedProx): K_t through the
-    data (each client gets exactly K_t batches, `program.client_datasets`),
-    η_s into `state.finalizer['learning_rate']`, γ_t into Mimelite's client
-    optimiser state (`state.client_work[0]['learning_rate']`; FedProx keeps
-    its client learning rate inside the computation, so it cannot be
-    scheduled).
+  * processes built by TFF's own builders (e.g. TFF's Mime Lite, FedProx,
+    FedAvg): K_t through the data (each client gets exactly K_t batches,
+    `program.client_datasets`), η_s into `state.finalizer['learning_rate']`,
+    γ_t into TFF's Mime Lite's client optimiser state
+    (`state.client_work[0]['learning_rate']`; TFF's FedProx keeps its client
+    learning rate inside the computation, so it cannot be scheduled).
 
 These are the fields that `process.get_hparams` / `set_hparams` expose
 (`client_work` and `finalizer`, TFF's hparams layout). The driver writes them
@@ -71,10 +72,10 @@ CLIENT_LR_PATHS: tuple[Path, ...] = (
     ('client_work', 0, 'learning_rate'),  # TFF's Mimelite: the base optimiser's state
 )
 SERVER_LR_PATHS: tuple[Path, ...] = (
-    # Composer (server optimiser state: FedOpt, FedAda2, FedMAX) and TFF's
-    # builders (Mimelite, FedProx).
+    # Composer (server optimiser state: FedOpt, FedProx, FedAda2, FedMAX) and
+    # TFF's builders.
     ('finalizer', 'learning_rate'),
-    ('finalizer', 'server', 'learning_rate'),  # MimeXlite, personalised processes
+    ('finalizer', 'server', 'learning_rate'),  # Mime, personalised processes
 )
 FIRST_MINIBATCH_LOSS = 'train/client_work/first_minibatch_loss'
 # The step schedules watch validation accuracy; tasks without one (the EMNIST
@@ -218,8 +219,8 @@ class RoundSchedules:
         name = next(n for n, s in self._all().items()
                     if s is not None and s.feedback == schedules.FEEDBACK_FIRST_MINIBATCH_LOSS)
         raise ScheduleError(f'{name}=error needs the loss of each client\'s first minibatch, '
-                            'which this algorithm (built by TFF, not the package composer: '
-                            'mimelite, fedprox) does not report')
+                            'which this algorithm (built by TFF, not the package composer) '
+                            'does not report')
 
   # ---- before a round ----
   def apply(self, state: Any, round_num: int) -> tuple[Any, Optional[int], dict[str, float]]:
