@@ -8,14 +8,15 @@ parameter count |x| of the Keras model, FLOPs from `flops.client_flops`
 
 What the download counts (the composer's processes): the model weights, the
 broadcast optimiser state, and the round's hyperparameters η (float32) and K
-(int32), i.e. 64 bits on top of the floats. TFF's Mimelite broadcasts its
-whole base-optimiser state, hyperparameter scalars included.
+(int32), i.e. 64 bits on top of the floats. Mimelite broadcasts its whole
+base-optimiser state, hyperparameter scalars included.
 
-TFF's Mimelite and FedProx report an upload measured from the TFF types of the
-client values their `next` computation aggregates (`costs.measure_upload`);
-the expected values here are 32·|x|·multiplier with |x| counted on the Keras
-model and the multiplier the number of model-sized values the algorithm's
-definition sends (Mimelite: Δ and ∇f; FedProx: Δ).
+`costs.measure_upload` measures the upload of a process built by TFF's own
+builders from the TFF types of the client values its `next` computation
+aggregates; checked here on TFF's Mime Lite and FedProx: 32·|x|·multiplier
+with |x| counted on the Keras model and the multiplier the number of
+model-sized values the algorithm's definition sends (Mimelite: Δ and ∇f;
+FedProx: Δ).
 """
 
 import numpy as np
@@ -71,10 +72,8 @@ def round_costs(task):
     cfg = dict(cfg, client_learning_rate=0.05, local_steps=K, execution='per_client')
     process = registry.build(task, config.from_flags(cfg))
     state = process.initialize()
-    # Composer processes run K steps themselves; TFF's Mimelite gets the K
-    # batches as its data (what program.run does).
-    steps = None if composer.runs_local_steps(state) else K
-    output = process.next(state, program.client_datasets(task, ids, steps))
+    assert composer.runs_local_steps(state)  # K steps, not K batches as the data
+    output = process.next(state, program.client_datasets(task, ids, None))
     round_costs[key] = output.metrics['cost']
     assert output.metrics['client_work']['train']['num_examples'] == NUM_CLIENTS * K * B
   return round_costs
@@ -128,25 +127,28 @@ def test_mfl_adam_bits(round_costs, num_params):
 
 def test_mimelite_bits(round_costs, num_params):
   cost = round_costs['mimelite_sgdm']
-  # Up (measured from the types of what TFF's process aggregates): Δ and the
-  # full gradient at x_t.
+  # Up: Δ and the full gradient at x_t.
   assert cost['upload_bits_per_client'] == 32 * num_params * 2
-  # Down: x and TFF's SGDm state as TFF broadcasts it: the momentum buffer
-  # (|x|) and its learning_rate and momentum scalars (float32).
-  assert cost['download_bits_per_client'] == 32 * (2 * num_params + 2)
+  # Down: x and the SGDm state as TFF's optimiser holds it: the momentum buffer
+  # (|x|) and its learning_rate and momentum scalars (float32), and (η, K).
+  assert cost['download_bits_per_client'] == 32 * (2 * num_params + 2) + HPARAM_BITS
   assert cost['client_optimizer_state_floats'] == num_params
 
 
 def test_fedprox_bits(round_costs, num_params):
   cost = round_costs['fedprox']
-  assert cost['upload_bits_per_client'] == 32 * num_params * 1  # Δ, measured
-  assert cost['download_bits_per_client'] == 32 * num_params  # x (no hyperparameters sent)
-  assert cost['client_optimizer_state_floats'] == 0
+  assert cost['upload_bits_per_client'] == 32 * num_params * 1  # Δ
+  assert cost['download_bits_per_client'] == 32 * num_params + HPARAM_BITS  # x, (η, K)
+  # x_t, which the proximal term reads at every step (plain SGD keeps no state).
+  assert cost['client_optimizer_state_floats'] == num_params
 
 
 def _tff_process(task, algorithm):
-  cfg = dict(CONFIGS[algorithm], client_learning_rate=0.05, local_steps=K, execution='per_client')
-  return registry.build(task, config.from_flags(cfg))
+  sgd = tff.learning.optimizers.build_sgdm
+  if algorithm == 'fedprox':
+    return tff.learning.algorithms.build_weighted_fed_prox(task.model_fn, 0.01, sgd(0.05), sgd(1.0))
+  return tff.learning.algorithms.build_weighted_mime_lite(
+      task.model_fn, sgd(0.05, momentum=0.9), sgd(1.0))
 
 
 @pytest.mark.parametrize('algorithm, multiplier', [('mimelite_sgdm', 2), ('fedprox', 1)])
@@ -161,11 +163,10 @@ def test_measure_upload_reads_the_aggregated_types(task, num_params, algorithm, 
     assert a.bits == 32 * num_params
   # The rest is scalars: one float32 weight per weighted mean, the training
   # metrics' sums (accuracy and loss as (total, count), num_examples, num_batches)
-  # and the int32 client count that `with_cost_metrics` itself sums (the builders
-  # measure the upload before wrapping, without it).
+  # (TFF's processes, not wrapped by `with_cost_metrics`: no client count).
   weights = [a for a in measured.others if a.bits == 32 and a.value_type.dtype == np.float32]
   assert len(weights) == multiplier
-  assert measured.other_bits == 32 * multiplier + (4 * 32 + 2 * 64) + 32
+  assert measured.other_bits == 32 * multiplier + (4 * 32 + 2 * 64)
 
 
 def test_measure_upload_counts_what_a_computation_aggregates():

@@ -241,7 +241,7 @@ def test_measured_ratios_on_cifar100_cnn_match_eq_3_1_3_2_and_nominal(cifar_cnn_
     (['--algorithm=ce_fedavg', '--client_optimizer=adam', '--upload_compression=topk_uniq',
       '--sparsity=-0.1'], '--sparsity'),
     (['--algorithm=mimelite', '--upload_compression=topk'], '--upload_compression'),
-    (['--algorithm=fedprox', '--upload_compression=topk_uniq'], '--upload_compression'),
+    (['--algorithm=scaffold', '--upload_compression=topk_uniq'], '--upload_compression'),
 ])
 def test_validate_names_the_flag(args, flag):
   cfg = dict(task='digits', algorithm='fedavg', client_optimizer='sgd', clients_per_round=10,
