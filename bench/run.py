@@ -11,7 +11,7 @@ load on a shared machine slows both sides of a ratio alike; the load average
 Sections (each writes `<out_dir>/<section>.json`; `results/README.md` is the
 markdown table of all of them):
   overhead:  round time ÷ raw compute time for fedavg, fedadam, fedgbo-adam,
-             mfl-adam, fedada2 (SM3-Adam clients), mimelite and TFF's own
+             mfl-adam, fedada2 (SM3-Adam clients), mimelite, fedprox and TFF's own
              `build_weighted_fed_avg`, with client data passed from Python
              (`python`) and built on the executor from client seeds (`ids`,
              `tff.simulation.compose_dataset_computation_with_learning_process`),
@@ -79,6 +79,7 @@ ALGORITHMS = collections.OrderedDict([
     ('mfl-adam', ('mfl', {'client_optimizer': 'adam'})),
     ('fedada2-sm3', ('fedada2', {'client_optimizer': 'sm3_adam'})),
     ('mimelite', ('mimelite', {'client_optimizer': 'adam'})),
+    ('fedprox', ('fedprox', {})),
 ])
 TFF_REFERENCE = 'tff_fedavg'
 
