@@ -33,3 +33,23 @@ def test_foreign_checkpoint_is_one_clear_error(tmp_path):
   wanted = collections.OrderedDict(w=np.zeros(4, np.float32), v=np.zeros(4, np.float32))
   with pytest.raises(run_files.IncompatibleCheckpoint, match='another version of tff_adaptive'):
     asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access
+
+
+@pytest.mark.usefixtures('local_cpp_context')
+@pytest.mark.parametrize('name', ['mimelite', 'fedprox'])
+def test_checkpoint_of_tffs_mimelite_or_fedprox_layout_is_refused(tmp_path, name):
+  """Runs made when these two wrapped TFF's builders saved TFF's state layout."""
+  import algorithm_testing as at  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.algorithms import fedprox, mimelite  # pylint: disable=g-import-not-at-top
+  sgdm = tff.learning.optimizers.build_sgdm
+  if name == 'mimelite':
+    old = tff.learning.algorithms.build_weighted_mime_lite(at.model_fn, sgdm(0.1, momentum=0.9),
+                                                           sgdm(1.0))
+    new = mimelite.build_mimelite(at.model_fn, sgdm(0.1, momentum=0.9), fb_flops_per_example=1.0)
+  else:
+    old = tff.learning.algorithms.build_weighted_fed_prox(at.model_fn, 0.01, sgdm(0.1), sgdm(1.0))
+    new = fedprox.build_fedprox(at.model_fn, sgdm(0.1), proximal_strength=0.01,
+                                fb_flops_per_example=1.0)
+  manager = _save(tmp_path, old.initialize())
+  with pytest.raises(run_files.IncompatibleCheckpoint, match='another version of tff_adaptive'):
+    asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, new.initialize()))  # pylint: disable=protected-access
