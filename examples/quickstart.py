@@ -87,7 +87,7 @@ def builders():
       'fedadam_paper': lambda agg: fedopt.build_fedopt(
           model_fn, tff.learning.optimizers.build_sgdm(0.1),
           paper_fedopt.build_paper_adam(0.01, tau=1e-3), model_aggregator=agg),
-      # Mime Lite (TFF's own builder underneath) with a momentum base optimiser.
+      # Mime Lite (Karimireddy et al. 2021) with a momentum base optimiser.
       'mimelite': lambda agg: mimelite.build_mimelite(
           model_fn, tff.learning.optimizers.build_sgdm(0.1, momentum=0.9),
           tff.learning.optimizers.build_sgdm(1.0), model_aggregator=agg),
