@@ -48,8 +48,11 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
   carry = loop.init(x_t, message['broadcast'], client_state)
   batches = _batches(dataset, message['hparams']['local_steps'])
   if loop.recipe.full_gradient:
-    # The variables hold x_t. The pass's metrics are not the round's training
-    # metrics: reset after it, as TFF's Mime Lite does.
+    # Cached: a dataset that reshuffles at each iteration would otherwise give
+    # the training loop other batches than the pass (TFF's Mime Lite iterates
+    # its data twice). The variables hold x_t; the pass's metrics are not the
+    # round's training metrics: reset after it, as TFF's Mime Lite does.
+    batches = batches.cache()
     for batch in (iter(batches) if iterate else batches):
       output, grads = _loss_and_grads(model, trainable, batch)
       carry = loop.anchor(carry, grads, _num_examples(output))
