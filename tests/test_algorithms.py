@@ -460,3 +460,8 @@ def test_builders_refuse_bad_input_naming_the_argument():
     fedgbo.build_fedgbo(at.model_fn, tff.learning.optimizers.build_adam(0.1), local_steps=0)
   with pytest.raises(ValueError, match='mimexlite: local_steps must be an integer ≥ 1'):
     mimexlite.build_mimexlite(at.model_fn, _base_optimizer(), local_steps=0)
+  with pytest.raises(TypeError, match='mimelite: full_gradient_aggregator is not supported'):
+    mimelite.build_mimelite(at.model_fn, _base_optimizer(),
+                            full_gradient_aggregator=tff.aggregators.MeanFactory())
+  with pytest.raises(ValueError, match='mimelite: upload_compression is not supported'):
+    mimelite.build_mimelite(at.model_fn, _base_optimizer(), upload_compression=object())
