@@ -297,6 +297,23 @@ def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_ste
   return 'program' if local_steps > 0 and not view.has_conv_or_rnn else False
 
 
+def _traced(program: CohortProgram, xla: bool, message_type, data_type):
+  """The shard program traced once, with relaxed shapes ([None] clients, steps, rows).
+
+  The TFF computation calls this graph, and in process it runs as is. Tracing the
+  program is most of a small model's build (pfor converts the client loop:
+  seconds), which tracing it a second time for the TFF computation doubled.
+  """
+  with _pfor_fallbacks_in_one_line():
+    # autograph=False: the program's loops are explicit (tf.while_loop, map_fn,
+    # vectorized_map) and the recipes branch on Python values only, so converting
+    # every function it calls buys nothing and was a third of a first build's time.
+    return tf.function(
+        program, jit_compile=xla, autograph=False,
+        input_signature=[tff.types.type_to_tf_tensor_specs(message_type),
+                         tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
+
+
 def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
           options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
   """The cohort `LearningProcess` (see module docstring)."""
@@ -321,18 +338,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   data_type = shard_type(info.element_type,
                          client_state_arguments.get('client_state_structure'))
   message_type = program_message_type(info.message_type, aggregation)
-  # Traced once, with relaxed shapes ([None] clients, steps, rows): the TFF
-  # computation calls this graph, and in process it runs as is. Tracing the
-  # program is most of a small model's build (pfor converts the client loop:
-  # seconds), which tracing it a second time for the TFF computation doubled.
-  with _pfor_fallbacks_in_one_line():
-    # autograph=False: the program's loops are explicit (tf.while_loop, map_fn,
-    # vectorized_map) and the recipes branch on Python values only, so converting
-    # every function it calls buys nothing and was a third of a first build's time.
-    traced = tf.function(
-        program, jit_compile=jit_compile == 'program', autograph=False,
-        input_signature=[tff.types.type_to_tf_tensor_specs(message_type),
-                         tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
+  traced = _traced(program, jit_compile == 'program', message_type, data_type)
 
   @tff.tensorflow.computation(message_type, data_type)
   def shard_fn(message, shard):
