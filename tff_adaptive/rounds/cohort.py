@@ -208,35 +208,20 @@ class CohortProgram:
     carry = self.loop.init(x_t, message['broadcast'], client_state)
     if self.loop.recipe.full_gradient:
       carry = self._full_gradient_pass(carry, x_t, batches, mask)
-    metrics = self.view.zero_metrics()
 
-    def step(carry, metrics, batch, rows):
+    def step(state, batch, rows):
+      carry, metrics = state
       grads, loss, data_loss, predictions = self.view.loss_and_grads(carry['y'], batch, rows)
       n = tf.reduce_sum(rows)
       stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr)
       counted = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
       return stepped, counted
 
-    if self.jit_compile:
-      step = tf.function(step, jit_compile=True)
-
-    def body(s, carry, metrics):
-      batch = tf.nest.map_structure(lambda t: t[s], batches)
-      rows = mask[s]
-      stepped, counted = step(carry, metrics, batch, rows)
-      n = tf.reduce_sum(rows)
-      # A step without real rows (a shorter client) changes nothing.
-      active = n > 0
-      keep = lambda new, old: tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, old)
-      return s + 1, keep(stepped, carry), keep(counted, metrics)
-
-    _, carry, metrics = tf.while_loop(lambda s, *_: s < tf.shape(mask)[0], body,
-                                      (tf.constant(0), carry, metrics))
+    carry, metrics = self._over_steps(step, batches, mask, (carry, self.view.zero_metrics()))
     result = self.loop.final(carry, x_t)
     sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
                                         message.get('aggregator'))
     return (sums, result.client_state) if self.stateful else sums
-
 
   def _full_gradient_pass(self, carry, x_t, batches, mask):
     """`Recipe.full_gradient`: `loop.anchor` at x_t over the steps the client
@@ -247,17 +232,23 @@ class CohortProgram:
       grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows)
       return self.loop.anchor(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64))
 
+    return self._over_steps(anchor, batches, mask, carry)
+
+  def _over_steps(self, step_fn, batches, mask, state):
+    """state = step_fn(state, batch, rows) for each step of the client's padded
+    batches (under XLA when `jit_compile`); a step without real rows (a shorter
+    client) changes nothing."""
     if self.jit_compile:
-      anchor = tf.function(anchor, jit_compile=True)
+      step_fn = tf.function(step_fn, jit_compile=True)
 
-    def body(s, carry):
+    def body(s, state):
       rows = mask[s]
-      anchored = anchor(carry, tf.nest.map_structure(lambda t: t[s], batches), rows)
+      new = step_fn(state, tf.nest.map_structure(lambda t: t[s], batches), rows)
       active = tf.reduce_sum(rows) > 0
-      return s + 1, tf.nest.map_structure(lambda a, b: tf.where(active, a, b), anchored, carry)
+      return s + 1, tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
 
-    _, carry = tf.while_loop(lambda s, *_: s < tf.shape(mask)[0], body, (tf.constant(0), carry))
-    return carry
+    _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[0], body, (tf.constant(0), state))
+    return state
 
 
 _PFOR_FALLBACK = re.compile(r'Using a while_loop for converting (\w+)|'
