@@ -36,16 +36,17 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.algorithms import composer
+from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
 
 GRADIENTS = ('full', 'first')
 
 
-def with_learning_rate(state, lr):
-  """A TFF optimiser's state with the round's η as its learning rate."""
-  if isinstance(state, dict) and 'learning_rate' in state:
-    state = collections.OrderedDict(state)
-    state['learning_rate'] = tf.cast(lr, tf.float32)
+def _with_learning_rate(state, lr):
+  """`fedopt.with_learning_rate` for a base optimiser whose state has a learning rate
+  (any other state is used as it is)."""
+  if isinstance(state, dict) and tff.learning.optimizers.LEARNING_RATE_KEY in state:
+    return fedopt.with_learning_rate(state, lr)
   return state
 
 
@@ -65,7 +66,7 @@ def mime_recipe(base_optimizer: tff.learning.optimizers.Optimizer,
 
   def local_step(s, y, grads, lr, step):
     del step
-    _, new_y = base_optimizer.next(with_learning_rate(s, lr), y, grads)
+    _, new_y = base_optimizer.next(_with_learning_rate(s, lr), y, grads)
     return s, new_y
 
   def server_update(x, stats, mean_delta, mean_gradient, lr, local_steps):
