@@ -83,6 +83,28 @@ def _final_weights(out_dir):
   return version, [np.asarray(x) for x in tf.nest.flatten(state)]
 
 
+def test_a_signal_a_c_call_reported_as_another_error_still_stops_the_run(tmp_path, monkeypatch):
+  """A handler's Interrupted raised inside NumPy/TensorFlow C code surfaces as a
+  SystemError caused by it (seen when Ctrl-C landed in a metric finalizer's tensor
+  conversion): bin/train still stops as for the signal, exit 130 and one line."""
+  from workflow import program  # pylint: disable=g-import-not-at-top
+
+  def interrupted_inside_a_c_call(settings, status, notes=()):
+    del settings, status, notes
+    try:
+      raise program.Interrupted(signal.SIGINT)
+    except program.Interrupted as e:
+      raise SystemError('<built-in method __array__ of numpy.ndarray object> returned a '
+                        'result with an exception set') from e
+
+  monkeypatch.setattr(cli, '_run_training', interrupted_inside_a_c_call)
+  code, output = train_config.train([*SMALL, f'--root_output_dir={tmp_path}'])
+  assert code == 130, output[-2000:]
+  lines = [line for line in output.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith('SIGINT: stopped'), lines
+  assert 'Traceback' not in output and 'SystemError' not in output
+
+
 @pytest.mark.parametrize('algorithm', ['fedadam', 'fedgbo', 'scaffold'])
 def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
   args = [*SMALL, '--total_rounds=8', f'--algorithm={algorithm}', '--client_learning_rate=0.05',

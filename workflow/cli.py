@@ -247,6 +247,12 @@ def run_training(settings: config.Settings, notes=()):
   except KeyboardInterrupt:
     stopped = True
     raise _stopped(signal.SIGINT, state['out'], state['progress']) from None
+  except Exception as e:  # pylint: disable=broad-except
+    signalled = program.interruption_of(e)
+    if signalled is None:
+      raise
+    stopped = True  # the signal, reported by a C call as another error: a stop all the same
+    raise _stopped(signalled.signum, state['out'], state['progress']) from None
   finally:
     if state['out'] is not None:
       experiment.unlock_run_dir(state['out'])
