@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime
+from workflow import cli
 from workflow import plotting
 
 flags.DEFINE_list('runs', [], 'Experiment directories or metrics CSV files.')
@@ -44,5 +45,13 @@ def main(argv):
   print(path)
 
 
+def _parse_flags(argv):
+  try:
+    return cli.parse_flags(argv, FLAGS)
+  except cli.UsageError as e:  # a bad value, a flagfile that includes itself
+    print(f'plot: error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

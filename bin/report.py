@@ -32,6 +32,7 @@ if any(a.startswith('--reproduction') for a in sys.argv[1:]):
   # absl's app.run (see bin/train.py); plain reports do not need it.
   import tensorflow as tf
 from tff_adaptive.execution import runtime
+from workflow import cli
 from workflow import report
 from workflow import selection
 from workflow import sweep
@@ -96,5 +97,12 @@ def main(argv):
   print(FLAGS.out)
 
 
+def _parse_flags(argv):
+  try:
+    return cli.parse_flags(argv, FLAGS)
+  except cli.UsageError as e:  # a bad value, a flagfile that includes itself
+    _fail(str(e))
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

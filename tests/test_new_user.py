@@ -217,7 +217,7 @@ def test_flagfile_cycles_are_found_and_repeated_includes_are_not(tmp_path, monke
   assert values['total_rounds'].value == 1
 
 
-@pytest.mark.parametrize('binary', ['train.py', 'sweep.py'])
+@pytest.mark.parametrize('binary', ['train.py', 'sweep.py', 'plot.py', 'report.py'])
 def test_binaries_refuse_a_cyclic_flagfile_in_one_line(tmp_path, binary):
   _flagfiles(tmp_path)
   result = subprocess.run([sys.executable, os.path.join(ROOT, 'bin', binary), '--flagfile=a.flags'],
