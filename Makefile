@@ -24,8 +24,8 @@ test-fast: setup
 
 # The same FedAvg rounds in pfl-research, TFF and the package, alternated process by
 # process; creates each peer's own virtual environment under bench/peer_envs/ on first
-# use. Rewrites bench/results/peers.json and the table in docs/performance.md (43 min on
-# the shared 2-core machine at load 5-13, 15 of them a GRU build that hit the timeout).
+# use. Rewrites bench/results/peers.json and the table in docs/performance.md (27 min on
+# the idle 2-core machine, environments already created).
 bench-peers: setup
 	nice -n 10 $(PY) bench/peers.py
 
