@@ -230,6 +230,21 @@ def test_binaries_refuse_a_cyclic_flagfile_in_one_line(tmp_path, binary):
                                           'self.flags']
 
 
+# ---- progress in a log ----
+
+def test_a_log_gets_one_line_per_evaluation_and_no_redrawn_bar(tmp_path):
+  """stderr here is not a terminal (as in `make demo > log`): no carriage returns."""
+  settings = train_config.small_run(tmp_path, 'log', total_rounds=2, rounds_per_eval=1,
+                                    rounds_per_checkpoint=2, show_progress=True)
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    cli.run_training(settings)
+  text = err.getvalue()
+  assert '\r' not in text, repr(text[-500:])
+  rounds = [l.split()[1] for l in text.splitlines() if l.startswith('round ')]
+  assert rounds == ['1/2', '2/2'], text
+
+
 # ---- NaN or inf in the training data ----
 
 def test_non_finite_training_data_is_found_per_client():

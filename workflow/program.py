@@ -324,8 +324,11 @@ class _Loop:
   def progress_bar(self):
     if getattr(self.process, 'execution_line', None) and self.config.show_progress:
       print(self.process.execution_line, file=sys.stderr)
+    # A bar redrawn with carriage returns only reads on a terminal; a log (stderr
+    # not a tty) gets the one line per evaluation of `show_progress` instead.
     return tqdm.tqdm(total=self.config.total_rounds, initial=self.start_round, unit='round',
-                     disable=not self.config.show_progress, file=sys.stderr, dynamic_ncols=True)
+                     disable=not (self.config.show_progress and sys.stderr.isatty()),
+                     file=sys.stderr, dynamic_ncols=True)
 
   def sample(self, round_num: int) -> list[str]:
     return sample_clients(self.client_ids, self.config.clients_per_round, self.config.seed,
