@@ -226,22 +226,27 @@ def disarm_service_managers() -> None:
   for obj in gc.get_objects():
     cls = type(obj)
     if cls.__name__ == 'ServiceManager' and cls.__module__.endswith('executor_factory'):
-      _stop(getattr(obj, '_process', None))
+      stop_process(getattr(obj, '_process', None))
       obj._process = None  # pylint: disable=protected-access
       cls.__del__ = lambda self: None
 
 
-def _stop(process, timeout: float = 5.0) -> None:
-  if not isinstance(process, subprocess.Popen) or process.poll() is not None:
+def stop_process(process, signum: int = signal.SIGINT, timeout: float = 5.0) -> None:
+  """`signum`, then SIGKILL after `timeout` s; waits, so no zombie remains.
+
+  A process that has already exited (or is not a Popen) is only reaped.
+  """
+  if not isinstance(process, subprocess.Popen):
     return
-  try:
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=timeout)
-  except ProcessLookupError:
-    pass
-  except subprocess.TimeoutExpired:
-    process.kill()
-    process.wait()
+  if process.poll() is None:
+    try:
+      process.send_signal(signum)
+      process.wait(timeout=timeout)
+    except ProcessLookupError:
+      pass
+    except subprocess.TimeoutExpired:
+      process.kill()
+  process.wait()
 
 
 # ---------------------------------------------------------------------------

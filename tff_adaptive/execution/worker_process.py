@@ -30,6 +30,7 @@ import grpc
 
 from tff_adaptive.execution import parent_death
 from tff_adaptive.execution import runtime
+from tff_adaptive.execution import tff_patches
 
 
 SECURITY_NOTE = (
@@ -226,15 +227,7 @@ class WorkerProcess:
     proc = self._proc
     if proc is None:
       return
-    if proc.poll() is None:
-      try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=timeout)
-      except ProcessLookupError:
-        pass
-      except subprocess.TimeoutExpired:
-        proc.kill()
-    proc.wait()
+    tff_patches.stop_process(proc, signal.SIGTERM, timeout)
     with _started_lock:
       if self in _started:
         _started.remove(self)
