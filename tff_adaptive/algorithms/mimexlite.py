@@ -47,19 +47,10 @@ def build_mimexlite(
 ) -> tff.learning.templates.LearningProcess:
   """MimeXlite (see module docstring).
 
-  Args:
-    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`,
-      or a `tff.learning.models.FunctionalModel`.
-    client_optimizer_fn: Mime's base optimiser, any
-      `tff.learning.optimizers.Optimizer` with a `learning_rate` (TFF's, the
-      paper-semantics or SM3 ones); its learning rate is the initial η,
-      `state.client_work['learning_rate']`, which replaces the optimiser
-      state's own at every local step (so schedules can change it).
-    server_optimizer_fn: default `build_sgdm(1.0)`.
-    local_steps: K ≥ 1 (required).
-    ops_per_param: optimiser ops per parameter per step with fixed state;
-      None: from the optimiser's kind (`adapters`).
-    Others: as `fedgbo.build_fedgbo`.
+  Args: as `mimelite.build_mimelite`'s (the base optimiser may also be one of
+  the paper-semantics or SM3 optimisers), except:
+    local_steps: K ≥ 1 (required: MimeXlite runs exactly K local steps per client).
+    Others (`**options`): as `fedgbo.build_fedgbo`.
   """
   if not local_steps or local_steps < 1:
     raise ValueError('mimexlite: local_steps must be an integer ≥ 1 (MimeXlite runs exactly K '
