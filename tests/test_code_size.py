@@ -1,0 +1,53 @@
+"""Size limits of the code a newcomer reads: modules ≤ 500 lines, functions ≤ 80.
+
+They hold in the library, the tasks and the workflow (docs/development.md,
+"Code layout"): a module that outgrows them is split by what it does, a
+function into its steps.
+"""
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKED = ('tff_adaptive', 'tasks', 'workflow')
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def _python_files():
+  for top in CHECKED:
+    for where, dirs, files in os.walk(os.path.join(ROOT, top)):
+      dirs[:] = [d for d in dirs if d != '__pycache__']
+      yield from (os.path.join(where, f) for f in sorted(files) if f.endswith('.py'))
+
+
+def oversized(source: str, name: str) -> list[str]:
+  """What in `source` breaks the limits, one line each (empty: nothing)."""
+  found = []
+  lines = source.count('\n') + (not source.endswith('\n') and bool(source))
+  if lines > MAX_MODULE_LINES:
+    found.append(f'{name}: {lines} lines > {MAX_MODULE_LINES}')
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      # From the first decorator: what a reader scrolls through.
+      start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+      length = node.end_lineno - start + 1
+      if length > MAX_FUNCTION_LINES:
+        found.append(f'{name}:{start} {node.name}: {length} lines > {MAX_FUNCTION_LINES}')
+  return found
+
+
+def test_modules_and_functions_within_the_limits():
+  found = []
+  for path in _python_files():
+    with open(path, encoding='utf-8') as f:
+      found += oversized(f.read(), os.path.relpath(path, ROOT))
+  assert not found, '\n'.join(found)
+
+
+def test_the_size_check_can_fail():
+  body = ''.join(f'  x{i} = {i}\n' for i in range(MAX_FUNCTION_LINES))
+  long_function = f'@staticmethod\ndef f():\n{body}'
+  assert oversized(long_function, 'm.py') == [f'm.py:1 f: {MAX_FUNCTION_LINES + 2} lines > 80']
+  assert oversized('x = 1\n' * (MAX_MODULE_LINES + 1), 'm.py') == ['m.py: 501 lines > 500']
+  assert not oversized('x = 1\n' * MAX_MODULE_LINES, 'm.py')
