@@ -20,6 +20,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tff_adaptive.execution import tff_patches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -323,3 +325,30 @@ def test_flag_dict_check_can_fail():
   found = flag_dict_uses(planted, 'workflow/planted.py')
   assert [int(line.split(':')[1]) for line in found] == [2, 3, 3, 4, 5], found
   assert 'workflow/config.py' in {os.path.relpath(p, ROOT) for p in ALL_MODULES.values()}
+
+
+def _sibling_imports(folder: str) -> dict:
+  """module → the modules of `folder` it imports by bare name (scripts that put
+  their own folder on sys.path: reports/, bench/)."""
+  path = os.path.join(ROOT, folder)
+  names = {f[:-3] for f in os.listdir(path) if f.endswith('.py')}
+  graph = {}
+  for name in names:
+    with open(os.path.join(path, name + '.py'), encoding='utf-8') as f:
+      tree = ast.parse(f.read())
+    found = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        found |= {a.name.split('.')[0] for a in node.names}
+      elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        found.add(node.module.split('.')[0])
+    graph[name] = (found & names) - {name}
+  return graph
+
+
+@pytest.mark.parametrize('folder', ['reports', 'bench'])
+def test_no_import_cycles_among_the_scripts(folder):
+  graph = _sibling_imports(folder)
+  assert graph and any(graph.values()), graph  # the scripts do import each other
+  cycle = _find_cycle(graph)
+  assert cycle is None, f'{folder}: import cycle: ' + ' → '.join(cycle)
