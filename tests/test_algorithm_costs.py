@@ -27,7 +27,7 @@ from tasks import digits
 from workflow import program
 from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
-from tff_adaptive.algorithms import composer
+from tff_adaptive.rounds import layout
 from workflow import algorithm_builders as registry
 from workflow import config
 
@@ -72,7 +72,7 @@ def round_costs(task):
     cfg = dict(cfg, client_learning_rate=0.05, local_steps=K, execution='per_client')
     process = registry.build(task, config.from_flags(cfg))
     state = process.initialize()
-    assert composer.runs_local_steps(state)  # K steps, not K batches as the data
+    assert layout.runs_local_steps(state)  # K steps, not K batches as the data
     output = process.next(state, program.client_datasets(task, ids, None))
     round_costs[key] = output.metrics['cost']
     assert output.metrics['client_work']['train']['num_examples'] == NUM_CLIENTS * K * B

@@ -80,7 +80,7 @@ def test_fedopt_tff_semantics_equals_tff_fed_avg(clients, algorithm, server_lr, 
   at.assert_close(at.trainable(ours, initial), at.trainable(reference, ref_initial), 0, 0)
 
   for mode_k in (K, 0):
-    state = composer.set_round_hparams(initial, local_steps=mode_k)
+    state = layout.set_round_hparams(initial, local_steps=mode_k)
     # TFF's builder trains on whatever it is given: for K steps, the same K
     # batches our composer cycles through (unshuffled data, so identical).
     _, ours_traj, ours_metrics = _run_rounds(ours, state, at.datasets(clients))
@@ -169,7 +169,7 @@ def test_fedopt_paper_semantics_scale_invariance(clients, kind):
     state = state._replace(finalizer=tf.nest.map_structure(
         lambda old, new: np.asarray(new, np.asarray(old).dtype), state.finalizer,
         server_opt.initialize(specs)))
-    return composer.set_round_hparams(state, client_learning_rate=client_lr, local_steps=1)
+    return layout.set_round_hparams(state, client_learning_rate=client_lr, local_steps=1)
 
   data = at.datasets(clients)
   _, base, _ = _run_rounds(process, state_for(CLIENT_LR, PAPER['tau'], v0), data,
@@ -318,7 +318,7 @@ def test_mimexlite_k1_equals_tff_mimelite(tff_mimelite, mimexlite_process):
 
 def test_mimexlite_uploads_one_minibatch_gradient(clients, mimexlite_process):
   process = mimexlite_process
-  state = composer.set_round_hparams(process.initialize(), local_steps=K)
+  state = layout.set_round_hparams(process.initialize(), local_steps=K)
   x0 = at.trainable(process, state)
   output = process.next(state, at.datasets(clients))
   # Server base state after one round: momentum accumulator = 0.9·0 + ḡ, ḡ the

@@ -1,6 +1,6 @@
 """The round's fast paths compute what the plain paths compute.
 
-- `composer.client_model`: a client's trainable variables start at zero
+- `model_info.client_model`: a client's trainable variables start at zero
   instead of running their random initialisers (overwritten by the broadcast
   weights anyway); every other variable keeps its initialiser.
 - FedGBO clients compute β1·m and √v + ε once per round
@@ -24,7 +24,7 @@ import algorithm_testing as at  # pylint: disable=g-bad-import-order
 from tff_adaptive.execution import runtime
 from tff_adaptive.execution import tff_patches
 from tff_adaptive.optimizers import biased as biased_optimizers
-from tff_adaptive.algorithms import composer
+from tff_adaptive.rounds import model_info
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'bench'))
@@ -54,7 +54,7 @@ def _model_fn():
 
 def test_client_model_zeroes_trainables_and_keeps_other_initialisers():
   with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-    model = composer.client_model(_model_fn)
+    model = model_info.client_model(_model_fn)
     plain = _model_fn()
     sess.run(tf.compat.v1.global_variables_initializer())
     weights = sess.run(tff.learning.models.ModelWeights.from_model(model))

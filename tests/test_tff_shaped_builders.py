@@ -27,6 +27,7 @@ from tff_adaptive.algorithms import mimexlite
 from tff_adaptive.optimizers import biased
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
+from tff_adaptive.rounds import layout
 from workflow import program
 from workflow import run_files
 
@@ -181,7 +182,7 @@ def test_get_and_set_hparams_round_trip(data):
   assert float(again['finalizer']['learning_rate']) == np.float32(0.3)
   assert float(new_state.finalizer['learning_rate']) == np.float32(0.3)
   # The round runs what the hparams say: the same as the schedules' direct write.
-  direct = composer.set_round_hparams(state, client_learning_rate=0.02, local_steps=1)
+  direct = layout.set_round_hparams(state, client_learning_rate=0.02, local_steps=1)
   direct = direct._replace(finalizer=collections.OrderedDict(
       direct.finalizer, learning_rate=np.float32(0.3)))
   at.assert_close(_run(process, data, 1, new_state)[0], _run(process, data, 1, direct)[0],

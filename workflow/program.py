@@ -30,8 +30,8 @@ import tensorflow_federated as tff
 import tqdm
 
 from tasks import base as task_base
-from tff_adaptive.algorithms import composer
 from tff_adaptive.rounds import cohort
+from tff_adaptive.rounds import layout
 from workflow import cohort_feed
 from workflow import divergence
 from workflow import run_files
@@ -483,7 +483,7 @@ def with_hparams_of(process, state, initial):
 
 
 def _has_round_hparams(state) -> bool:
-  return composer.runs_local_steps(state)
+  return layout.runs_local_steps(state)
 
 
 def _progress_postfix(row, last_eval):

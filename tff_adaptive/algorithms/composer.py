@@ -64,7 +64,6 @@ from typing import Any, Optional, Union
 
 import tensorflow_federated as tff
 
-from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info
 from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import per_client
@@ -72,23 +71,13 @@ from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import validation
 
 Structure = Any
+# The vocabulary of an algorithm module, which imports this module alone: its
+# math (`Recipe`), the round's options (`RoundOptions`) and the model it takes.
+# Everything else of the engine is named where it lives, in `rounds/`.
 Recipe = recipe_lib.Recipe
 RoundOptions = options_lib.RoundOptions
-DEFAULT_OPTIMIZER_OPS = recipe_lib.DEFAULT_OPTIMIZER_OPS
-# For processes built by TFF's own templates: the same client loop as TFF's
-# default (DATASET_REDUCE), ~3x cheaper per client in TFF's C++ executor
-# (docs/performance.md).
-TFF_CLIENT_LOOP = tff.learning.LoopImplementation.DATASET_ITERATOR
-
 ModelFn = Union[Callable[[], tff.learning.models.VariableModel],
                 tff.learning.models.FunctionalModel]
-
-# The state layout and its helpers (tff_adaptive/rounds/layout.py).
-initial_state_computation = layout.initial_state_computation
-model_weights_fns = layout.model_weights_fns
-set_round_hparams = layout.set_round_hparams
-runs_local_steps = layout.runs_local_steps
-client_model = model_info.client_model
 
 
 def build_process(

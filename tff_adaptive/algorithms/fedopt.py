@@ -33,6 +33,7 @@ from tff_adaptive.algorithms.names import (
 from tff_adaptive.algorithms.names import FEDOPT_SEMANTICS as SEMANTICS
 from tff_adaptive.algorithms.names import FEDOPT_SERVER_OPTIMIZERS as SERVER_OPTIMIZERS
 from tff_adaptive.optimizers import adapters
+from tff_adaptive.rounds import recipe as recipe_lib
 
 
 def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 'tff',
@@ -77,7 +78,7 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
 
 def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,
                   client_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-                  ops_per_param: float = composer.DEFAULT_OPTIMIZER_OPS,
+                  ops_per_param: float = recipe_lib.DEFAULT_OPTIMIZER_OPS,
                   name: str = 'fedopt') -> composer.Recipe:
   """Client: `client_optimizer` from a fresh state each round (None: plain SGD)."""
 

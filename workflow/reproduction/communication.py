@@ -64,8 +64,8 @@ def measure_process_costs(
   """One round of each process on `digits` (MLP, IID, 2 clients); its cost metrics."""
   from tasks import digits  # pylint: disable=g-import-not-at-top
   from workflow import program  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.algorithms import composer  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.rounds import layout  # pylint: disable=g-import-not-at-top
   from workflow import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
   from workflow import config  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
@@ -81,7 +81,7 @@ def measure_process_costs(
                                         local_steps=COST_LOCAL_STEPS, clients_per_round=2))
       process = registry.build(task, settings)
       state = process.initialize()
-      steps = None if composer.runs_local_steps(state) else COST_LOCAL_STEPS
+      steps = None if layout.runs_local_steps(state) else COST_LOCAL_STEPS
       cost = process.next(state, program.client_datasets(task, ids, steps)).metrics['cost']
       out[label] = ProcessCost(label, float(cost['download_bits_per_client']),
                                float(cost['upload_bits_per_client']),
