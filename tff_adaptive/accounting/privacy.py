@@ -11,6 +11,8 @@ round / population, composed over rounds.
 import dp_accounting
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
+
 RDP_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [128, 256, 512]
 
 
@@ -30,9 +32,10 @@ class GaussianFixedFactory(tff.aggregators.DifferentiallyPrivateFactory):
 def dp_aggregator(noise_multiplier: float, clip_norm: float,
                   clients_per_round: int) -> GaussianFixedFactory:
   if noise_multiplier is None or noise_multiplier < 0:
-    raise ValueError(f'dp_aggregator: noise_multiplier must be ≥ 0; got {noise_multiplier}')
+    raise errors.ArgumentError('dp_aggregator', 'noise_multiplier',
+                               f'must be ≥ 0; got {noise_multiplier}')
   if clip_norm is None or not clip_norm > 0:
-    raise ValueError(f'dp_aggregator: clip_norm must be > 0; got {clip_norm}')
+    raise errors.ArgumentError('dp_aggregator', 'clip_norm', f'must be > 0; got {clip_norm}')
   # `gaussian_fixed` is a classmethod building `cls(query)`: an instance of the subclass.
   factory = GaussianFixedFactory.gaussian_fixed(
       noise_multiplier=noise_multiplier, clients_per_round=clients_per_round, clip=clip_norm)

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.compression import tf_ops
 
 
@@ -39,7 +40,8 @@ class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
 
   def __init__(self, sparsity: float, quantize: bool = True):
     if not 0.0 <= sparsity < 1.0:
-      raise ValueError(f'SharedIndexCompressionFactory: sparsity must be in [0, 1); got {sparsity}')
+      raise errors.ArgumentError('SharedIndexCompressionFactory', 'sparsity',
+                                 f'must be in [0, 1); got {sparsity}')
     self._sparsity = float(sparsity)
     self._quantize = bool(quantize)
 

@@ -64,6 +64,7 @@ from typing import Any, Optional, Union
 
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.rounds import model_info
 from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import per_client
@@ -111,8 +112,8 @@ def build_process(
   options = _round_options(options, option_keywords, recipe.name)
   model_fn = variable_model_fn(model_fn, recipe.name)
   if local_steps < 0 or (recipe.equal_local_steps and local_steps < 1):
-    raise ValueError(f'{recipe.name}: local_steps must be at least '
-                     f'{1 if recipe.equal_local_steps else 0}; got {local_steps}')
+    raise errors.ArgumentError(recipe.name, 'local_steps', 'must be at least '
+                               f'{1 if recipe.equal_local_steps else 0}; got {local_steps}')
   info = model_info.ModelInfo(model_fn, recipe, options.fb_flops_per_example)
   kwargs = dict(client_learning_rate=client_learning_rate, local_steps=local_steps,
                 options=options, info=info)

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms.names import FEDADA2_CLIENT_OPTIMIZERS as CLIENT_OPTIMIZERS
@@ -47,10 +48,11 @@ def build_client_optimizer(name: str, learning_rate: float, *, beta_1: float = 0
                            sm3_variant: str = 'II', delay: int = 1,
                            bias_correction: bool = False) -> tff.learning.optimizers.Optimizer:
   if name not in CLIENT_OPTIMIZERS:
-    raise ValueError('fedada2.build_client_optimizer: name must be one of '
-                     f'{", ".join(CLIENT_OPTIMIZERS)}; got {name!r}')
+    raise errors.ArgumentError('fedada2.build_client_optimizer', 'name',
+                               f'must be one of {", ".join(CLIENT_OPTIMIZERS)}; got {name!r}')
   if name.startswith('sm3') and delay < 1:
-    raise ValueError(f'fedada2.build_client_optimizer: delay must be ≥ 1; got {delay}')
+    raise errors.ArgumentError('fedada2.build_client_optimizer', 'delay',
+                               f'must be ≥ 1; got {delay}')
   if name == 'adam':
     return paper_fedopt.build_paper_client_adam(learning_rate, beta_1=beta_1, beta_2=beta_2,
                                                 epsilon=epsilon, bias_correction=bias_correction)
@@ -69,8 +71,8 @@ def build_server_optimizer(name: str, learning_rate: float, *, beta_1: float = 0
   if name == 'adagrad':  # the FedAda2 paper: v = Σ Δ̄² from 0, optional momentum β1
     return paper_fedopt.build_paper_adagrad(learning_rate, beta_1=beta_1, tau=tau,
                                             initial_accumulator_value=0.0)
-  raise ValueError('fedada2.build_server_optimizer: name must be one of '
-                   f'{", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
+  raise errors.ArgumentError('fedada2.build_server_optimizer', 'name',
+                             f'must be one of {", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
 
 
 def fedada2_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
@@ -78,13 +80,14 @@ def fedada2_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
                    preconditioner: str = 'none', warmup: bool = False,
                    ops_per_param: float = 11.0) -> composer.Recipe:
   if preconditioner not in PRECONDITIONERS:
-    raise ValueError(f'fedada2: preconditioner must be one of {", ".join(PRECONDITIONERS)}; '
-                     f'got {preconditioner!r}')
+    raise errors.ArgumentError('fedada2', 'preconditioner',
+                               f'must be one of {", ".join(PRECONDITIONERS)}; '
+                               f'got {preconditioner!r}')
   if preconditioner == 'dja' and (isinstance(client_optimizer, sm3.SM3) or 'preconditioner' not in
                                   client_optimizer.initialize(())):
-    raise ValueError("fedada2: preconditioner='dja' needs a dense client optimiser (adam or "
-                     'adagrad): '
-                     f'{type(client_optimizer).__name__} has no per-coordinate v to start from')
+    raise errors.ArgumentError(
+        'fedada2', 'preconditioner', 'needs a dense client optimiser (adam or adagrad): '
+        f'{type(client_optimizer).__name__} has no per-coordinate v to start from', value='dja')
 
   def init_stats(specs):
     return server_optimizer.initialize([tf.TensorSpec(s.shape, s.dtype) for s in specs])

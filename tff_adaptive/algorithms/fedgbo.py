@@ -26,6 +26,7 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
@@ -36,7 +37,8 @@ UPLOADS = ('model', 'average_gradient')
 def fedgbo_recipe(optimizer: biased_optimizers.BiasedOptimizer,
                   upload: str = 'model') -> composer.Recipe:
   if upload not in UPLOADS:
-    raise ValueError(f'fedgbo: upload must be one of {", ".join(UPLOADS)}; got {upload!r}')
+    raise errors.ArgumentError('fedgbo', 'upload',
+                               f'must be one of {", ".join(UPLOADS)}; got {upload!r}')
   average_gradient = upload == 'average_gradient'
 
   def init_local(s, y0):
@@ -111,8 +113,8 @@ def build_fedgbo(
   `server_optimizer_fn`.
   """
   if not local_steps or local_steps < 1:
-    raise ValueError('fedgbo: local_steps must be an integer ≥ 1 (FedGBO runs exactly K local '
-                     f'steps per client); got {local_steps!r}')
+    raise errors.ArgumentError('fedgbo', 'local_steps', 'must be an integer ≥ 1 (FedGBO runs '
+                               f'exactly K local steps per client); got {local_steps!r}')
   optimizer, learning_rate = adapters.to_biased(client_optimizer_fn, algorithm='fedgbo')
   return composer.build_process(
       model_fn, fedgbo_recipe(optimizer, upload), client_learning_rate=learning_rate,

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.accounting import costs
 from tff_adaptive.algorithms import fedopt
 
@@ -79,7 +80,7 @@ def with_penultimate_output(keras_model: tf.keras.Model) -> tf.keras.Model:
 def fedmax_model_fn(keras_model_fn: Callable[[], tf.keras.Model], beta: float,
                     input_spec) -> Callable[[], tff.learning.models.VariableModel]:
   if beta < 0:
-    raise ValueError(f'fedmax: beta must be ≥ 0; got {beta}')
+    raise errors.ArgumentError('fedmax', 'beta', f'must be ≥ 0; got {beta}')
 
   def model_fn():
     keras_model = keras_model_fn()

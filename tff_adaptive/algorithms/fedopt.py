@@ -27,6 +27,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms.names import (
     FEDOPT_ALGORITHM_SERVER_OPTIMIZER as ALGORITHM_SERVER_OPTIMIZER)
@@ -52,15 +53,14 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
   if name == 'sgdm':
     return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
   if semantics not in SEMANTICS:
-    raise ValueError("fedopt.build_server_optimizer: semantics must be 'tff' or 'paper'; "
-                     f'got {semantics!r}')
+    raise errors.ArgumentError('fedopt.build_server_optimizer', 'semantics',
+                               f"must be 'tff' or 'paper'; got {semantics!r}")
   if semantics == 'paper':
     from tff_adaptive.optimizers import paper_fedopt  # pylint: disable=g-import-not-at-top
     builders = {'adagrad': paper_fedopt.build_paper_adagrad,
                 'adam': paper_fedopt.build_paper_adam, 'yogi': paper_fedopt.build_paper_yogi}
     if name not in builders:
-      raise ValueError('fedopt.build_server_optimizer: name must be one of '
-                       f'{", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
+      raise _unknown_server_optimizer(name)
     kwargs = {} if initial_accumulator is None else {'initial_accumulator_value': initial_accumulator}
     return builders[name](learning_rate, beta_1=beta_1, beta_2=beta_2, tau=tau, **kwargs)
   if name == 'adagrad':
@@ -72,8 +72,12 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
     kwargs = {} if initial_accumulator is None else {'initial_preconditioner_value': initial_accumulator}
     return tff.learning.optimizers.build_yogi(learning_rate, beta_1=beta_1, beta_2=beta_2,
                                               epsilon=tau, **kwargs)
-  raise ValueError('fedopt.build_server_optimizer: name must be one of '
-                   f'{", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
+  raise _unknown_server_optimizer(name)
+
+
+def _unknown_server_optimizer(name) -> errors.ArgumentError:
+  return errors.ArgumentError('fedopt.build_server_optimizer', 'name',
+                              f'must be one of {", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
 
 
 def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,

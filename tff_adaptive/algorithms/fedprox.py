@@ -32,6 +32,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
@@ -95,9 +96,11 @@ def build_fedprox(
       model), `loop_implementation`, ...).
   """
   if proximal_strength < 0:
-    raise ValueError(f'fedprox: proximal_strength must be ≥ 0; got {proximal_strength}')
+    raise errors.ArgumentError('fedprox', 'proximal_strength',
+                               f'must be ≥ 0; got {proximal_strength}')
   if local_steps is None or local_steps < 0:
-    raise ValueError(f'fedprox: local_steps must be an integer ≥ 0; got {local_steps!r}')
+    raise errors.ArgumentError('fedprox', 'local_steps',
+                               f'must be an integer ≥ 0; got {local_steps!r}')
   info = adapters.describe(client_optimizer_fn, algorithm='fedprox')
   learning_rate = adapters.learning_rate(client_optimizer_fn, algorithm='fedprox')
   server_optimizer_fn = server_optimizer_fn or tff.learning.optimizers.build_sgdm(1.0)

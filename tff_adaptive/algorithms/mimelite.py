@@ -35,6 +35,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
@@ -149,7 +150,8 @@ def build_mimelite(
     raise TypeError('mimelite: full_gradient_aggregator is not supported: the full gradients '
                     "are averaged with Δ's weights by the round's mean (pass None)")
   if local_steps is None or local_steps < 0:
-    raise ValueError(f'mimelite: local_steps must be an integer ≥ 0; got {local_steps!r}')
+    raise errors.ArgumentError('mimelite', 'local_steps',
+                               f'must be an integer ≥ 0; got {local_steps!r}')
   if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
     if client_weighting not in (None, tff.learning.ClientWeighting.UNIFORM,
                                 tff.learning.ClientWeighting.NUM_EXAMPLES):

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import mimelite
 
@@ -53,8 +54,8 @@ def build_mimexlite(
     Others (`**options`): as `fedgbo.build_fedgbo`.
   """
   if not local_steps or local_steps < 1:
-    raise ValueError('mimexlite: local_steps must be an integer ≥ 1 (MimeXlite runs exactly K '
-                     f'local steps per client); got {local_steps!r}')
+    raise errors.ArgumentError('mimexlite', 'local_steps', 'must be an integer ≥ 1 (MimeXlite '
+                               f'runs exactly K local steps per client); got {local_steps!r}')
   return mimelite.build_mime('mimexlite', 'first', model_fn, client_optimizer_fn,
                             server_optimizer_fn, local_steps=local_steps,
                             ops_per_param=ops_per_param, options=options)

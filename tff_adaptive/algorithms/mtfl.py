@@ -34,6 +34,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import fedopt
@@ -57,17 +58,17 @@ def patch_layout(keras_model: tf.keras.Model, private: str) -> personal_recipe.P
       BatchNormalization layers.
   """
   if private not in PRIVATE_CHOICES:
-    raise ValueError(f'patch_layout: private must be one of {", ".join(PRIVATE_CHOICES)}; '
-                     f'got {private!r}')
+    raise errors.ArgumentError('patch_layout', 'private',
+                               f'must be one of {", ".join(PRIVATE_CHOICES)}; got {private!r}')
   bn_layers = [m for m in keras_model.submodules
                if isinstance(m, tf.keras.layers.BatchNormalization)]
   if private == 'none':
     return personal_recipe.PatchLayout()
   if not bn_layers:
-    raise ValueError(
-        f"patch_layout: private={private!r} needs a model with BatchNormalization layers "
-        f"(MTFL's patches), and this model ({keras_model.name}) has none; use a model with "
-        "batch norm or private='none' (plain FL)")
+    raise errors.ArgumentError(
+        'patch_layout', 'private', "needs a model with BatchNormalization layers (MTFL's "
+        f'patches), and this model ({keras_model.name}) has none; use a model with batch norm or ',
+        errors.Given('none'), ' (plain FL)', value=private)
   trainable = list(keras_model.trainable_variables)
   non_trainable = list(keras_model.non_trainable_variables)
   private_t, private_n, description = [], [], []
@@ -133,7 +134,8 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
       from the model.
   """
   if strategy not in STRATEGIES:
-    raise ValueError(f'mtfl: strategy must be one of {", ".join(STRATEGIES)}; got {strategy!r}')
+    raise errors.ArgumentError('mtfl', 'strategy',
+                               f'must be one of {", ".join(STRATEGIES)}; got {strategy!r}')
   model_fn = validation.returning_a_model(model_fn, 'mtfl')
   layout = patch_layout(keras_model_fn(), private)
   with tf.Graph().as_default():
@@ -152,15 +154,17 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
     optimizer, client_learning_rate = adapters.to_biased(
         client_optimizer_fn, algorithm='mtfl', bias_correction=bias_correction)
     if optimizer.name != 'adam':
-      raise ValueError(f"mtfl: strategy='fedavg_adam' runs Adam clients; got {optimizer.name} "
-                       '(pass tff.learning.optimizers.build_adam as client_optimizer_fn)')
+      raise errors.ArgumentError(
+          'mtfl', 'strategy', f'runs Adam clients; got {optimizer.name} (pass '
+          'tff.learning.optimizers.build_adam as client_optimizer_fn)', value='fedavg_adam')
     local = adam_recipe(optimizer)
   else:
     try:
       client_learning_rate = adapters.sgd_learning_rate(client_optimizer_fn, algorithm='mtfl')
     except ValueError as e:
-      raise ValueError(f'mtfl: strategy={strategy!r} trains clients with SGD; an adaptive '
-                       f"client optimiser is only used by strategy='fedavg_adam' ({e})") from None
+      raise errors.ArgumentError(
+          'mtfl', 'strategy', 'trains clients with SGD; an adaptive client optimiser is only '
+          'used by ', errors.Given('fedavg_adam'), f' ({e})', value=strategy) from None
     local = personal_recipe.sgd_recipe()
   return personalized.build_personalized_process(
       model_fn, name=f'mtfl_{strategy}', layout=layout, local=local,

@@ -20,6 +20,7 @@ from typing import Optional
 
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.personalization import process as personalized
@@ -28,7 +29,7 @@ from tff_adaptive.personalization import recipe as personal_recipe
 
 def perfedavg_recipe(beta: float) -> personal_recipe.LocalRecipe:
   if not beta > 0:
-    raise ValueError(f'perfedavg: beta must be > 0; got {beta}')
+    raise errors.ArgumentError('perfedavg', 'beta', f'must be > 0; got {beta}')
 
   def train_step(ctx, opt, batches, alpha, step):
     del step

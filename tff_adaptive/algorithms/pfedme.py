@@ -28,6 +28,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.personalization import process as personalized
@@ -37,12 +38,13 @@ from tff_adaptive.personalization import recipe as personal_recipe
 def pfedme_recipe(lam: float, personal_learning_rate: float,
                   inner_steps: int = 1) -> personal_recipe.LocalRecipe:
   if not lam > 0:
-    raise ValueError(f'pfedme: lam must be > 0; got {lam}')
+    raise errors.ArgumentError('pfedme', 'lam', f'must be > 0; got {lam}')
   if not personal_learning_rate > 0:
-    raise ValueError('pfedme: personal_learning_rate must be > 0; got '
-                     f'{personal_learning_rate}')
+    raise errors.ArgumentError('pfedme', 'personal_learning_rate',
+                               f'must be > 0; got {personal_learning_rate}')
   if inner_steps < 1:
-    raise ValueError(f'pfedme: inner_steps must be an integer ≥ 1; got {inner_steps}')
+    raise errors.ArgumentError('pfedme', 'inner_steps',
+                               f'must be an integer ≥ 1; got {inner_steps}')
 
   def inner(ctx, batch, w):
     """K prox steps on `batch` from the current θ (in ctx) towards w."""
@@ -87,7 +89,7 @@ def build_pfedme(model_fn: Callable[[], tff.learning.models.VariableModel],
   """pFedMe: η = the learning rate of `client_optimizer_fn` (`build_sgdm(η)`, the
   local w update is plain SGD), λ `lam`, η_p, K inner steps; server default SGD(β)."""
   if not beta > 0:
-    raise ValueError(f'pfedme: beta must be > 0; got {beta}')
+    raise errors.ArgumentError('pfedme', 'beta', f'must be > 0; got {beta}')
   return personalized.build_personalized_process(
       model_fn, name='pfedme', layout=personal_recipe.PatchLayout(),
       local=pfedme_recipe(lam, personal_learning_rate, inner_steps),

@@ -38,6 +38,7 @@ from typing import Any, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.optimizers import adapters
 
@@ -136,7 +137,8 @@ def build_scaffold(
     raise ValueError(f'scaffold: total_clients (N) must be a positive integer; got '
                      f'{total_clients!r}')
   if local_steps is None or local_steps < 0:
-    raise ValueError(f'scaffold: local_steps must be ≥ 0 (0: one pass); got {local_steps!r}')
+    raise errors.ArgumentError('scaffold', 'local_steps',
+                               f'must be ≥ 0 (0: one pass); got {local_steps!r}')
   learning_rate = adapters.sgd_learning_rate(client_optimizer_fn, algorithm='scaffold')
   if server_optimizer_fn is None:
     server_optimizer_fn = tff.learning.optimizers.build_sgdm(1.0)

@@ -20,6 +20,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow.python.eager import context as eager_context
 
+from tff_adaptive import errors
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import layout
@@ -53,7 +54,8 @@ def compose_data_on_workers(process, task, local_steps: Optional[int] = None):
   """
   client_dataset = _client_dataset_fn(task)
   if client_dataset is None:
-    raise ValueError(f'compose_data_on_workers: task {task.name} {_NO_DATASET_FN}')
+    raise errors.ArgumentError('compose_data_on_workers', None,
+                               f'task {task.name} {_NO_DATASET_FN}')
   data_steps = None if has_round_hparams(process) else (local_steps or None)
 
   @tff.tensorflow.computation(tf.string)
@@ -69,6 +71,10 @@ def compose_data_on_workers(process, task, local_steps: Optional[int] = None):
 
 
 _NO_DATASET_FN = 'has no serializable dataset function (train_data.serializable_dataset_fn)'
+
+
+def _refused(detail: str) -> errors.ArgumentError:
+  return errors.ArgumentError('compose_cohort_data_on_workers', None, detail)
 
 
 def _client_dataset_fn(task):
@@ -103,23 +109,21 @@ def compose_cohort_data_on_workers(process: cohort.CohortProcess, task):
   shards' ids (`shard_ids_fn`).
   """
   if process.execution.in_process:
-    raise ValueError('compose_cohort_data_on_workers: the cohort process runs in process; '
-                     'build it with CohortExecution(in_process=False) for TFF workers')
+    raise _refused('the cohort process runs in process; build it with '
+                   'CohortExecution(in_process=False) for TFF workers')
   client_dataset = _client_dataset_fn(task)
   if client_dataset is None:
-    raise ValueError(f'compose_cohort_data_on_workers: task {task.name} {_NO_DATASET_FN}')
+    raise _refused(f'task {task.name} {_NO_DATASET_FN}')
   state_type, shards_type = process.tff_next.type_signature.parameter
 
   try:
     build_shard = _shard_computation(client_dataset)
   except ValueError as e:  # `shard_from_ids` refusing the task's batches
-    raise ValueError(f'compose_cohort_data_on_workers: task {task.name}: '
-                     f'{str(e).removeprefix("shard_from_ids: ")} (the per-client execution '
-                     'builds its datasets on the workers)') from e
+    raise _refused(f'task {task.name}: {str(e).removeprefix("shard_from_ids: ")} (the '
+                   'per-client execution builds its datasets on the workers)') from e
   if not shards_type.member.is_assignable_from(build_shard.type_signature.result):
-    raise ValueError(f'compose_cohort_data_on_workers: task {task.name}\'s batches '
-                     f'{build_shard.type_signature.result} do not fit the model\'s '
-                     f'{shards_type.member}')
+    raise _refused(f"task {task.name}'s batches {build_shard.type_signature.result} do not fit "
+                   f"the model's {shards_type.member}")
 
   @tff.tensorflow.computation(state_type.member.client_work)
   def local_steps_of(hparams):

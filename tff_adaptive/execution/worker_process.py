@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import grpc
 
+from tff_adaptive import errors
 from tff_adaptive.execution import parent_death
 from tff_adaptive.execution import runtime
 from tff_adaptive.execution import tff_patches
@@ -87,14 +88,15 @@ def is_ready(address: str, timeout: float) -> bool:
 
 
 def parse_addresses(spec: str) -> list[str]:
-  """`'host:port,host:port'` → addresses; raises ValueError naming a bad one."""
+  """`'host:port,host:port'` → addresses; raises `errors.ArgumentError` naming a bad one."""
   addresses = [a.strip() for a in spec.split(',') if a.strip()]
   for address in addresses:
     match = _ADDRESS.match(address)
     if not match or not 0 < int(match.group(2)) < 65536:
-      raise ValueError(f'parse_addresses: {address!r} is not host:port (IPv6 as [addr]:port)')
+      raise errors.ArgumentError('parse_addresses', None,
+                                 f'{address!r} is not host:port (IPv6 as [addr]:port)')
   if len(set(addresses)) != len(addresses):
-    raise ValueError(f'parse_addresses: an address is listed twice: {spec}')
+    raise errors.ArgumentError('parse_addresses', None, f'an address is listed twice: {spec}')
   return addresses
 
 

@@ -30,6 +30,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from tff_adaptive import errors
+
 NAMES = ('sgdm', 'rmsprop', 'adam', 'adagrad')
 OPS = {'sgdm': (5, 8), 'rmsprop': (5, 5), 'adam': (8, 11), 'adagrad': (5, 6)}
 
@@ -46,13 +48,13 @@ class BiasedOptimizer:
 
   def __post_init__(self):
     if self.name not in NAMES:
-      raise ValueError(f'BiasedOptimizer: name must be one of {", ".join(NAMES)}; '
-                       f'got {self.name!r}')
+      raise errors.ArgumentError('BiasedOptimizer', 'name',
+                                 f'must be one of {", ".join(NAMES)}; got {self.name!r}')
     for argument, beta in (('beta_1', self.beta_1), ('beta_2', self.beta_2)):
       if not 0.0 <= beta < 1.0:
-        raise ValueError(f'BiasedOptimizer: {argument} must be in [0, 1); got {beta}')
+        raise errors.ArgumentError('BiasedOptimizer', argument, f'must be in [0, 1); got {beta}')
     if not self.epsilon > 0:
-      raise ValueError(f'BiasedOptimizer: epsilon must be > 0; got {self.epsilon}')
+      raise errors.ArgumentError('BiasedOptimizer', 'epsilon', f'must be > 0; got {self.epsilon}')
 
   @property
   def ops_fixed(self) -> int:

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive import errors
 from tff_adaptive.accounting import costs
 from tff_adaptive.personalization import client_work
 from tff_adaptive.personalization import recipe as recipe_lib
@@ -371,7 +372,7 @@ def build_personalized_process(
     fingerprint: extra JSON-able identity for the client-state store.
   """
   if local_steps < 0:
-    raise ValueError(f'{name}: local_steps must be non-negative; got {local_steps}')
+    raise errors.ArgumentError(name, 'local_steps', f'must be non-negative; got {local_steps}')
   model_fn = validation.returning_a_model(model_fn, name)
   validation.check_client_weighting(client_weighting, name)
   client_weighting = client_weighting or tff.learning.ClientWeighting.NUM_EXAMPLES

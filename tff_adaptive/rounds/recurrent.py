@@ -26,6 +26,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tff_adaptive import errors
+
 # Positions × recurrent layers that `auto` unrolls: none. One vectorised
 # gradient of the Shakespeare GRU (2 × 80 cells) is 0.30× the clients in
 # sequence, but converting the round program (the unrolled gradient inside
@@ -99,8 +101,9 @@ def vectorise(mode: str, view, jit_compile=False) -> bool:
   reason = view.rnn_vectorise_reason
   if mode == 'vectorized':
     if reason is not None:
-      raise ValueError(f"CohortExecution: mode='vectorized' cannot vectorise the recurrent "
-                       f"layers ({reason}); use mode='sequential' or 'auto'")
+      raise errors.ArgumentError(
+          'CohortExecution', 'mode', f'cannot vectorise the recurrent layers ({reason}); use ',
+          errors.Given('sequential'), " or 'auto'", value='vectorized')
     return True
   return (reason is None and view.rnn_unrolled_cells <= MAX_UNROLLED_CELLS and
           not view.has_conv and jit_compile in (False, 'auto'))

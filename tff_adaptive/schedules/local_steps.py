@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from tff_adaptive import errors
 from tff_adaptive.schedules import core
 
 # Thesis §5.1.5: the error schedule's rolling window of s = 100 rounds.
@@ -111,7 +112,8 @@ class ErrorDrivenDecay(core.Schedule):
     super().__init__(base, quantity)
     self.window = int(window)
     if self.window < 1:
-      raise ValueError(f'ErrorDrivenDecay: window must be an integer >= 1; got {window}')
+      raise errors.ArgumentError('ErrorDrivenDecay', 'window',
+                                 f'must be an integer >= 1; got {window}')
     self._next_round = 0
     self._sums = [0.0] * self.window
     self._counts = [0] * self.window
