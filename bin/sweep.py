@@ -27,6 +27,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ log only when ask
 # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime
 from workflow import cli
+from workflow import errors
 from workflow import selection
 from workflow import sweep
 from workflow import sweep_runner
@@ -102,7 +103,7 @@ def main(argv):
 def _parse_flags(argv):
   try:
     return cli.parse_flags(argv, FLAGS)
-  except cli.UsageError as e:  # a bad value, a --flagfile that is not text
+  except errors.UsageError as e:  # a bad value, a --flagfile that is not text
     _fail(str(e))
 
 

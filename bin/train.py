@@ -44,10 +44,10 @@ def parse_flags(argv):
   try:
     rest = cli.parse_flags(argv, FLAGS)
     if len(rest) > 1:
-      raise cli.UsageError(f'unexpected arguments: {" ".join(rest[1:])}')
+      raise errors.UsageError(f'unexpected arguments: {" ".join(rest[1:])}')
     settings, notes = cli.resolve_flags(FLAGS)
     cli.check_settings(settings)
-  except cli.UsageError as e:
+  except errors.UsageError as e:
     sys.exit(errors.report(e))
   _RESOLVED.append((settings, notes))
   # TensorFlow loads here, before absl calls main(): imported inside main(),
@@ -64,7 +64,7 @@ def main(argv):
   runtime.track_tff_workers()
   try:
     cli.run_training(*_RESOLVED[-1])
-  except cli.RunError as e:
+  except errors.RunError as e:
     sys.exit(errors.report(e))
 
 

@@ -61,7 +61,7 @@ def _train(args: Sequence[str]):
     settings, notes = cli.resolve_flags(_FLAGS)
     cli.run_training(settings, notes)
     status = 'ok'
-  except cli.RunError as e:  # exit status 1: diverged or failed; 2: bad flags or files
+  except errors.RunError as e:  # exit status 1: diverged or failed; 2: bad flags or files
     errors.report(e)
     status = 'diverged' if e.exit_code == 1 else f'exit {e.exit_code}'
   return tuple(args), status, time.monotonic() - started, time.process_time() - cpu

@@ -17,6 +17,7 @@ from workflow import algorithm_builders
 from workflow import algorithm_table
 from workflow import algorithms
 from workflow import cli
+from workflow import errors
 from workflow import config
 from workflow import personalization
 from workflow import train_flags
@@ -67,7 +68,7 @@ def test_lists_are_derived_from_the_entries():
 ])
 def test_one_check_refuses_in_validation_and_in_build(args, flag):
   settings, _ = cli.config_from_args(args)
-  with pytest.raises(cli.UsageError) as usage:
+  with pytest.raises(errors.UsageError) as usage:
     validation.validate(settings)
   with pytest.raises(algorithms.ConfigError) as refused:
     algorithm_builders.build(None, settings)  # refused before the task is used

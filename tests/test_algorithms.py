@@ -17,7 +17,7 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
-from workflow import cli
+from workflow import errors
 from workflow import validation
 from workflow import config
 from tff_adaptive.accounting import flops
@@ -432,7 +432,7 @@ def _config(args):
 
 @pytest.mark.parametrize('args, flag', BAD_FLAGS)
 def test_validate_names_the_flag(args, flag):
-  with pytest.raises(cli.UsageError) as error:
+  with pytest.raises(errors.UsageError) as error:
     validation.validate(config.from_flags(_config(args)))
   message = str(error.value)
   assert flag in message and '\n' not in message

@@ -24,7 +24,7 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
-from workflow import cli
+from workflow import errors
 from workflow import config
 from workflow import validation
 from tff_adaptive.aggregators import compression
@@ -249,7 +249,7 @@ def test_validate_names_the_flag(args, flag):
   for arg in args:
     name, value = arg[2:].split('=')
     cfg[name] = float(value) if name == 'sparsity' else value
-  with pytest.raises(cli.UsageError, match=flag):
+  with pytest.raises(errors.UsageError, match=flag):
     validation.validate(config.from_flags(cfg))
 
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from workflow import program
 from workflow import run_files
 from tff_adaptive.execution import runtime  # pylint: disable=unused-import  (disarms TFF's noisy exit handler)
 
@@ -22,7 +21,7 @@ def test_list_saved_tuple_expected_loads_by_leaves(tmp_path):
   saved = collections.OrderedDict(m=[np.ones(3, np.float32), np.zeros(2, np.float32)], step=1.0)
   manager = _save(tmp_path, saved)
   wanted = collections.OrderedDict(m=(np.zeros(3, np.float32), np.zeros(2, np.float32)), step=0.0)
-  loaded = asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access
+  loaded = asyncio.run(run_files._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access
   assert isinstance(loaded['m'], tuple)
   np.testing.assert_array_equal(loaded['m'][0], np.ones(3))
   assert float(loaded['step']) == 1.0
@@ -32,7 +31,7 @@ def test_foreign_checkpoint_is_one_clear_error(tmp_path):
   manager = _save(tmp_path, collections.OrderedDict(w=np.ones(4, np.float32)))
   wanted = collections.OrderedDict(w=np.zeros(4, np.float32), v=np.zeros(4, np.float32))
   with pytest.raises(run_files.IncompatibleCheckpoint, match='another version of tff_adaptive'):
-    asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access
+    asyncio.run(run_files._load_checkpoint(manager, str(tmp_path), 1, wanted))  # pylint: disable=protected-access
 
 
 @pytest.mark.usefixtures('local_cpp_context')
@@ -52,4 +51,4 @@ def test_checkpoint_of_tffs_mimelite_or_fedprox_layout_is_refused(tmp_path, name
                                 fb_flops_per_example=1.0)
   manager = _save(tmp_path, old.initialize())
   with pytest.raises(run_files.IncompatibleCheckpoint, match='another version of tff_adaptive'):
-    asyncio.run(program._load_checkpoint(manager, str(tmp_path), 1, new.initialize()))  # pylint: disable=protected-access
+    asyncio.run(run_files._load_checkpoint(manager, str(tmp_path), 1, new.initialize()))  # pylint: disable=protected-access

@@ -27,6 +27,7 @@ from test_workers import live_pool, pool  # pylint: disable=unused-import
 
 from tasks import digits
 from workflow import cli
+from workflow import library_flags
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import remote_context
@@ -175,7 +176,7 @@ def test_batches_of_varying_shapes_are_refused_at_build(task):
               {'x': tf.zeros([2, tf.strings.length(cid), 1]), 'y': tf.zeros([2], tf.int32)})))
   with pytest.raises(ValueError) as raised:
     data_on_workers.compose_cohort_data_on_workers(process, varying)
-  assert cli.library_flags.flag_message(str(raised.value)).startswith(
+  assert library_flags.flag_message(raised.value).startswith(
       '--data_on_workers: task varying: its batches cannot be padded into one shard'), raised.value
   with pytest.raises(ValueError, match='runs in process'):
     data_on_workers.compose_cohort_data_on_workers(_build(task, 3, 'cohort'), task)

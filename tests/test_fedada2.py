@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from workflow import cli
+from workflow import errors
 from workflow import config
 from workflow import validation
 from tff_adaptive.accounting import privacy
@@ -368,7 +369,7 @@ def _config(args):
 
 @pytest.mark.parametrize('args, flag', BAD[:3])  # BAD[3] fails in the flag parser
 def test_validate_names_the_flag(args, flag):
-  with pytest.raises(cli.UsageError, match=flag):
+  with pytest.raises(errors.UsageError, match=flag):
     validation.validate(config.from_flags(_config(args)))
 
 

@@ -226,7 +226,7 @@ def test_the_probe_sees_explicit_tracking(tmp_path):
 _BEFORE_TENSORFLOW = textwrap.dedent('''
     import sys
     from tasks import registry
-    from workflow import cli, experiment, train_help, validation
+    from workflow import cli, errors, experiment, train_help, validation
     settings, _ = cli.config_from_args(['--algorithm=fedgbo', '--task=shakespeare_leaf',
                                         '--root_output_dir=/nonexistent/runs'])
     validation.validate(settings)
@@ -235,7 +235,7 @@ _BEFORE_TENSORFLOW = textwrap.dedent('''
     for refused in (['--algorithm=nope'], ['--task=nope'], ['--algorithm=mfl', '--dp']):
         try:
             validation.validate(cli.config_from_args(refused)[0])
-        except cli.UsageError:
+        except errors.UsageError:
             pass
         else:
             raise AssertionError(refused)

@@ -22,6 +22,7 @@ import train_config  # pylint: disable=g-bad-import-order
 from tests import custom_task_fixture
 from tests import nan_task_fixture
 from workflow import cli
+from workflow import errors
 from workflow import data_checks
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
@@ -207,7 +208,7 @@ def test_flagfile_cycles_are_found_and_repeated_includes_are_not(tmp_path, monke
   train_flags.define_flags(values)
   for args, chain in ((['--flagfile=self.flags'], 'self.flags -> '),
                       (['--flagfile', 'a.flags'], 'a.flags -> b.flags -> ./a.flags')):
-    with pytest.raises(cli.UsageError) as raised:
+    with pytest.raises(errors.UsageError) as raised:
       cli.parse_flags(['train.py', *args], values)
     message = str(raised.value)
     assert chain in message and 'include itself' in message and '\n' not in message, message

@@ -3,7 +3,7 @@ never print a traceback and lose nothing but the rounds since the last intact
 checkpoint. docs/reliability.md lists these guarantees and names these tests.
 
 Runs are small digits runs trained in-process through `cli.run_training`
-(exit codes are those bin/train exits with: `errors.report` of the raised `cli.RunError`); only what needs a real process (a lock
+(exit codes are those bin/train exits with: `errors.report` of the raised `errors.RunError`); only what needs a real process (a lock
 held by another process) starts one, and it does not import TensorFlow.
 """
 
@@ -27,6 +27,7 @@ import tensorflow as tf
 import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import cli
+from workflow import errors
 from workflow import experiment
 from workflow import run_files
 from workflow import validation
@@ -159,7 +160,7 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize('overrides, flag, allowed', BAD_VALUES)
 def test_bad_values_are_rejected_naming_flag_and_range(tmp_path, overrides, flag, allowed):
-  with pytest.raises(cli.UsageError) as raised:
+  with pytest.raises(errors.UsageError) as raised:
     validation.validate(_settings(tmp_path / 'out', **overrides))
   message = str(raised.value)
   assert flag in message and allowed in message and '\n' not in message
@@ -481,7 +482,7 @@ def test_a_finished_or_failed_run_puts_the_signal_handlers_back(tmp_path):
     cli.run_training(_settings(tmp_path / 'ok', total_rounds=1))
     assert signal.getsignal(signal.SIGTERM) is mine
     assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
-    with pytest.raises(cli.RunError):  # diverged: exit status 1
+    with pytest.raises(errors.RunError):  # diverged: exit status 1
       cli.run_training(_settings(tmp_path / 'diverged', total_rounds=1,
                                  client_learning_rate=1e30))
     assert signal.getsignal(signal.SIGTERM) is mine

@@ -27,11 +27,11 @@ from test_reliability import three_rounds  # pylint: disable=unused-import  (a f
 from workflow import cli
 from workflow import errors
 from workflow import experiment
+from workflow import flag_checks
 from workflow import program
 from workflow import run_dir
 from workflow import run_files
 from workflow import sweep
-from workflow import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -115,7 +115,7 @@ def test_files_are_opened_without_following_a_link_planted_after_the_check(tmp_p
     metrics.release({'loss': 0.5}, 2)
   assert victim.read_text() == 'a,b\n'
   os.symlink(victim, tmp_path / '.lock')
-  with pytest.raises(cli.UsageError, match='symbolic link'):
+  with pytest.raises(errors.UsageError, match='symbolic link'):
     experiment.lock_run_dir(str(tmp_path))
   assert victim.read_text() == 'a,b\n'
 
@@ -224,9 +224,9 @@ def test_the_bounds_keep_their_computations_finite():
   started = time.monotonic()
   rng = np.random.default_rng(0)
   for _ in range(10):
-    assert np.isfinite(rng.dirichlet(validation.MIN_DIRICHLET_ALPHA * np.ones(100))).all()
+    assert np.isfinite(rng.dirichlet(flag_checks.MIN_DIRICHLET_ALPHA * np.ones(100))).all()
   for rate in (1e-3, 0.1, 1.0):
-    assert privacy.epsilon(validation.MAX_DP_NOISE_MULTIPLIER, rate, 100, 1e-5) >= 0
+    assert privacy.epsilon(flag_checks.MAX_DP_NOISE_MULTIPLIER, rate, 100, 1e-5) >= 0
   assert time.monotonic() - started < 30
 
 
@@ -263,7 +263,7 @@ def test_binary_flagfile_is_one_line_naming_it(tmp_path):
   path.write_bytes(bytes(range(256)) * 4)
   values = flags.FlagValues()
   train_flags.define_flags(values)
-  with pytest.raises(cli.UsageError) as raised:
+  with pytest.raises(errors.UsageError) as raised:
     cli.parse_flags(['train.py', f'--flagfile={path}'], values)
   message = str(raised.value)
   assert f'--flagfile={path}' in message and 'UTF-8' in message and '\n' not in message

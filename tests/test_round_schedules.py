@@ -311,7 +311,7 @@ def test_quadratic_toy_fixed_point_and_decaying_k():
           server_lr_decay_rate=0.9), '--server_lr_schedule'),
 ])
 def test_bad_schedule_flags_exit_2_with_one_line(tmp_path, capsys, overrides, flag):
-  with pytest.raises(cli.UsageError) as raised:
+  with pytest.raises(errors.UsageError) as raised:
     cli.run_training(_settings(tmp_path / 'out', 'bad', **overrides))
   assert errors.report(raised.value) == 2  # what bin/train prints, its exit status
   lines = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]

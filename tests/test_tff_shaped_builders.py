@@ -28,7 +28,6 @@ from tff_adaptive.optimizers import biased
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
 from tff_adaptive.rounds import layout
-from workflow import program
 from workflow import run_files
 
 K = 3
@@ -277,6 +276,6 @@ def test_checkpoint_of_the_old_state_layout_fails_in_one_line(tmp_path):
   asyncio.run(manager.save({'state': old, 'totals': '{}', 'schedules': ''}, 4))
   wanted = {'state': state, 'totals': '{}', 'schedules': ''}
   with pytest.raises(run_files.IncompatibleCheckpoint) as error:
-    asyncio.run(program._load_checkpoint(manager, str(tmp_path), 4, wanted))  # pylint: disable=protected-access
+    asyncio.run(run_files._load_checkpoint(manager, str(tmp_path), 4, wanted))  # pylint: disable=protected-access
   assert 'another version of tff_adaptive' in str(error.value)
   assert '\n' not in str(error.value)

@@ -20,6 +20,7 @@ import pytest
 import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import cli
+from workflow import errors
 from workflow import config
 from workflow import validation
 
@@ -249,5 +250,5 @@ def test_validate_accepts_defaults():
   base = dict(task='digits', algorithm='fedavg', client_optimizer='sgd', clients_per_round=10,
               client_learning_rate=0.1, server_learning_rate=1.0)
   validation.validate(config.from_flags(base))
-  with pytest.raises(cli.UsageError, match='--clients_per_round'):
+  with pytest.raises(errors.UsageError, match='--clients_per_round'):
     validation.validate(config.from_flags({**base, 'clients_per_round': -3}))

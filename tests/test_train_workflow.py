@@ -20,6 +20,7 @@ import pytest
 from workflow import algorithm_builders
 from workflow import algorithms
 from workflow import cli
+from workflow import errors
 from workflow import config
 from workflow import experiment
 from workflow import plotting
@@ -138,7 +139,7 @@ def test_explicit_flags_win_and_contradictions_fail_in_one_line():
                      (['--algorithm=ce_fedavg', '--upload_compression=none'],
                       '--upload_compression')):
     settings, _ = cli.config_from_args(args)
-    with pytest.raises((cli.UsageError, algorithms.ConfigError)) as error:
+    with pytest.raises((errors.UsageError, algorithms.ConfigError)) as error:
       validation.validate(settings)
       algorithm_builders.build(None, settings)
     assert flag in str(error.value) and '\n' not in str(error.value)
@@ -206,9 +207,9 @@ def test_user_defined_task_from_outside_tasks(tmp_path):
       'tests.custom_task_fixture.make_task_fedadam')
   assert _rounds(experiment.experiment_dir(settings)) == ['1', '2']
   assert 0.0 <= row['eval/accuracy'] <= 1.0
-  with pytest.raises(cli.UsageError, match='--task=tests.nothing_here:make_task'):
+  with pytest.raises(errors.UsageError, match='--task=tests.nothing_here:make_task'):
     validation.validate(settings.replace(task='tests.nothing_here:make_task'))
-  with pytest.raises(cli.UsageError, match='no function'):
+  with pytest.raises(errors.UsageError, match='no function'):
     validation.validate(settings.replace(task='tests.custom_task_fixture:missing'))
 
 
@@ -236,7 +237,7 @@ def test_robust_and_secure_aggregators_train(tmp_path, capsys):
   assert 'eval/loss' in compared and 'train/client_work/train/loss' in compared, compared
   for key in compared:
     assert secure_row[key] == pytest.approx(mean_row[key], rel=1e-4, abs=1e-5), key
-  with pytest.raises(cli.UsageError, match='--aggregator=robust cannot be combined with --dp'):
+  with pytest.raises(errors.UsageError, match='--aggregator=robust cannot be combined with --dp'):
     validation.validate(robust_settings.replace(dp=True, dp_clip_norm=1.0, dp_noise_multiplier=0.1))
 
 
@@ -326,7 +327,7 @@ def test_first_eval_round_evaluates_only_the_last_window(tmp_path):
 
 
 def test_first_eval_round_refuses_a_schedule_that_watches_evaluations():
-  with pytest.raises(cli.UsageError, match='--first_eval_round must be 0 with '
+  with pytest.raises(errors.UsageError, match='--first_eval_round must be 0 with '
                      '--client_lr_schedule=step'):
     settings, _ = cli.config_from_args([*TINY, '--algorithm=fedavg', '--client_lr_schedule=step',
                                         '--first_eval_round=3'])
@@ -343,6 +344,6 @@ def test_rounds_per_eval_changes_on_resume_only_without_a_step_schedule(tmp_path
   assert _rounds(experiment.experiment_dir(again)) == ['1', '2']
   stepped = ('--algorithm=fedavg', '--client_lr_schedule=step', '--experiment_name=stepped')
   _run(tmp_path, *stepped, '--total_rounds=1', '--rounds_per_eval=1')
-  with pytest.raises(cli.UsageError, match=r"--rounds_per_eval=2 \(saved 1\) "
+  with pytest.raises(errors.UsageError, match=r"--rounds_per_eval=2 \(saved 1\) "
                      r'\(--client_lr_schedule=step decays on evaluations\)'):
     _run(tmp_path, *stepped, '--total_rounds=2', '--rounds_per_eval=2')

@@ -174,7 +174,7 @@ def test_unreachable_worker_is_named(live_pool, tmp_path, capsys, monkeypatch):
   # bin/train: one line naming it, exit 1, before building anything.
   monkeypatch.setattr(remote_context, 'create_workers_context',
                       functools.partial(remote_context.create_workers_context, connect_timeout=1.0))
-  with pytest.raises(cli.RunFailed) as raised:
+  with pytest.raises(errors.RunFailed) as raised:
     cli.run_training(_train_settings(tmp_path, 'unreachable', workers=dead))
   assert errors.report(raised.value) == 1  # what bin/train prints, its exit status
   err = capsys.readouterr().err
@@ -220,7 +220,7 @@ def test_killed_worker_fails_round_and_rerun_resumes_exactly(live_pool, tmp_path
   settings = _train_settings(tmp_path, 'crashed', workers=addresses, data_on_workers=True)
   metrics = tmp_path / 'crashed' / 'metrics.csv'
   watcher = _kill_after_round(live_pool[1], metrics, 3)
-  with pytest.raises(cli.RunFailed) as raised:
+  with pytest.raises(errors.RunFailed) as raised:
     cli.run_training(settings)
   watcher.join(5)
   assert errors.report(raised.value) == 1  # what bin/train prints, its exit status

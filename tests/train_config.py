@@ -64,7 +64,7 @@ def _in_process(run, program: str) -> tuple[int, str]:
     try:
       run()
       code = 0
-    except cli.RunError as e:
+    except errors.RunError as e:
       code = errors.report(e, program)
     finally:
       for s, handler in handlers.items():

@@ -54,17 +54,16 @@ Builder = Callable[..., tff.learning.templates.LearningProcess]
 WEIGHTINGS = {'num_examples': tff.learning.ClientWeighting.NUM_EXAMPLES,
               'uniform': tff.learning.ClientWeighting.UNIFORM}
 
-Settings = config.Settings
 
 
-def _weighting(settings: Settings):
+def _weighting(settings: config.Settings):
   if algorithms.uses_dp(settings):
     return tff.learning.ClientWeighting.UNIFORM  # DP aggregation is unweighted
   name = settings.client.client_weighting or 'default'
   return None if name == 'default' else WEIGHTINGS[name]
 
 
-def upload_compression(settings: Settings):
+def upload_compression(settings: config.Settings):
   """Shared-index compression of Δ (and state uploads) per --upload_compression."""
   aggregation = settings.aggregation
   name = aggregation.upload_compression or 'none'
@@ -74,7 +73,7 @@ def upload_compression(settings: Settings):
                                                    quantize=name == 'topk_uniq')
 
 
-def model_aggregator(settings: Settings):
+def model_aggregator(settings: config.Settings):
   """The aggregation factory of Δ: DP (--dp), --aggregator=robust|secure, or None (the mean).
 
   robust and secure are TFF's `tff.learning.robust_aggregator` and
@@ -107,14 +106,14 @@ def fb_flops_per_example(task: task_base.FederatedTask) -> float:
     return 0.0
 
 
-def round_keywords(task, settings: Settings, **options) -> dict[str, Any]:
+def round_keywords(task, settings: config.Settings, **options) -> dict[str, Any]:
   """The `RoundOptions` keywords of the settings, with the round options from `build`."""
   return dict(client_weighting=_weighting(settings), model_aggregator=model_aggregator(settings),
               upload_compression=upload_compression(settings),
               fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
-def server_optimizer(algorithm: str, settings: Settings):
+def server_optimizer(algorithm: str, settings: config.Settings):
   server = settings.server
   name = server.server_optimizer or fedopt.ALGORITHM_SERVER_OPTIMIZER.get(algorithm, 'sgd')
   return fedopt.build_server_optimizer(
@@ -158,7 +157,7 @@ def standard(build_fn: Callable[..., Any]) -> Builder:
   client optimiser from --client_optimizer, the server optimiser from the
   --server_* flags, the aggregation flags and the round options.
   """
-  def build(task, settings: Settings, **options):
+  def build(task, settings: config.Settings, **options):
     return build_fn(task.model_fn, client_optimizer(settings.client),
                     server_optimizer(settings.server.algorithm, settings),
                     local_steps=settings.client.local_steps,
@@ -167,14 +166,14 @@ def standard(build_fn: Callable[..., Any]) -> Builder:
   return build
 
 
-def _refuse_server_optimizer(settings: Settings, implied: str, because: str) -> None:
+def _refuse_server_optimizer(settings: config.Settings, implied: str, because: str) -> None:
   given = settings.server.server_optimizer
   if given and given != implied:
     raise algorithms.ConfigError(f'--server_optimizer={given} contradicts {because} (which '
                                  f'uses {implied}); leave it unset')
 
 
-def build_fedopt(task, settings: Settings, **options):
+def build_fedopt(task, settings: config.Settings, **options):
   """FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi: --algorithm names the server optimiser."""
   algorithm = settings.server.algorithm
   _refuse_server_optimizer(settings, fedopt.ALGORITHM_SERVER_OPTIMIZER[algorithm],
@@ -185,14 +184,14 @@ def build_fedopt(task, settings: Settings, **options):
       **round_keywords(task, settings, **options))
 
 
-def build_fedgbo(task, settings: Settings, **options):
+def build_fedgbo(task, settings: config.Settings, **options):
   return fedgbo.build_fedgbo(
       task.model_fn, biased_client_optimizer(settings.client),
       local_steps=settings.client.local_steps, upload=settings.algorithm.fedgbo_upload,
       **round_keywords(task, settings, **options))
 
 
-def build_mfl(task, settings: Settings, **options):
+def build_mfl(task, settings: config.Settings, **options):
   keywords = round_keywords(task, settings, **options)
   return mfl.build_mfl(
       task.model_fn, biased_client_optimizer(settings.client),
@@ -201,7 +200,7 @@ def build_mfl(task, settings: Settings, **options):
       upload_state_deltas=keywords['upload_compression'] is not None, **keywords)
 
 
-def build_ce_fedavg(task, settings: Settings, **options):
+def build_ce_fedavg(task, settings: config.Settings, **options):
   client, compression_name = settings.client, settings.aggregation.upload_compression or 'none'
   if compression_name == 'none':
     raise algorithms.ConfigError(
@@ -217,13 +216,13 @@ def build_ce_fedavg(task, settings: Settings, **options):
       fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
-def build_mimelite(task, settings: Settings, **options):
+def build_mimelite(task, settings: config.Settings, **options):
   return mimelite.build_mimelite(
       task.model_fn, client_optimizer(settings.client), server_optimizer('mimelite', settings),
       local_steps=settings.client.local_steps, **round_keywords(task, settings, **options))
 
 
-def build_mimexlite(task, settings: Settings, **options):
+def build_mimexlite(task, settings: config.Settings, **options):
   return mimexlite.build_mimexlite(
       task.model_fn, client_optimizer(settings.client), server_optimizer('mimexlite', settings),
       local_steps=settings.client.local_steps, client_weighting=_weighting(settings),
@@ -231,14 +230,14 @@ def build_mimexlite(task, settings: Settings, **options):
       fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
-def build_fedprox(task, settings: Settings, **options):
+def build_fedprox(task, settings: config.Settings, **options):
   return fedprox.build_fedprox(
       task.model_fn, client_sgd(settings.client), server_optimizer('fedprox', settings),
       proximal_strength=settings.algorithm.fedprox_mu, local_steps=settings.client.local_steps,
       **round_keywords(task, settings, **options))
 
 
-def build_fedmax(task, settings: Settings, **options):
+def build_fedmax(task, settings: config.Settings, **options):
   with tf.Graph().as_default():
     input_spec = task.model_fn().input_spec
   return fedmax.build_fedmax(
@@ -247,7 +246,7 @@ def build_fedmax(task, settings: Settings, **options):
       local_steps=settings.client.local_steps, **round_keywords(task, settings, **options))
 
 
-def build_fedada2(task, settings: Settings, **options):
+def build_fedada2(task, settings: config.Settings, **options):
   client, server, algorithm = settings.client, settings.server, settings.algorithm
   client_opt = fedada2.build_client_optimizer(
       client.client_optimizer, client.client_learning_rate, beta_1=client.client_beta_1,
@@ -263,11 +262,11 @@ def build_fedada2(task, settings: Settings, **options):
       **round_keywords(task, settings, **options))
 
 
-def _personalized_weighting(settings: Settings):
+def _personalized_weighting(settings: config.Settings):
   return _weighting(settings) or tff.learning.ClientWeighting.NUM_EXAMPLES
 
 
-def _mtfl_client(settings: Settings, strategy: str):
+def _mtfl_client(settings: config.Settings, strategy: str):
   client = settings.client
   if strategy != 'fedavg_adam' and client.client_optimizer != 'sgd':
     raise algorithms.ConfigError(
@@ -278,7 +277,7 @@ def _mtfl_client(settings: Settings, strategy: str):
   return client_sgd(client)
 
 
-def build_mtfl(task, settings: Settings, **options):
+def build_mtfl(task, settings: config.Settings, **options):
   del options  # a personalised round: per client, no drift measurement (the entry says so)
   strategy = settings.personalized.mtfl_strategy or 'fedavg'
   _refuse_server_optimizer(settings, 'adam' if strategy == 'fedadam' else 'sgd',
@@ -294,7 +293,7 @@ def build_mtfl(task, settings: Settings, **options):
       fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_perfedavg(task, settings: Settings, **options):
+def build_perfedavg(task, settings: config.Settings, **options):
   del options  # a personalised round: per client, no drift measurement (the entry says so)
   return perfedavg.build_perfedavg(
       task.model_fn, client_sgd(settings.client), server_optimizer('perfedavg', settings),
@@ -303,7 +302,7 @@ def build_perfedavg(task, settings: Settings, **options):
       fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_pfedme(task, settings: Settings, **options):
+def build_pfedme(task, settings: config.Settings, **options):
   del options  # a personalised round: per client, no drift measurement (the entry says so)
   personalized = settings.personalized
   return pfedme.build_pfedme(
@@ -314,7 +313,7 @@ def build_pfedme(task, settings: Settings, **options):
       fb_flops_per_example=fb_flops_per_example(task))
 
 
-def build_scaffold(task, settings: Settings, **options):
+def build_scaffold(task, settings: config.Settings, **options):
   return scaffold.build_scaffold(
       task.model_fn, client_sgd(settings.client), server_optimizer('scaffold', settings),
       local_steps=settings.client.local_steps, total_clients=len(task.train_data.client_ids),
@@ -337,7 +336,7 @@ def entry_builder(name: str) -> Builder:
 
 
 def build(task: task_base.FederatedTask,
-          settings: Settings) -> tff.learning.templates.LearningProcess:
+          settings: config.Settings) -> tff.learning.templates.LearningProcess:
   """The learning process of `settings.server.algorithm` (ConfigError naming a flag).
 
   The round options (`measure_client_drift`, `execution`) go to the entry's
@@ -369,7 +368,7 @@ def build(task: task_base.FederatedTask,
 _JIT = {'auto': 'auto', 'none': False, 'step': 'step', 'program': 'program'}
 
 
-def _execution(settings: Settings):
+def _execution(settings: config.Settings):
   """(execution for the builders, why per client or None) from --execution and the setup."""
   name, execution = settings.server.algorithm, settings.execution
   if execution.execution == 'per_client':

@@ -30,9 +30,8 @@ class ConfigError(ValueError):
   """A flag value the chosen algorithm cannot use; the message names the flag."""
 
 
-Settings = config.Settings
 # settings -> {flag: value}: the algorithm's defaults, given the other flags.
-Defaults = Callable[[Settings], Mapping[str, Any]]
+Defaults = Callable[[config.Settings], Mapping[str, Any]]
 UPLOAD_COMPRESSIONS = ('none', 'topk', 'topk_uniq')
 AGGREGATORS = ('mean', 'robust', 'secure')
 # FedGBO's and MFL's client optimisers as flags (the FedGBO paper's table;
@@ -41,11 +40,11 @@ BIASED_FLAG_OPTIMIZERS = ('sgdm', 'rmsprop', 'adam')
 MIME_OPTIMIZERS = ('sgd', 'sgdm', 'rmsprop', 'adam')
 
 
-def uses_dp(settings: Settings) -> bool:
+def uses_dp(settings: config.Settings) -> bool:
   return bool(settings.aggregation.dp)
 
 
-def needs_secure_context(settings: Settings) -> bool:
+def needs_secure_context(settings: config.Settings) -> bool:
   """Secure aggregation's intrinsics run on TFF's test C++ context, not the native one."""
   return (settings.aggregation.aggregator or 'mean') == 'secure'
 
@@ -134,10 +133,9 @@ _MIME_UPLOAD = 'its gradient upload besides Δ is averaged uncompressed'
 # below FedAvg's 1, τ = 1e-3); 0.01 is the demo's value on digits.
 _ADAPTIVE_SERVER = _fixed(server_learning_rate=0.01)
 _ADAPTIVE_SERVER_OPTIMIZERS = ('adagrad', 'adam', 'yogi')
-MTFL_MODELS = library_flags.MTFL_MODELS
 
 
-def _fedada2_defaults(settings: Settings) -> dict[str, Any]:
+def _fedada2_defaults(settings: config.Settings) -> dict[str, Any]:
   """The FedAda2 paper: SM3-Adam clients, Adam server, K = 10 (dense Adam clients with
   --preconditioner=dja, which SM3 cannot start from)."""
   dense = settings.algorithm.preconditioner == 'dja'
@@ -147,8 +145,8 @@ def _fedada2_defaults(settings: Settings) -> dict[str, Any]:
           'client_learning_rate': 0.01, 'server_learning_rate': 0.03}
 
 
-def _mtfl_defaults(settings: Settings) -> dict[str, Any]:
-  flag, model = MTFL_MODELS.get(settings.task.task, (None, None))
+def _mtfl_defaults(settings: config.Settings) -> dict[str, Any]:
+  flag, model = library_flags.MTFL_MODELS.get(settings.task.task, (None, None))
   out = {flag: model} if flag else {}
   if settings.personalized.mtfl_strategy == 'fedavg_adam':
     out['client_optimizer'] = 'adam'
@@ -239,7 +237,7 @@ def _refuse(name: str, flag: str, feature: Feature) -> None:
     raise ConfigError(f'--{flag} is not available for --algorithm={name} ({feature.why})')
 
 
-def check_aggregation(settings: Settings) -> None:
+def check_aggregation(settings: config.Settings) -> None:
   """--upload_compression, --dp and --aggregator against each other and the algorithm."""
   name, aggregation = settings.server.algorithm, settings.aggregation
   entry = ALGORITHMS[name]
@@ -271,7 +269,7 @@ def check_known(name: str) -> None:
     raise ConfigError(f'--algorithm must be one of {", ".join(sorted(ALGORITHMS))}; got {name!r}')
 
 
-def check_algorithm(settings: Settings) -> None:
+def check_algorithm(settings: config.Settings) -> None:
   """The algorithm is known and takes --client_optimizer, --local_steps, --measure_client_drift."""
   name = settings.server.algorithm
   check_known(name)
@@ -286,7 +284,7 @@ def check_algorithm(settings: Settings) -> None:
     _refuse(name, 'measure_client_drift', entry.measures_client_drift)
 
 
-def check(settings: Settings) -> None:
+def check(settings: config.Settings) -> None:
   """Every setting the algorithm's entry refuses (ConfigError naming the flag)."""
   check_algorithm(settings)
   check_aggregation(settings)
@@ -295,14 +293,14 @@ def check(settings: Settings) -> None:
 # ---- defaults ----
 
 
-def algorithm_defaults(settings: Settings) -> dict[str, Any]:
+def algorithm_defaults(settings: config.Settings) -> dict[str, Any]:
   """The entry's defaults of `settings.server.algorithm`, given the other settings ({} if
   unknown)."""
   entry = ALGORITHMS.get(settings.server.algorithm)
   return dict(entry.defaults(settings)) if entry else {}
 
 
-def apply_defaults(settings: Settings, explicit) -> tuple[Settings, list[str]]:
+def apply_defaults(settings: config.Settings, explicit) -> tuple[config.Settings, list[str]]:
   """`settings` with the algorithm's defaults for the flags not in `explicit`.
 
   Returns (settings, the applied defaults as `--flag=value` strings). Explicit
@@ -339,7 +337,7 @@ def documented_defaults(flag: str) -> dict[str, str]:
       continue
     out[name] = text
   if flag in ('digits_model', 'mnist_model', 'cifar10_model'):
-    out['mtfl'] = dict(MTFL_MODELS.values())[flag]
+    out['mtfl'] = dict(library_flags.MTFL_MODELS.values())[flag]
   if flag == 'client_optimizer':
     out['mtfl'] = 'adam with --mtfl_strategy=fedavg_adam'
   return out

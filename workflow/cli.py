@@ -3,10 +3,10 @@
 Kept out of the binary so that tests (and users' own scripts) can call
 `run_training(settings)` in-process with `config.from_flags({...})` or the
 settings of `config_from_args([...])`. It returns the result or
-raises a `RunError` (a usage error, a failed run, a stop by signal) that says
-what to print and with which status to exit; only bin/train exits. The flag
-checks are workflow/validation.py's, the run's name and directory
-workflow/experiment.py's (their names are re-exported here).
+raises a `workflow.errors.RunError` (a usage error, a failed run, a stop by
+signal) that says what to print and with which status to exit; only bin/train
+exits. The flag checks are workflow/validation.py's, the run's name and
+directory workflow/experiment.py's.
 """
 
 import os
@@ -26,11 +26,6 @@ from workflow import train_flags
 from workflow import validation
 
 
-# The errors run_training raises (tests and scripts catch them by these names).
-RunError, UsageError, RunFailed, Stopped = (errors.RunError, errors.UsageError, errors.RunFailed,
-                                            errors.Stopped)
-
-
 HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
 
 
@@ -46,16 +41,16 @@ def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
   """
   chain = flagfiles.cycle(argv[1:])
   if chain:
-    raise UsageError(f'--flagfile: {chain}: a flagfile may not include itself, directly or '
-                     'through others')
+    raise errors.UsageError(f'--flagfile: {chain}: a flagfile may not include itself, directly or '
+                            'through others')
   try:
     return flag_values(argv)
   except flags.Error as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
   except UnicodeDecodeError as e:
     files = [a.split('=', 1)[1] for a in argv[1:] if a.startswith(('--flagfile=', '-flagfile='))]
-    raise UsageError(f'--flagfile={",".join(files) or "?"}: not a text file of flags (byte '
-                     f'{e.start} is not UTF-8)') from None
+    raise errors.UsageError(f'--flagfile={",".join(files) or "?"}: not a text file of flags (byte '
+                            f'{e.start} is not UTF-8)') from None
 
 
 def resolve_flags(flag_values: flags.FlagValues) -> tuple[config.Settings, list[str]]:
@@ -76,7 +71,7 @@ def resolve_flags(flag_values: flags.FlagValues) -> tuple[config.Settings, list[
     try:
       applied = presets.apply(name, flag_values)
     except presets.UnknownPresetError as e:
-      raise UsageError(str(e)) from None
+      raise errors.UsageError(str(e)) from None
     notes.append(f'--preset={name} sets {" ".join(applied) or "nothing (all given)"}')
     explicit |= {a[2:].split('=', 1)[0] for a in applied}
   settings = config.from_flags(train_flags.config_from_flags(flag_values))
@@ -93,7 +88,7 @@ def config_from_args(args, program: str = 'bin/train.py') -> tuple[config.Settin
   try:
     values([program, *args])
   except flags.Error as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
   return resolve_flags(values)
 
 
@@ -122,7 +117,7 @@ def _round_schedules(settings: config.Settings, task, process):
   try:
     driver.check_process(process, data_on_workers=settings.execution.data_on_workers)
   except round_schedules.ScheduleError as e:
-    raise UsageError(schedule_flags.flag_error(e)) from None
+    raise errors.UsageError(schedule_flags.flag_error(e)) from None
   if settings.schedules.measure_step_time:
     driver.step_seconds = measure_step_seconds(task)
     print(f'Measured β = {driver.step_seconds * 1e3:.2f} ms per minibatch step', file=sys.stderr)
@@ -200,7 +195,7 @@ def restore_signal_handlers(previous: dict) -> None:
       signal.signal(s, handler)
 
 
-def _stopped(signum: int, out, progress) -> Stopped:
+def _stopped(signum: int, out, progress) -> errors.Stopped:
   """The error of SIGINT/SIGTERM: one line, exit status 128 + signal number (130, 143)."""
   # A second signal now ends the process at once, without a traceback.
   for s in _SIGNALS:
@@ -215,7 +210,7 @@ def _stopped(signum: int, out, progress) -> Stopped:
     where = f'stopped {when} ({run_files.checkpoint_phrase(out)})'
   else:
     where = 'stopped before the first round'
-  return Stopped(signum, where)
+  return errors.Stopped(signum, where)
 
 
 def run_training(settings: config.Settings, notes=()):
@@ -269,7 +264,7 @@ def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
     try:
       remote_context.set_workers_context(addresses, retry=execution.worker_retry)
     except worker_process.WorkerError as e:
-      raise RunFailed(str(e)) from None
+      raise errors.RunFailed(str(e)) from None
   return addresses
 
 
@@ -304,12 +299,12 @@ def _build(settings: config.Settings, status: dict):
     # (a ClientStateError, a ValueError, names a foreign directory).
     task, client_state = personalization.setup(settings, task, process, out,
                                                experiment.RESUMABLE_CHANGES)
-  except UsageError:
+  except errors.UsageError:
     raise
   except ValueError as e:  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
-    raise UsageError(library_flags.flag_message(str(e), settings)) from e
+    raise errors.UsageError(library_flags.flag_message(e, settings)) from e
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
-    raise UsageError(f'cannot write {e.filename or run_dir}: {e.strerror}') from e
+    raise errors.UsageError(f'cannot write {e.filename or run_dir}: {e.strerror}') from e
   return task, process, schedules, client_data_fn, client_state, out
 
 
@@ -373,14 +368,14 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
     result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(settings, task),
                          client_data_fn=client_data_fn)
   except (run_files.IncompatibleCheckpoint, run_files.NoIntactCheckpoint) as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
   except (divergence.TrainingDiverged, program.WriteFailed) as e:
-    raise RunFailed(str(e)) from None
+    raise errors.RunFailed(str(e)) from None
   except worker_process.WorkerError as e:
     # One readable message, no TFF traceback: the fix is operational.
-    raise RunFailed(str(e), [*getattr(e, '__notes__', ()),
-                             'Rerun the same command once the worker is back (or without it in '
-                             '--workers) to resume from the last checkpoint.']) from None
+    raise errors.RunFailed(str(e), [*getattr(e, '__notes__', ()),
+                                    'Rerun the same command once the worker is back (or without it '
+                                    'in --workers) to resume from the last checkpoint.']) from None
   finally:
     runtime.shutdown_workers()
   return result

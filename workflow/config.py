@@ -4,8 +4,11 @@ The binary (or a test, or a script) turns its flag values into a `Settings`
 here, once; everything below receives a `Settings`, one of its groups, or
 plain keyword arguments, never the flag dict. The groups are the flag table's
 (`workflow/train_flags.py:GROUPS`: names, kinds, defaults and help live there
-only), and a field has its flag's name, so a message about a field names the
-flag (`--client_learning_rate`) with no table in between. `flag_values()`
+only) and their classes are made from it, a field per flag with its flag's
+name: a new flag's entry is its field, and a message about a field names the
+flag (`--client_learning_rate`) with no table in between. The task group is
+`tasks.settings.TaskSettings`, which the tasks layer builds tasks from (its
+fields are the table's task flags: tests/test_config.py). `flag_values()`
 turns settings back into the flat dict a run directory keeps (flags.json) and
 a command line is made of.
 
@@ -22,143 +25,47 @@ from tasks.settings import TaskSettings
 from workflow import train_flags
 
 
-@dataclasses.dataclass(frozen=True)
-class ClientSettings:
-  """Sampling, local work and the client optimiser."""
-  clients_per_round: int
-  client_batch_size: int
-  client_epochs_per_round: int
-  local_steps: int  # 0: epochs (client_epochs_per_round) instead of K steps
-  client_optimizer: str
-  client_learning_rate: float
-  client_beta_1: float
-  client_beta_2: float
-  client_epsilon: float
-  client_weighting: str
+_TYPES = {'string': str, 'enum': str, 'integer': int, 'float': float, 'bool': bool}
 
 
-@dataclasses.dataclass(frozen=True)
-class ServerSettings:
-  """The algorithm and its server optimiser."""
-  algorithm: str
-  server_optimizer: str  # '': the algorithm's own
-  server_learning_rate: float
-  server_optimizer_semantics: str
-  server_beta_1: float
-  server_beta_2: float
-  server_epsilon: float
+def _group_class(class_name: str, group_key: str, doc: str, **methods) -> type:
+  """The frozen settings class of the table's group `group_key`: a field per flag, in
+  table order, typed by the flag's kind (Optional where its default is None)."""
+  group = {key: flags for key, _, flags in train_flags.GROUPS}[group_key]
+  fields = [(f.name, Optional[_TYPES[f.kind]] if f.default is None else _TYPES[f.kind])
+            for f in group]
+  cls = dataclasses.make_dataclass(class_name, fields, frozen=True, namespace=methods)
+  cls.__module__, cls.__doc__ = __name__, doc
+  return cls
 
 
-@dataclasses.dataclass(frozen=True)
-class AlgorithmSettings:
-  """Hyperparameters only some algorithms read (train_flags says which)."""
-  fedgbo_upload: str
-  mfl_bias_correction: bool
-  fedprox_mu: float
-  fedmax_beta: float
-  preconditioner: str
-  client_lr_warmup: bool
-  sm3_variant: str
-  sm3_delay: int
-  client_bias_correction: bool
+def _watching_evaluations(self) -> list[str]:
+  """The `--<schedule>=step` flags set: these schedules decay on evaluations,
+  so which rounds evaluate is part of the run's computation."""
+  return [f'--{name}=step' for name in ('local_steps_schedule', 'client_lr_schedule',
+                                        'server_lr_schedule') if getattr(self, name) == 'step']
 
 
-@dataclasses.dataclass(frozen=True)
-class AggregationSettings:
-  """TFF aggregators, upload compression and differential privacy."""
-  aggregator: str
-  aggregator_zeroing: bool
-  aggregator_clipping: bool
-  upload_compression: str
-  sparsity: float
-  dp: bool
-  dp_clip_norm: Optional[float]
-  dp_noise_multiplier: Optional[float]
-  dp_delta: float  # 0: 1 / population
-
-
-@dataclasses.dataclass(frozen=True)
-class ScheduleSettings:
-  """Schedules of K, η and η_s, and the wall-clock runtime model."""
-  local_steps_schedule: str
-  local_steps_decay: Optional[float]
-  local_steps_theory_b: Optional[float]
-  schedule_window: Optional[int]
-  plateau_patience: Optional[int]
-  plateau_min_delta: Optional[float]
-  client_lr_schedule: str
-  client_lr_decay_rate: Optional[float]
-  client_lr_decay_steps: Optional[int]
-  client_lr_staircase: Optional[bool]
-  client_lr_warmup_rounds: Optional[int]
-  server_lr_schedule: str
-  server_lr_decay_rate: Optional[float]
-  server_lr_decay_steps: Optional[int]
-  server_lr_staircase: Optional[bool]
-  server_lr_warmup_rounds: Optional[int]
-  step_time_seconds: float
-  measure_step_time: bool
-  download_mbps: float
-  upload_mbps: float
-
-  def watching_evaluations(self) -> list[str]:
-    """The `--<schedule>=step` flags set: these schedules decay on evaluations,
-    so which rounds evaluate is part of the run's computation."""
-    return [f'--{name}=step' for name in ('local_steps_schedule', 'client_lr_schedule',
-                                          'server_lr_schedule') if getattr(self, name) == 'step']
-
-
-@dataclasses.dataclass(frozen=True)
-class PersonalizedSettings:
-  """Personalised FL (MTFL, Per-FedAvg, pFedMe) and noisy clients."""
-  private: str
-  mtfl_strategy: str
-  perfedavg_beta: float
-  pfedme_lambda: float
-  pfedme_personal_learning_rate: float
-  pfedme_inner_steps: int
-  pfedme_beta: float
-  noisy_client_fraction: float
-  noise_stddev: float
-  client_state_dir: str
-
-
-@dataclasses.dataclass(frozen=True)
-class DiagnosticsSettings:
-  measure_client_drift: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopSettings:
-  """The training loop and where it writes."""
-  total_rounds: int
-  rounds_per_eval: int
-  first_eval_round: int
-  eval_stride: int
-  rounds_per_checkpoint: int
-  root_output_dir: str
-  experiment_name: str  # '': named after the settings (workflow/experiment.py)
-  seed: int
-  show_progress: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class ReliabilitySettings:
-  divergence_factor: Optional[float]
-  divergence_rounds: int
-  trust_command_line: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecutionSettings:
-  """Cohort or per-client rounds, the local runtime and TFF workers."""
-  execution: str
-  cohort_mode: str
-  cohort_jit_compile: str
-  execution_concurrency: int
-  workers: str
-  worker_retry: bool
-  data_on_workers: bool
+ClientSettings = _group_class('ClientSettings', 'client',
+                              'Sampling, local work and the client optimiser.')
+ServerSettings = _group_class('ServerSettings', 'server', 'The algorithm and its server optimiser.')
+AlgorithmSettings = _group_class('AlgorithmSettings', 'algorithm',
+                                 'Hyperparameters only some algorithms read (train_flags says '
+                                 'which).')
+AggregationSettings = _group_class('AggregationSettings', 'aggregation',
+                                   'TFF aggregators, upload compression and differential privacy.')
+ScheduleSettings = _group_class('ScheduleSettings', 'schedules',
+                                'Schedules of K, η and η_s, and the wall-clock runtime model.',
+                                watching_evaluations=_watching_evaluations)
+PersonalizedSettings = _group_class('PersonalizedSettings', 'personalized',
+                                    'Personalised FL (MTFL, Per-FedAvg, pFedMe) and noisy '
+                                    'clients.')
+DiagnosticsSettings = _group_class('DiagnosticsSettings', 'diagnostics', 'Diagnostics.')
+LoopSettings = _group_class('LoopSettings', 'loop', 'The training loop and where it writes.')
+ReliabilitySettings = _group_class('ReliabilitySettings', 'reliability',
+                                   'When a run stops, and resuming damaged runs.')
+ExecutionSettings = _group_class('ExecutionSettings', 'execution',
+                                 'Cohort or per-client rounds, the local runtime and TFF workers.')
 
 
 # Settings' attribute → the flag group (train_flags.GROUPS key) it holds.

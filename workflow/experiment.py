@@ -17,8 +17,6 @@ from workflow import config
 from workflow import errors
 from workflow import train_flags
 
-UsageError = errors.UsageError
-
 # Flags whose change does not alter the computation: allowed on resume.
 RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'first_eval_round',
                                'rounds_per_checkpoint',
@@ -97,7 +95,7 @@ def check_data_dir(settings: config.Settings) -> None:
   """--data_dir, when given, must exist (a machine's state, so not in `validate`)."""
   data_dir = settings.task.data_dir
   if data_dir and not os.path.isdir(os.path.expanduser(data_dir)):
-    raise UsageError(f'--data_dir={data_dir!r} is not a directory')
+    raise errors.UsageError(f'--data_dir={data_dir!r} is not a directory')
 
 
 def check_output_paths(settings: config.Settings) -> None:
@@ -119,7 +117,7 @@ def check_output_paths(settings: config.Settings) -> None:
     if state_dir:
       run_dir.check_writable_dir(state_dir, flag='--client_state_dir')
   except run_dir.PathError as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
 
 
 def experiment_dir(settings: config.Settings) -> str:
@@ -139,7 +137,7 @@ LOCK_NAME = '.lock'
 _held_locks: dict[str, int] = {}  # run directory -> open file descriptor holding its lock
 
 
-class RunDirectoryBusy(UsageError):
+class RunDirectoryBusy(errors.UsageError):
   pass
 
 
@@ -157,7 +155,7 @@ def lock_run_dir(out: str) -> None:
   try:
     fd = run_dir.open_file(path, os.O_RDWR | os.O_CREAT)
   except run_dir.PathError as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:
@@ -227,9 +225,9 @@ def _read_saved_flags(out: str, trust_command_line: bool) -> Any:
           'command\'s flags (its hyperparameters replace the checkpoint\'s), recorded anew',
           file=sys.stderr)
     return None
-  raise UsageError(f'{flags_path} {problem}, so the flags of the run in {out} are unknown; '
-                   'restore the file, or rerun with --trust_command_line if this command has '
-                   'the run\'s flags')
+  raise errors.UsageError(
+      f'{flags_path} {problem}, so the flags of the run in {out} are unknown; restore the '
+      'file, or rerun with --trust_command_line if this command has the run\'s flags')
 
 
 def _check_resume_flags(out: str, settings: config.Settings) -> None:
@@ -251,8 +249,9 @@ def _check_resume_flags(out: str, settings: config.Settings) -> None:
     diffs = ', '.join(f'--{k}={values.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
     if 'rounds_per_eval' in changed:
       diffs += f' ({settings.schedules.watching_evaluations()[0]} decays on evaluations)'
-    raise UsageError(f'{out} holds a run with different flags: {diffs}; use another '
-                     f'--experiment_name or --root_output_dir, or rerun with the saved flags')
+    raise errors.UsageError(
+        f'{out} holds a run with different flags: {diffs}; use another --experiment_name or '
+        '--root_output_dir, or rerun with the saved flags')
 
 
 def prepare_output_dir(settings: config.Settings) -> str:
@@ -274,28 +273,29 @@ def prepare_output_dir(settings: config.Settings) -> str:
     probe = os.path.join(out, '.write_probe')
     os.close(run_dir.open_file(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
     os.remove(probe)
-  except UsageError:
+  except errors.UsageError:
     run_dir.remove_dirs(created)
     raise
   except OSError as e:
     run_dir.remove_dirs(created)
-    raise UsageError(f'cannot create the run directory {out} (--root_output_dir={root} and '
-                     f'--experiment_name={os.path.relpath(out, root)}): {e.strerror}') from None
+    raise errors.UsageError(
+        f'cannot create the run directory {out} (--root_output_dir={root} and '
+        f'--experiment_name={os.path.relpath(out, root)}): {e.strerror}') from None
   try:
     # Again, now that no other run can change the directory.
     run_dir.check_confined(root, out)
     run_dir.check_entries(out)
   except run_dir.PathError as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
   _check_resume_flags(out, settings)
   try:
     with run_dir.write_text(flags_path + '.tmp') as f:
       json.dump(settings.flag_values(), f, indent=1, sort_keys=True)
     os.replace(flags_path + '.tmp', flags_path)
   except run_dir.PathError as e:
-    raise UsageError(str(e)) from None
+    raise errors.UsageError(str(e)) from None
   except OSError as e:
-    raise UsageError(f'cannot write {flags_path} ({e.strerror})') from None
+    raise errors.UsageError(f'cannot write {flags_path} ({e.strerror})') from None
   return out
 
 

@@ -73,11 +73,6 @@ class Progress:
   last_checkpoint: int = 0  # the newest checkpoint written or resumed from (0: none)
 
 
-# A run's files (workflow/run_files.py), re-exported: tests and tools use them as program's.
-_load_checkpoint = run_files._load_checkpoint  # pylint: disable=protected-access
-_first_line = run_files._first_line  # pylint: disable=protected-access
-
-
 @dataclasses.dataclass
 class LoopConfig:
   total_rounds: int
@@ -319,7 +314,7 @@ class _Loop:
       self.releases = _Releases(self.config.output_dir, self.start_round)
     except (OSError, tf.errors.OpError) as e:
       raise WriteFailed(f'cannot write the metrics in {self.config.output_dir} '
-                        f'({_first_line(e)}); {self.where_to_resume()}') from None
+                        f'({run_files.first_line(e)}); {self.where_to_resume()}') from None
 
   def progress_bar(self):
     if getattr(self.process, 'execution_line', None) and self.config.show_progress:
@@ -405,8 +400,8 @@ class _Loop:
       await self.releases.release(row, round_num)
     except (OSError, tf.errors.OpError) as e:
       raise WriteFailed(f'could not write the metrics of round {round_num} '
-                        f'({_first_line(e)}); {self.where_to_resume()}; free space and rerun '
-                        'the same command to resume') from None
+                        f'({run_files.first_line(e)}); {self.where_to_resume()}; free space '
+                        'and rerun the same command to resume') from None
 
   async def checkpoint_if_due(self, round_num: int):
     last = round_num == self.config.total_rounds
@@ -424,8 +419,9 @@ class _Loop:
     except (OSError, tf.errors.OpError) as e:
       run_files.remove_partial_checkpoints(os.path.join(self.config.output_dir, 'checkpoints'))
       raise WriteFailed(f'could not write the checkpoint of round {round_num} '
-                        f'({_first_line(e)}); partial files removed; {self.where_to_resume()}; '
-                        'free space and rerun the same command to resume') from None
+                        f'({run_files.first_line(e)}); partial files removed; '
+                        f'{self.where_to_resume()}; free space and rerun the same command to '
+                        'resume') from None
     self.config.progress.last_checkpoint = round_num
 
   def show_progress(self, bar, round_num: int, row):

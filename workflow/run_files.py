@@ -5,7 +5,7 @@ damaged ones set aside); `MetricsFile` and `trim_tensorboard` keep the
 metrics consistent with it, so a crash, Ctrl-C or full disk loses no more than
 the rounds since the last intact checkpoint and never duplicates a round.
 docs/reliability.md lists what is guaranteed and each failure's message.
-The training loop (workflow/program.py) uses them; its names re-export these.
+The training loop (workflow/program.py) uses them.
 """
 
 import csv
@@ -87,7 +87,7 @@ def checkpoint_phrase(output_dir: str) -> str:
   return f'the last checkpoint is after round {last_checkpoint} ({path})'
 
 
-def _first_line(error: BaseException, limit: int = 160) -> str:
+def first_line(error: BaseException, limit: int = 160) -> str:
   text = (str(error).strip().splitlines() or [''])[0]
   text = text if len(text) <= limit else text[:limit - 3] + '...'
   return f'{type(error).__name__}: {text}' if text else type(error).__name__
@@ -151,14 +151,14 @@ async def recover(state_manager, output_dir: str, structure) -> tuple[int, Any]:
     for bad, error in failures:
       path = os.path.join(checkpoint_dir, f'program_state_{bad}')
       moved = _set_aside(path)
-      warn(f'checkpoint {path} does not load ({_first_line(error)}); set aside as '
+      warn(f'checkpoint {path} does not load ({first_line(error)}); set aside as '
            f'{os.path.basename(moved)}; resuming from the one after round {version}')
     return version, loaded
   if failures:
     rounds = ', '.join(str(v) for v, _ in reversed(failures))
     raise NoIntactCheckpoint(
         f'none of the checkpoints in {checkpoint_dir} loads (rounds {rounds}; newest: '
-        f'{_first_line(failures[0][1])}): restore that directory from a copy, or move it '
+        f'{first_line(failures[0][1])}): restore that directory from a copy, or move it '
         f'away to start the run over from round 1')
   return 0, None
 
@@ -226,7 +226,7 @@ class MetricsFile:
           rows.append(dict(zip(header, values)))
     except (OSError, UnicodeDecodeError, ValueError, csv.Error) as e:
       moved = _set_aside(path)
-      warn(f'{path} is unreadable ({_first_line(e)}); moved aside as {os.path.basename(moved)}; '
+      warn(f'{path} is unreadable ({first_line(e)}); moved aside as {os.path.basename(moved)}; '
            f'a new one starts' + (f' at round {start_round + 1}' if start_round else ''))
       self._rewrite()
       return
@@ -300,7 +300,7 @@ def trim_tensorboard(log_dir: str, last_round: int) -> None:
           dropped += 1
     except (tf.errors.OpError, ValueError) as e:  # cut off by a kill or a full disk
       dropped += 1
-      warn(f'{path}: the events after its last readable record are dropped ({_first_line(e)})')
+      warn(f'{path}: the events after its last readable record are dropped ({first_line(e)})')
     except Exception:  # pylint: disable=broad-except
       dropped += 1
     if not dropped:

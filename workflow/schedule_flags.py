@@ -21,8 +21,7 @@ from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import learning_rate
 from tff_adaptive.schedules import local_steps
 
-# Flag errors of `from_settings` are the driver's error type.
-ScheduleError = round_schedules.ScheduleError
+# Flag errors of `from_settings` are the driver's error type (round_schedules.ScheduleError).
 
 LOCAL_STEPS_SCHEDULES = ('constant', 'exp', 'rounds', 'error', 'step', 'theory')
 LR_SCHEDULES = ('constant', 'exp_decay', 'inv_lin_decay', 'inv_sqrt_decay', 'exp',
@@ -245,9 +244,9 @@ def from_settings(settings) -> round_schedules.RoundSchedules:
                       ('min_delta', '--plateau_min_delta')):
     if shared[param] is not None and not any(param in feedback_params.get(n, ()) for n in names):
       users = 'error' if param == 'window' else 'step'
-      raise ScheduleError(f'{flag} is only used by a {users} schedule (--local_steps_schedule, '
-                          f'--client_lr_schedule or --server_lr_schedule={users}); got '
-                          f'{flag}={shared[param]!r}')
+      raise round_schedules.ScheduleError(
+          f'{flag} is only used by a {users} schedule (--local_steps_schedule, '
+          f'--client_lr_schedule or --server_lr_schedule={users}); got {flag}={shared[param]!r}')
 
   def only(name):
     return {k: v for k, v in shared.items() if k in feedback_params.get(name, ())}
@@ -271,19 +270,20 @@ def _local_steps(settings, k_name: str, total: int,
   sched = settings.schedules
   k0 = settings.client.local_steps
   if k0 is not None and k0 < 1 and k_name != 'constant':
-    raise ScheduleError(f'--local_steps (K_0) must be an integer >= 1 for '
-                        f'--local_steps_schedule={k_name}; got {k0}')
+    raise round_schedules.ScheduleError(f'--local_steps (K_0) must be an integer >= 1 for '
+                                       f'--local_steps_schedule={k_name}; got {k0}')
   if k0:
     return make_local_steps_schedule(
         k_name, k0, decay=sched.local_steps_decay, b=sched.local_steps_theory_b,
         total_rounds=total, **feedback)
   if k_name != 'constant':
-    raise ScheduleError(f'--local_steps_schedule={k_name} needs --local_steps (K_0 >= 1)')
+    raise round_schedules.ScheduleError(
+        f'--local_steps_schedule={k_name} needs --local_steps (K_0 >= 1)')
   for flag, value in (('local_steps_decay', sched.local_steps_decay),
                       ('local_steps_theory_b', sched.local_steps_theory_b)):
     if value is not None:
-      raise ScheduleError(f'--{flag} is not used by --local_steps_schedule=constant; '
-                          f'got --{flag}={value!r}')
+      raise round_schedules.ScheduleError(
+          f'--{flag} is not used by --local_steps_schedule=constant; got --{flag}={value!r}')
   return None
 
 

@@ -1,10 +1,19 @@
-"""bin/train's flags, in groups: each flag's default, allowed values and readers.
+"""bin/train's flags, in groups: one entry per flag, the only place a flag is declared.
 
-One table (`GROUPS`) defines every flag of bin/train. `define_flags()` turns it
-into absl flags whose "module" is the group, so `bin/train.py --helpfull`
-lists them group by group; `train_help.grouped_help()` is bin/train's `--help`: the groups
-in order, each flag with its allowed values, its algorithm-specific defaults
-and the algorithms that read it. Nothing is defined at import.
+One table (`GROUPS`) defines every flag of bin/train: its name, kind, default,
+help, group, readers, checks and the library arguments it sets (`Flag`).
+Everything else about flags is derived from it: the typed settings
+(`workflow.config`, a field per flag), the value checks
+(`workflow.validation`), library errors told in flag words
+(`workflow.library_flags`, through `ARGUMENT_FLAGS`), --help and flags.json.
+Adding a flag is its entry here plus the code that uses its value (e.g. the
+builder in workflow/algorithm_builders.py that passes it to the library).
+
+`define_flags()` turns the table into absl flags whose "module" is the group,
+so `bin/train.py --helpfull` lists them group by group;
+`train_help.grouped_help()` is bin/train's `--help`: the groups in order, each
+flag with its allowed values, its algorithm-specific defaults and the
+algorithms that read it. Nothing is defined at import.
 
 Group order follows google-research/federated's `optimization/trainer.py`:
 task, client, server, algorithm-specific, aggregation (compression, DP, TFF
@@ -18,6 +27,7 @@ from typing import Any, Optional, Union
 from absl import flags
 
 from tasks import settings as task_settings
+from workflow import flag_checks
 from workflow import schedule_flags
 
 
@@ -48,16 +58,23 @@ TASK_MODEL_FLAGS = ('digits_model', 'cifar100_image_model', 'emnist_character_mo
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
-  """One bin/train flag.
+  """One bin/train flag: everything about it that is not the code that uses its value.
 
   Attributes:
-    name: the flag name (without --).
+    name: the flag name (without --); also its field in `workflow.config.Settings`.
     kind: 'string' | 'enum' | 'integer' | 'float' | 'bool'.
     default: the default (before any algorithm default).
     help: one-paragraph description.
     values: an enum's allowed values.
     algorithms: the algorithms that read the flag (names, or `Having` a
       feature of their registry entries); empty: every algorithm.
+    checks: what a value must be (`workflow.flag_checks`), checked in order by
+      `workflow.validation` before anything is built.
+    feeds: the library arguments the flag sets, as (owner, argument) of the
+      `tff_adaptive.errors.ArgumentError` that refuses them; owner None: that
+      argument of any owner; argument None: the owner's refusal as a whole.
+      A refusal of one of them is told in the flag's words
+      (`workflow.library_flags`).
   """
   name: str
   kind: str
@@ -65,41 +82,50 @@ class Flag:
   help: str
   values: tuple[str, ...] = ()
   algorithms: Union[tuple[str, ...], Having] = ()
+  checks: tuple[flag_checks.Check, ...] = ()
+  feeds: tuple[tuple[Optional[str], Optional[str]], ...] = ()
 
 
-def _s(name, default, help_, algorithms=()):
-  return Flag(name, 'string', default, help_, algorithms=algorithms)
+def _flag(name, kind, default, help_, values=(), algorithms=(), check=(), feeds=()) -> Flag:
+  checks = (check,) if isinstance(check, flag_checks.Check) else tuple(check)
+  return Flag(name, kind, default, help_, tuple(values), algorithms, checks, feeds)
 
 
-def _e(name, default, values, help_, algorithms=()):
-  return Flag(name, 'enum', default, help_, tuple(values), algorithms)
+def _s(name, default, help_, algorithms=(), **more):
+  return _flag(name, 'string', default, help_, algorithms=algorithms, **more)
 
 
-def _i(name, default, help_, algorithms=()):
-  return Flag(name, 'integer', default, help_, algorithms=algorithms)
+def _e(name, default, values, help_, algorithms=(), **more):
+  return _flag(name, 'enum', default, help_, values, algorithms, **more)
 
 
-def _f(name, default, help_, algorithms=()):
-  return Flag(name, 'float', default, help_, algorithms=algorithms)
+def _i(name, default, help_, algorithms=(), **more):
+  return _flag(name, 'integer', default, help_, algorithms=algorithms, **more)
 
 
-def _b(name, default, help_, algorithms=()):
-  return Flag(name, 'bool', default, help_, algorithms=algorithms)
+def _f(name, default, help_, algorithms=(), **more):
+  return _flag(name, 'float', default, help_, algorithms=algorithms, **more)
 
 
-def _t(make, name, *rest):
+def _b(name, default, help_, algorithms=(), **more):
+  return _flag(name, 'bool', default, help_, algorithms=algorithms, **more)
+
+
+def _t(make, name, *rest, **more):
   # A task flag: its default is tasks.settings' (TaskSettings), the one place it is set.
-  return make(name, task_settings.DEFAULTS[name], *rest)
+  return make(name, task_settings.DEFAULTS[name], *rest, **more)
 
 
 def _lr_schedule_flags(prefix: str) -> list[Flag]:
   return [
       _e(f'{prefix}_lr_schedule', 'constant', schedule_flags.LR_SCHEDULES,
          f'{prefix} learning-rate schedule (docs/schedules.md).'),
-      _f(f'{prefix}_lr_decay_rate', None, f'{prefix} lr decay rate.'),
-      _i(f'{prefix}_lr_decay_steps', None, f'{prefix} lr decay steps (rounds).'),
-      Flag(f'{prefix}_lr_staircase', 'bool', None, f'{prefix} lr: staircase decay.'),
-      _i(f'{prefix}_lr_warmup_rounds', None, f'{prefix} lr linear warm-up rounds.'),
+      _f(f'{prefix}_lr_decay_rate', None, f'{prefix} lr decay rate.', check=flag_checks.POSITIVE),
+      _i(f'{prefix}_lr_decay_steps', None, f'{prefix} lr decay steps (rounds).',
+         check=flag_checks.POSITIVE_INT),
+      _flag(f'{prefix}_lr_staircase', 'bool', None, f'{prefix} lr: staircase decay.'),
+      _i(f'{prefix}_lr_warmup_rounds', None, f'{prefix} lr linear warm-up rounds.',
+         check=flag_checks.NON_NEGATIVE_INT),
   ]
 
 
@@ -113,16 +139,20 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'How a task that is split by us (digits, mnist, cifar10) divides its data among '
            'clients.'),
         _t(_i, 'num_clients', 'Number of clients (0: task default): of a task split by us; for '
-           'TFF tasks a seeded sample of the training clients; for LEAF tasks the first N users.'),
-        _t(_f, 'dirichlet_alpha', 'Dirichlet α over labels for --partition=dirichlet.'),
+           'TFF tasks a seeded sample of the training clients; for LEAF tasks the first N users.',
+           check=flag_checks.NON_NEGATIVE_INT),
+        _t(_f, 'dirichlet_alpha', 'Dirichlet α over labels for --partition=dirichlet.',
+           check=(flag_checks.POSITIVE, flag_checks.DIRICHLET_ALPHA)),
         _t(_e, 'digits_model', ('mlp', 'cnn', 'cnn_bn'), 'Model for --task=digits.'),
-        _t(_f, 'synthetic_alpha', 'α of synthetic(α, β): model heterogeneity.'),
-        _t(_f, 'synthetic_beta', 'β of synthetic(α, β): input heterogeneity.'),
+        _t(_f, 'synthetic_alpha', 'α of synthetic(α, β): model heterogeneity.',
+           check=flag_checks.NON_NEGATIVE),
+        _t(_f, 'synthetic_beta', 'β of synthetic(α, β): input heterogeneity.',
+           check=flag_checks.NON_NEGATIVE),
         _t(_s, 'data_dir', 'Where a file-based task finds its data: TFF\'s cache (default '
            '~/.tff), the LEAF data directory, or Keras\' datasets directory (default '
            '~/.keras/datasets). See docs/tasks.md.'),
         _t(_i, 'max_client_examples', 'TFF tasks: keep only the first N examples of each client '
-           '(0: all).'),
+           '(0: all).', check=flag_checks.NON_NEGATIVE_INT),
         _t(_e, 'cifar100_image_model', ('resnet18', 'fedgbo_cnn', 'vit_s16'),
            'Model for --task=cifar100_image.'),
         _t(_e, 'emnist_character_model', ('cnn_dropout', 'cnn', '2nn', 'fedgbo_cnn'),
@@ -144,20 +174,27 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'weights (with a warning: the FedAda2 paper\'s numbers need pretrained ones).'),
     ]),
     ('client', 'Client: sampling, local work, client optimiser', [
-        _i('clients_per_round', 10, 'Clients sampled per round.'),
-        _i('client_batch_size', 10, 'Client minibatch size B.'),
-        _i('client_epochs_per_round', 1, 'Local epochs E (ignored with --local_steps).'),
+        _i('clients_per_round', 10, 'Clients sampled per round.', check=flag_checks.POSITIVE_INT),
+        _i('client_batch_size', 10, 'Client minibatch size B.', check=flag_checks.POSITIVE_INT),
+        _i('client_epochs_per_round', 1, 'Local epochs E (ignored with --local_steps).',
+           check=flag_checks.POSITIVE_INT),
         _i('local_steps', 0, 'Exactly K local minibatch steps (cycling the data); 0 means use '
-           '--client_epochs_per_round.'),
+           '--client_epochs_per_round.',
+           check=(flag_checks.NON_NEGATIVE_INT, flag_checks.LOCAL_STEPS),
+           feeds=((None, 'local_steps'),)),
         _s('client_optimizer', 'sgd', 'Client optimiser; the allowed ones depend on '
-           '--algorithm (listed below).', _CLIENT_OPT),
-        _f('client_learning_rate', 0.1, 'Client learning rate η.'),
+           '--algorithm (listed below).', _CLIENT_OPT,
+           feeds=(('BiasedOptimizer', 'name'), ('fedada2.build_client_optimizer', 'name'))),
+        _f('client_learning_rate', 0.1, 'Client learning rate η.', check=flag_checks.POSITIVE),
         _f('client_beta_1', 0.9, 'Client optimiser β (SGDm, RMSProp) or β1 (Adam). SGDm is '
            'the FedGBO paper\'s m ← βm + (1−β)g for fedgbo and mfl (docs/algorithms.md) and TFF\'s heavy '
            'ball m ← βm + g for the others (e.g. mimelite): TFF\'s rate η(1−β) gives seed '
-           '000\'s iterates at η.', _CLIENT_OPT),
-        _f('client_beta_2', 0.99, 'Client optimiser β2 (Adam).', _CLIENT_OPT),
-        _f('client_epsilon', 1e-8, 'Client optimiser ε (> 0).', _CLIENT_OPT),
+           '000\'s iterates at η.', _CLIENT_OPT, check=flag_checks.UNIT_INTERVAL,
+           feeds=(('BiasedOptimizer', 'beta_1'),)),
+        _f('client_beta_2', 0.99, 'Client optimiser β2 (Adam).', _CLIENT_OPT,
+           check=flag_checks.UNIT_INTERVAL, feeds=(('BiasedOptimizer', 'beta_2'),)),
+        _f('client_epsilon', 1e-8, 'Client optimiser ε (> 0).', _CLIENT_OPT,
+           check=flag_checks.POSITIVE, feeds=(('BiasedOptimizer', 'epsilon'),)),
         _e('client_weighting', 'default', ('default', 'num_examples', 'uniform'),
            'Aggregation weights; default: the algorithm paper\'s choice.'),
     ]),
@@ -165,30 +202,39 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _s('algorithm', 'fedavg', 'The algorithm (README table); each runs with only this flag '
            'given, using its paper\'s defaults (printed at start).'),
         _s('server_optimizer', '', 'Server optimiser: sgd | sgdm | adagrad | adam | yogi; empty: '
-           'the algorithm\'s own (FedOpt names fix it).', _SERVER_OPT),
-        _f('server_learning_rate', 1.0, 'Server learning rate η_s.', _SERVER_OPT),
+           'the algorithm\'s own (FedOpt names fix it).', _SERVER_OPT,
+           feeds=(('fedopt.build_server_optimizer', 'name'),
+                  ('fedada2.build_server_optimizer', 'name'))),
+        _f('server_learning_rate', 1.0, 'Server learning rate η_s.', _SERVER_OPT,
+           check=flag_checks.POSITIVE),
         _e('server_optimizer_semantics', 'tff', ('tff', 'paper'),
            'tff: TFF\'s optimisers as shipped; paper: FedOpt Algorithm 2 exactly.',
            Having('server_optimizer_semantics', 'the algorithms with a FedOpt server '
-                  'optimiser')),
-        _f('server_beta_1', 0.9, 'Server β1 (momentum).', _SERVER_OPT),
-        _f('server_beta_2', 0.99, 'Server β2.', _SERVER_OPT),
-        _f('server_epsilon', 1e-3, 'Server adaptivity τ.', _SERVER_OPT),
+                  'optimiser'), feeds=(('fedopt.build_server_optimizer', 'semantics'),)),
+        _f('server_beta_1', 0.9, 'Server β1 (momentum).', _SERVER_OPT,
+           check=flag_checks.UNIT_INTERVAL),
+        _f('server_beta_2', 0.99, 'Server β2.', _SERVER_OPT, check=flag_checks.UNIT_INTERVAL),
+        _f('server_epsilon', 1e-3, 'Server adaptivity τ.', _SERVER_OPT,
+           check=flag_checks.POSITIVE),
     ]),
     ('algorithm', 'Algorithm-specific', [
         _e('fedgbo_upload', 'model', ('model', 'average_gradient'),
            'FedGBO: upload the model (tracking by inverse step) or the mean gradient.',
-           ('fedgbo',)),
+           ('fedgbo',), feeds=(('fedgbo', 'upload'),)),
         _b('mfl_bias_correction', False, 'Adam bias correction on clients (MFL-Adam, FedGBO, '
            'MTFL fedavg_adam).', ('fedgbo', 'mfl', 'mtfl')),
-        _f('fedprox_mu', 0.01, 'FedProx proximal strength μ.', ('fedprox',)),
-        _f('fedmax_beta', 1.0, 'FedMAX max-entropy weight β.', ('fedmax',)),
+        _f('fedprox_mu', 0.01, 'FedProx proximal strength μ.', ('fedprox',),
+           check=flag_checks.NON_NEGATIVE, feeds=(('fedprox', 'proximal_strength'),)),
+        _f('fedmax_beta', 1.0, 'FedMAX max-entropy weight β.', ('fedmax',),
+           check=flag_checks.NON_NEGATIVE, feeds=(('fedmax', 'beta'),)),
         _e('preconditioner', 'none', ('none', 'dja'), 'FedAda2: dja = the server broadcasts its '
-           'second moment and clients start from it; none = zero start.', ('fedada2',)),
+           'second moment and clients start from it; none = zero start.', ('fedada2',),
+           feeds=(('fedada2', 'preconditioner'),)),
         _b('client_lr_warmup', False, 'FedAda2: warm the client lr up over the first 10 local '
            'steps of each round.', ('fedada2',)),
         _e('sm3_variant', 'II', ('I', 'II'), 'SM3-AdaGrad variant.', ('fedada2',)),
-        _i('sm3_delay', 1, 'SM3: refresh the preconditioner every z local steps.', ('fedada2',)),
+        _i('sm3_delay', 1, 'SM3: refresh the preconditioner every z local steps.', ('fedada2',),
+           check=flag_checks.POSITIVE_INT, feeds=(('fedada2.build_client_optimizer', 'delay'),)),
         _b('client_bias_correction', False, 'FedAda2 client Adam/SM3-Adam bias correction.',
            ('fedada2',)),
     ]),
@@ -207,50 +253,63 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            '(optimiser-state uploads share the weights\' indices); topk_uniq adds 8-bit '
            'UniQ/ExpQ values.', _COMPRESSIBLE),
         _f('sparsity', 0.9, 'Fraction s of each weight tensor dropped, in [0, 1).',
-           _COMPRESSIBLE),
+           _COMPRESSIBLE, check=flag_checks.UNIT_INTERVAL,
+           feeds=(('SharedIndexCompressionFactory', 'sparsity'),)),
         _b('dp', False, 'Clip each client update and add Gaussian noise (TFF DP aggregator; '
            'implies uniform weighting).', _AGGREGATED),
-        _f('dp_clip_norm', None, 'DP: L2 clip norm C of each client update.', _AGGREGATED),
-        _f('dp_noise_multiplier', None, 'DP: noise std σ as a multiple of C.', _AGGREGATED),
-        _f('dp_delta', 0.0, 'DP: δ for the reported ε (0: 1 / number of clients).', _AGGREGATED),
+        _f('dp_clip_norm', None, 'DP: L2 clip norm C of each client update.', _AGGREGATED,
+           feeds=(('dp_aggregator', 'clip_norm'),)),
+        _f('dp_noise_multiplier', None, 'DP: noise std σ as a multiple of C.', _AGGREGATED,
+           check=flag_checks.DP_NOISE_MULTIPLIER, feeds=(('dp_aggregator', 'noise_multiplier'),)),
+        _f('dp_delta', 0.0, 'DP: δ for the reported ε (0: 1 / number of clients).', _AGGREGATED,
+           check=flag_checks.DP_DELTA),
     ]),
     ('schedules', 'Schedules of K, η, η_s and the runtime model (docs/schedules.md)', [
         _e('local_steps_schedule', 'constant', schedule_flags.LOCAL_STEPS_SCHEDULES,
            'K_t schedule; --local_steps is K_0.'),
-        _f('local_steps_decay', None, 'exp: K_t = ceil(K_0 d^t), d in (0, 1].'),
-        _f('local_steps_theory_b', None, 'theory: K_t = max(K_0/(b+t), 1).'),
-        _i('schedule_window', None, 'error schedules: rolling window s (default 100).'),
+        _f('local_steps_decay', None, 'exp: K_t = ceil(K_0 d^t), d in (0, 1].',
+           check=flag_checks.DECAY_FACTOR),
+        _f('local_steps_theory_b', None, 'theory: K_t = max(K_0/(b+t), 1).',
+           check=flag_checks.NON_NEGATIVE),
+        _i('schedule_window', None, 'error schedules: rolling window s (default 100).',
+           check=flag_checks.POSITIVE_INT, feeds=(('ErrorDrivenDecay', 'window'),)),
         _i('plateau_patience', None, 'step schedules: evaluations without improvement before '
-           'dividing by 10 (default 10).'),
-        _f('plateau_min_delta', None, 'step schedules: smallest improvement (1e-4).'),
+           'dividing by 10 (default 10).', check=flag_checks.POSITIVE_INT),
+        _f('plateau_min_delta', None, 'step schedules: smallest improvement (1e-4).',
+           check=flag_checks.NON_NEGATIVE),
         *_lr_schedule_flags('client'),
         *_lr_schedule_flags('server'),
-        _f('step_time_seconds', 0.0, 'Runtime model: compute seconds per minibatch β.'),
+        _f('step_time_seconds', 0.0, 'Runtime model: compute seconds per minibatch β.',
+           check=flag_checks.NON_NEGATIVE),
         _b('measure_step_time', False, 'Runtime model: measure β on this machine.'),
-        _f('download_mbps', 20.0, 'Runtime model: client download bandwidth D.'),
-        _f('upload_mbps', 5.0, 'Runtime model: client upload bandwidth U.'),
+        _f('download_mbps', 20.0, 'Runtime model: client download bandwidth D.',
+           check=flag_checks.POSITIVE),
+        _f('upload_mbps', 5.0, 'Runtime model: client upload bandwidth U.',
+           check=flag_checks.POSITIVE),
     ]),
     ('personalized', 'Personalised FL (thesis ch. 4; docs/mtfl.md)', [
         _e('private', 'all', ('all', 'mu_sigma', 'gamma_beta', 'none'),
            'MTFL: batch-norm values each client keeps private (its patch): all = (μ, σ, γ, β); '
-           'none = plain FL.', ('mtfl',)),
+           'none = plain FL.', ('mtfl',), feeds=(('patch_layout', 'private'),)),
         _e('mtfl_strategy', 'fedavg', ('fedavg', 'fedadam', 'fedavg_adam'),
            'MTFL optimisation strategy: fedavg (SGD clients, average), fedadam (server Adam), '
            'fedavg_adam (Adam clients, averaged moments; private moments of private γ, β).',
-           ('mtfl',)),
+           ('mtfl',), feeds=(('mtfl', 'strategy'),)),
         _f('perfedavg_beta', 0.001, 'Per-FedAvg meta step size β (α is --client_learning_rate).',
-           ('perfedavg',)),
-        _f('pfedme_lambda', 15.0, 'pFedMe regularisation λ.', ('pfedme',)),
+           ('perfedavg',), check=flag_checks.POSITIVE, feeds=(('perfedavg', 'beta'),)),
+        _f('pfedme_lambda', 15.0, 'pFedMe regularisation λ.', ('pfedme',),
+           check=flag_checks.POSITIVE, feeds=(('pfedme', 'lam'),)),
         _f('pfedme_personal_learning_rate', 0.01, 'pFedMe inner (personal) step η_p.',
-           ('pfedme',)),
+           ('pfedme',), check=flag_checks.POSITIVE, feeds=(('pfedme', 'personal_learning_rate'),)),
         _i('pfedme_inner_steps', 1, 'pFedMe inner steps per local step (the thesis: 1).',
-           ('pfedme',)),
-        _f('pfedme_beta', 1.0, 'pFedMe server mixing β.', ('pfedme',)),
+           ('pfedme',), check=flag_checks.POSITIVE_INT, feeds=(('pfedme', 'inner_steps'),)),
+        _f('pfedme_beta', 1.0, 'pFedMe server mixing β.', ('pfedme',), check=flag_checks.POSITIVE,
+           feeds=(('pfedme', 'beta'),)),
         _f('noisy_client_fraction', 0.0, 'This fraction of clients gets fixed Gaussian noise on '
            'its training inputs; user accuracy is averaged over the other clients.',
-           PERSONALIZED),
+           PERSONALIZED, check=flag_checks.CLOSED_UNIT_INTERVAL),
         _f('noise_stddev', 0.2, 'Standard deviation of the noisy clients\' input noise.',
-           PERSONALIZED),
+           PERSONALIZED, check=flag_checks.NON_NEGATIVE),
         _s('client_state_dir', '', 'Where each client\'s private state is kept (default '
            '<experiment dir>/client_state).',
            Having('keeps_client_state', 'the algorithms whose clients keep state')),
@@ -268,28 +327,34 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'line win; --data_dir is never set by a preset.'),
     ]),
     ('loop', 'Training loop and output', [
-        _i('total_rounds', 100, 'Total rounds (may be raised when resuming).'),
-        _i('rounds_per_eval', 5, 'Evaluate every this many rounds.'),
+        _i('total_rounds', 100, 'Total rounds (may be raised when resuming).',
+           check=flag_checks.POSITIVE_INT),
+        _i('rounds_per_eval', 5, 'Evaluate every this many rounds.',
+           check=flag_checks.POSITIVE_INT),
         _i('first_eval_round', 0, 'Evaluate only from this round on (every --rounds_per_eval '
            'rounds; the last round always); 0: from the first. For a measure over a last window '
-           '(FedOpt paper: the last 100 rounds\' mean accuracy) without evaluating the whole run.'),
+           '(FedOpt paper: the last 100 rounds\' mean accuracy) without evaluating the whole run.',
+           check=flag_checks.NON_NEGATIVE_INT),
         _i('eval_stride', 1, 'Evaluate on every k-th example of the test set (1: all of it); '
-           'for large test sets such as LEAF Shakespeare\'s.'),
-        _i('rounds_per_checkpoint', 10, 'Checkpoint every this many rounds.'),
+           'for large test sets such as LEAF Shakespeare\'s.', check=flag_checks.POSITIVE_INT),
+        _i('rounds_per_checkpoint', 10, 'Checkpoint every this many rounds.',
+           check=flag_checks.POSITIVE_INT),
         _s('root_output_dir', 'runs', 'Root directory for experiment outputs.'),
         _s('experiment_name', '', 'Experiment directory name. Default: <task>_<algorithm>, '
            'then -flag=value for each flag that changes the computation and differs from its '
            'default (the algorithm\'s default where it has one); long suffixes end in a hash. '
            'Rerunning the same command resumes.'),
-        _i('seed', 0, 'Seed for data splits, client sampling and shuffling.'),
+        _i('seed', 0, 'Seed for data splits, client sampling and shuffling.',
+           check=(flag_checks.NON_NEGATIVE_INT, flag_checks.SEED)),
         _b('show_progress', True, 'Show a progress bar.'),
     ]),
     ('reliability', 'Reliability: when a run stops, resuming damaged runs (docs/reliability.md)', [
         _f('divergence_factor', 10.0, 'Stop (exit 1) when the training loss exceeds this '
            'multiple of the initial model\'s loss for --divergence_rounds consecutive rounds '
-           '(non-finite values always stop a run); 0 turns the rule off.'),
+           '(non-finite values always stop a run); 0 turns the rule off.',
+           check=(flag_checks.NON_NEGATIVE, flag_checks.DIVERGENCE_FACTOR)),
         _i('divergence_rounds', 3, 'Consecutive rounds above --divergence_factor x the initial '
-           'loss that stop a run.'),
+           'loss that stop a run.', check=flag_checks.POSITIVE_INT),
         _b('trust_command_line', False, 'Resume a run whose flags.json is missing or damaged '
            'with this command\'s flags (recorded anew, and run: its hyperparameters replace '
            'the checkpoint\'s).'),
@@ -302,7 +367,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'TFF computation.'),
         _e('cohort_mode', 'auto', ('auto', 'vectorized', 'sequential'), 'Cohort execution: '
            'clients vectorised (tf.vectorized_map) or in sequence; auto: in sequence for models '
-           'with convolutions or recurrent layers, else vectorised.'),
+           'with convolutions or recurrent layers, else vectorised.',
+           feeds=(('CohortExecution', 'mode'),)),
         _e('cohort_jit_compile', 'auto', ('auto', 'none', 'step', 'program'), 'Cohort '
            'execution, XLA: program compiles the whole round program (for rounds of one shape: '
            'fixed --local_steps; the digits MLP ~1.5x faster), step each client step (recurrent '
@@ -310,11 +376,11 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'program for fixed --local_steps without convolutions, else none (CohortExecution).'),
         _i('execution_concurrency', 0, 'Max concurrent client computations in TFF\'s C++ '
            'runtime. 0: two per CPU core (the fastest measured, docs/performance.md); -1: '
-           'unlimited (TFF\'s default).'),
+           'unlimited (TFF\'s default).', check=flag_checks.EXECUTION_CONCURRENCY),
         _s('workers', '', 'Comma-separated host:port of TFF workers started with bin/worker.py; '
            'each round\'s clients are split across them. Empty: run locally. '
            '--execution_concurrency does not apply (pass --max_concurrent_computation_calls to '
-           'each worker).'),
+           'each worker).', feeds=(('parse_addresses', None),)),
         _b('worker_retry', False, 'When a worker is lost mid-round, re-run the round on the '
            'remaining workers instead of failing.'),
         _b('data_on_workers', False, 'Workers build client datasets from client ids (the task\'s '
@@ -322,7 +388,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'their data at the same --data_dir on every worker. With --workers and the cohort '
            'execution each worker gets its shard\'s ids and builds the padded shard itself '
            '(ids split by count, not grouped by size; no client cache or prefetch; batch shapes '
-           'must not vary after the rows); without --workers rounds run per client.'),
+           'must not vary after the rows); without --workers rounds run per client.',
+           feeds=(('compose_data_on_workers', None), ('compose_cohort_data_on_workers', None))),
     ]),
 ]
 
@@ -331,6 +398,9 @@ DEFAULTS: dict[str, Any] = {name: f.default for name, f in FLAGS_BY_NAME.items()
 # The flags a run's config holds (flags.json); --preset is expanded, not kept.
 TRAIN_FLAG_NAMES: tuple[str, ...] = tuple(n for n in FLAGS_BY_NAME if n != 'preset')
 GROUP_OF: dict[str, str] = {f.name: key for key, _, group in GROUPS for f in group}
+# (owner, argument) of a library ArgumentError → the flag that sets the argument.
+ARGUMENT_FLAGS: dict[tuple[Optional[str], Optional[str]], str] = {
+    fed: f.name for _, _, group in GROUPS for f in group for fed in f.feeds}
 
 
 def absl_module_name(group_key: str) -> str:
