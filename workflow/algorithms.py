@@ -23,7 +23,6 @@ from typing import Any, Union
 
 from tff_adaptive.algorithms import names as library_names
 from workflow import config
-from workflow import library_flags
 
 
 class ConfigError(ValueError):
@@ -133,6 +132,10 @@ _MIME_UPLOAD = 'its gradient upload besides Δ is averaged uncompressed'
 # below FedAvg's 1, τ = 1e-3); 0.01 is the demo's value on digits.
 _ADAPTIVE_SERVER = _fixed(server_learning_rate=0.01)
 _ADAPTIVE_SERVER_OPTIMIZERS = ('adagrad', 'adam', 'yogi')
+# MTFL keeps a batch-norm patch private (thesis ch. 4): per task, the model flag and a model with
+# batch normalisation (the MTFL defaults, and the hint of workflow/library_flags.py).
+MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
+               'cifar10': ('cifar10_model', 'mtfl_cnn')}
 
 
 def _fedada2_defaults(settings: config.Settings) -> dict[str, Any]:
@@ -146,7 +149,7 @@ def _fedada2_defaults(settings: config.Settings) -> dict[str, Any]:
 
 
 def _mtfl_defaults(settings: config.Settings) -> dict[str, Any]:
-  flag, model = library_flags.MTFL_MODELS.get(settings.task.task, (None, None))
+  flag, model = MTFL_MODELS.get(settings.task.task, (None, None))
   out = {flag: model} if flag else {}
   if settings.personalized.mtfl_strategy == 'fedavg_adam':
     out['client_optimizer'] = 'adam'
@@ -337,7 +340,7 @@ def documented_defaults(flag: str) -> dict[str, str]:
       continue
     out[name] = text
   if flag in ('digits_model', 'mnist_model', 'cifar10_model'):
-    out['mtfl'] = dict(library_flags.MTFL_MODELS.values())[flag]
+    out['mtfl'] = dict(MTFL_MODELS.values())[flag]
   if flag == 'client_optimizer':
     out['mtfl'] = 'adam with --mtfl_strategy=fedavg_adam'
   return out

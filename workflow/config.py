@@ -28,22 +28,15 @@ from workflow import train_flags
 _TYPES = {'string': str, 'enum': str, 'integer': int, 'float': float, 'bool': bool}
 
 
-def _group_class(class_name: str, group_key: str, doc: str, **methods) -> type:
+def _group_class(class_name: str, group_key: str, doc: str) -> type:
   """The frozen settings class of the table's group `group_key`: a field per flag, in
   table order, typed by the flag's kind (Optional where its default is None)."""
   group = {key: flags for key, _, flags in train_flags.GROUPS}[group_key]
   fields = [(f.name, Optional[_TYPES[f.kind]] if f.default is None else _TYPES[f.kind])
             for f in group]
-  cls = dataclasses.make_dataclass(class_name, fields, frozen=True, namespace=methods)
+  cls = dataclasses.make_dataclass(class_name, fields, frozen=True)
   cls.__module__, cls.__doc__ = __name__, doc
   return cls
-
-
-def _watching_evaluations(self) -> list[str]:
-  """The `--<schedule>=step` flags set: these schedules decay on evaluations,
-  so which rounds evaluate is part of the run's computation."""
-  return [f'--{name}=step' for name in ('local_steps_schedule', 'client_lr_schedule',
-                                        'server_lr_schedule') if getattr(self, name) == 'step']
 
 
 ClientSettings = _group_class('ClientSettings', 'client',
@@ -55,8 +48,7 @@ AlgorithmSettings = _group_class('AlgorithmSettings', 'algorithm',
 AggregationSettings = _group_class('AggregationSettings', 'aggregation',
                                    'TFF aggregators, upload compression and differential privacy.')
 ScheduleSettings = _group_class('ScheduleSettings', 'schedules',
-                                'Schedules of K, η and η_s, and the wall-clock runtime model.',
-                                watching_evaluations=_watching_evaluations)
+                                'Schedules of K, η and η_s, and the wall-clock runtime model.')
 PersonalizedSettings = _group_class('PersonalizedSettings', 'personalized',
                                     'Personalised FL (MTFL, Per-FedAvg, pFedMe) and noisy '
                                     'clients.')

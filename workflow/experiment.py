@@ -15,6 +15,7 @@ from typing import Any
 
 from workflow import config
 from workflow import errors
+from workflow import schedule_flags
 from workflow import train_flags
 
 # Flags whose change does not alter the computation: allowed on resume.
@@ -238,7 +239,8 @@ def _check_resume_flags(out: str, settings: config.Settings) -> None:
   # flat view of these settings.
   values = settings.flag_values()
   resumable = RESUMABLE_CHANGES
-  if settings.schedules.watching_evaluations():  # evaluations decay the schedule
+  watching = schedule_flags.watching_evaluations(settings.schedules)
+  if watching:  # evaluations decay the schedule
     resumable = resumable - {'rounds_per_eval'}
   # A flag added to bin/train after the run was made is absent from its
   # flags.json: at its default it changes nothing, so the run resumes.
@@ -248,7 +250,7 @@ def _check_resume_flags(out: str, settings: config.Settings) -> None:
   if changed:
     diffs = ', '.join(f'--{k}={values.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
     if 'rounds_per_eval' in changed:
-      diffs += f' ({settings.schedules.watching_evaluations()[0]} decays on evaluations)'
+      diffs += f' ({watching[0]} decays on evaluations)'
     raise errors.UsageError(
         f'{out} holds a run with different flags: {diffs}; use another --experiment_name or '
         '--root_output_dir, or rerun with the saved flags')

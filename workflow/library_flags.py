@@ -13,15 +13,11 @@ import contextlib
 from typing import TYPE_CHECKING, Optional
 
 from tff_adaptive import errors as library_errors
+from workflow import algorithms
 from workflow import train_flags
 
 if TYPE_CHECKING:  # cli imports this module before it may import TensorFlow
   from workflow import config
-
-# MTFL keeps a batch-norm patch private (thesis ch. 4): per task, the model flag and a model with
-# batch normalisation (the registry's MTFL defaults and this hint read it).
-MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
-               'cifar10': ('cifar10_model', 'mtfl_cnn')}
 
 
 def flag_of(error: BaseException) -> Optional[str]:
@@ -39,7 +35,7 @@ def _hint(error: library_errors.ArgumentError, settings: Optional['config.Settin
   # patch_layout's refusal of a private choice (value given) is a model without batch norm.
   if error.owner != 'patch_layout' or error.value is None or settings is None:
     return ''
-  flag, model = MTFL_MODELS.get(settings.task.task, (None, None))
+  flag, model = algorithms.MTFL_MODELS.get(settings.task.task, (None, None))
   return f'; --{flag}={model} has batch norm' if flag else ''
 
 

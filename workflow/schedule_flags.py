@@ -28,6 +28,13 @@ LR_SCHEDULES = ('constant', 'exp_decay', 'inv_lin_decay', 'inv_sqrt_decay', 'exp
                 'rounds', 'error', 'step')
 
 
+def watching_evaluations(schedules) -> list[str]:
+  """The `--<schedule>=step` flags set in `schedules` (a `config.ScheduleSettings`): these
+  schedules decay on evaluations, so which rounds evaluate is part of the run's computation."""
+  return [f'--{name}=step' for name in ('local_steps_schedule', 'client_lr_schedule',
+                                        'server_lr_schedule') if getattr(schedules, name) == 'step']
+
+
 def _is_real(x: Any) -> bool:
   return isinstance(x, numbers.Real) and not isinstance(x, bool)
 

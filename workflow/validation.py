@@ -16,6 +16,7 @@ from tff_adaptive.algorithms import names as library_names
 from workflow import config
 from workflow import errors
 from workflow import library_flags
+from workflow import schedule_flags
 from workflow import train_flags
 
 
@@ -139,12 +140,11 @@ def _check_execution(execution: config.ExecutionSettings,
 
 
 def _check_schedules(settings: config.Settings) -> None:
-  watching = settings.schedules.watching_evaluations()
+  watching = schedule_flags.watching_evaluations(settings.schedules)
   if settings.loop.first_eval_round and watching:
     # A step schedule decays on evaluations: skipping them would change the run.
     raise errors.UsageError(f'--first_eval_round must be 0 with {watching[0]} (it watches every '
                             f'evaluation); got {settings.loop.first_eval_round}')
-  from workflow import schedule_flags  # pylint: disable=g-import-not-at-top
   try:
     schedule_flags.from_settings(settings)
   except ValueError as e:

@@ -50,9 +50,10 @@ class BiasedOptimizer:
     if self.name not in NAMES:
       raise errors.ArgumentError('BiasedOptimizer', 'name',
                                  f'must be one of {", ".join(NAMES)}; got {self.name!r}')
-    for argument, beta in (('beta_1', self.beta_1), ('beta_2', self.beta_2)):
-      if not 0.0 <= beta < 1.0:
-        raise errors.ArgumentError('BiasedOptimizer', argument, f'must be in [0, 1); got {beta}')
+    if not 0.0 <= self.beta_1 < 1.0:
+      raise errors.ArgumentError('BiasedOptimizer', 'beta_1', f'must be in [0, 1); got {self.beta_1}')
+    if not 0.0 <= self.beta_2 < 1.0:
+      raise errors.ArgumentError('BiasedOptimizer', 'beta_2', f'must be in [0, 1); got {self.beta_2}')
     if not self.epsilon > 0:
       raise errors.ArgumentError('BiasedOptimizer', 'epsilon', f'must be > 0; got {self.epsilon}')
 
