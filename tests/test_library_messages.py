@@ -3,14 +3,17 @@
 Read with `ast` from the source of `tff_adaptive/`: no string literal (a
 message, a docstring, a piece of an f-string, a flag name kept in a variable
 for a later message) holds `--flag` text, and no code reads a flag dict
-(`cfg[...]`, `cfg.get(...)`). bin/train still names its flags: the library's
-`<owner>: <argument> ...` messages are turned into them by
-`workflow.library_flags`, checked here against the messages the library
-really raises.
+(`cfg[...]`, `cfg.get(...)`). bin/train still names its flags: the library
+refuses an argument with a `tff_adaptive.errors.ArgumentError`, which carries
+its owner and argument, and `workflow.library_flags` names the flag whose
+table entry feeds them. Checked here both ways (every ArgumentError the
+library makes has its flag, every row of the table is raised) and against
+the messages the library really raises.
 """
 
 import ast
 import os
+import pickle
 import re
 import types
 from typing import Optional
@@ -20,6 +23,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at
+from tff_adaptive import errors as library_errors
 from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import fedada2
@@ -38,6 +42,7 @@ from tff_adaptive.optimizers import sm3
 from tff_adaptive.rounds import cohort
 from workflow import config
 from workflow import library_flags
+from workflow import train_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAG_TEXT = re.compile(r'(?<![\w-])--([A-Za-z][\w-]*)')
@@ -151,12 +156,14 @@ def test_checkers_see_flag_text_and_flag_dict_reads():
   assert len(flag_texts(argv, 'tff_adaptive/execution/remote_context.py')) == 2
 
 
-# ---- every argument a library ValueError names has a row of library_flags ----
+# ---- every argument error of the library has its flag in the table, and back ----
 
 _OWNED = re.compile(r'^(?P<owner>[A-Za-z_][\w.]*): (?P<argument>[a-z_]\w*)(?![\w(])')
 _COMPUTED_OWNER = re.compile(r'^: (?P<argument>[a-z_]\w*)(?![\w(])')
+COMPUTED = '<computed>'  # an ArgumentError whose argument is not a literal
 
-# (owner, argument) → why no flag sets it (owner None: an owner computed at run time).
+# (owner, argument) → why no flag sets it (owner None: an owner computed at run time). These
+# stay plain ValueErrors: bin/train never passes a value the library refuses here.
 NO_FLAG = {
     (None, 'init_client_state'): "an algorithm module's recipe, not a setting of bin/train",
     (None, 'uses_first_gradient'): "a Recipe's field, not a setting of bin/train",
@@ -204,8 +211,9 @@ def _owner_and_argument(message):
 
 
 def named_arguments(source: str, path: str) -> list[tuple[str, Optional[str], str]]:
-  """(`path:line`, owner, argument) of each ValueError that reads `<owner>: <argument> ...`,
-  the argument being a parameter of the module (not a word such as `an`)."""
+  """(`path:line`, owner, argument) of each plain ValueError whose text reads
+  `<owner>: <argument> ...`, the argument being a parameter of the module (not a word
+  such as `an`)."""
   tree = ast.parse(source)
   errors, parameters = _value_errors(tree), _parameters(tree)
   found = []
@@ -221,45 +229,107 @@ def named_arguments(source: str, path: str) -> list[tuple[str, Optional[str], st
   return found
 
 
-def _has_row(owner: Optional[str], argument: str) -> bool:
-  if owner in library_flags.OWNER_FLAGS or (owner, argument) in NO_FLAG:
-    return True
-  # A computed owner is only known when raised: the argument's row must hold for any owner.
-  return bool(library_flags.ARGUMENT_FLAGS.get((None, argument)) or
-              owner and library_flags.ARGUMENT_FLAGS.get((owner, argument)))
+def argument_errors(source: str, path: str) -> list[tuple[str, Optional[str], Optional[str]]]:
+  """(`path:line`, owner or None if computed, argument or COMPUTED) of each ArgumentError made."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if not (isinstance(node, ast.Call) and len(node.args) >= 2 and
+            getattr(node.func, 'attr', getattr(node.func, 'id', None)) == 'ArgumentError'):
+      continue
+    owner, argument = node.args[:2]
+    found.append((f'{path}:{node.lineno}', owner.value if isinstance(owner, ast.Constant) else None,
+                  argument.value if isinstance(argument, ast.Constant) else COMPUTED))
+  return found
 
 
-def test_every_argument_named_in_a_library_error_has_a_flag_row():
+def _library_argument_errors():
+  # errors.py rebuilds pickled errors from their parts: not a refusal of its own.
+  return _scan(lambda source, path: [] if path == 'tff_adaptive/errors.py'
+               else argument_errors(source, path))
+
+
+def _flag_for(owner: Optional[str], argument: Optional[str], table=None) -> Optional[str]:
+  table = train_flags.ARGUMENT_FLAGS if table is None else table
+  if owner is None:  # computed: only a row for any owner holds whatever it is
+    return table.get((None, argument))
+  return table.get((owner, argument)) or (table.get((None, argument)) if argument else None)
+
+
+def _unraised(table, raised) -> list[str]:
+  """The table's (owner, argument) rows that no ArgumentError of `raised` refuses."""
+  return [f'--{flag}: {key}' for key, flag in table.items()
+          if not (key in raised if key[0] is not None else
+                  any(argument == key[1] for _, argument in raised))]
+
+
+def test_every_argument_error_of_the_library_has_a_flag_or_a_reason():
+  made = _library_argument_errors()
+  found = [f'{where}: ({owner!r}, {argument!r})' for where, owner, argument in made
+           if argument == COMPUTED or
+           not (_flag_for(owner, argument) or (owner, argument) in NO_FLAG)]
+  assert not found, ('a library ArgumentError has no flag (give the flag that sets it '
+                     '`feeds=` in workflow/train_flags.py, or add it to NO_FLAG here with why):\n'
+                     + '\n'.join(found))
+  assert len(made) >= 35  # the scan sees the library's argument errors
+
+
+def test_every_argument_a_flag_feeds_is_refused_by_the_library():
+  """A `feeds=` row that the library never raises would name no flag: a stale row."""
+  raised = {(owner, argument) for _, owner, argument in _library_argument_errors()}
+  missing = _unraised(train_flags.ARGUMENT_FLAGS, raised)
+  assert not missing, 'no library ArgumentError refuses these rows of the flag table:\n' + \
+      '\n'.join(missing)
+  assert len(train_flags.ARGUMENT_FLAGS) >= 28
+
+
+def test_no_plain_value_error_names_an_argument_a_flag_could_name():
+  """A plain ValueError reading `<owner>: <argument> ...` carries no owner and argument:
+  bin/train could not name the flag. Such a refusal is an ArgumentError, or in NO_FLAG."""
   found = _scan(lambda source, path: [f'{where}: ({owner!r}, {argument!r})'
                                       for where, owner, argument in named_arguments(source, path)
-                                      if not _has_row(owner, argument)])
-  assert not found, ('a library ValueError names an argument workflow/library_flags.py has no '
-                     'row for (add it to ARGUMENT_FLAGS, or to NO_FLAG here with why):\n' +
+                                      if (owner, argument) not in NO_FLAG])
+  assert not found, ('a library ValueError names an argument in its text only (raise '
+                     'tff_adaptive.errors.ArgumentError, or add it to NO_FLAG here with why):\n' +
                      '\n'.join(found))
-  assert len(_scan(named_arguments)) >= 30  # the scan sees the library's messages
+  assert {(o, a) for _, o, a in _scan(named_arguments)} == set(NO_FLAG)
 
 
 ARGUMENT_SNIPPET = """
 class CheckError(ValueError):
   pass
 
-def build(local_steps, window, name, colour):
+def build(local_steps, window, name, colour, argument):
   if local_steps < 0:
     raise ValueError(f'{name}: local_steps must be >= 0; got {local_steps}')
   if window < 1:
     raise CheckError(f'Decay: window must be >= 1; got {window}')
   if colour:
     raise ValueError('build: colour is not a thing')
+  if argument:
+    raise errors.ArgumentError(name, 'local_steps', 'must be >= 0')
+  if window > 9:
+    raise errors.ArgumentError('ErrorDrivenDecay', 'window', 'must be small')
+  raise ArgumentError('Decay', argument, 'is computed')
   raise ValueError('build: an error about no argument')
 """
 
 
-def test_the_argument_scan_sees_owned_and_computed_owners():
+def test_the_argument_scans_see_owned_and_computed_owners():
   found = named_arguments(ARGUMENT_SNIPPET, 'tff_adaptive/planted.py')
   assert [(int(w.split(':')[1]), o, a) for w, o, a in found] == [
       (7, None, 'local_steps'), (9, 'Decay', 'window'), (11, 'build', 'colour')], found
-  assert _has_row(None, 'local_steps') and not _has_row('Decay', 'window')
-  assert not _has_row('build', 'colour')
+  made = argument_errors(ARGUMENT_SNIPPET, 'tff_adaptive/planted.py')
+  assert [(int(w.split(':')[1]), o, a) for w, o, a in made] == [
+      (13, None, 'local_steps'), (15, 'ErrorDrivenDecay', 'window'), (16, 'Decay', COMPUTED)]
+  assert _flag_for(None, 'local_steps') == 'local_steps'
+  assert _flag_for('ErrorDrivenDecay', 'window') == 'schedule_window'
+  assert not _flag_for('Decay', 'window') and not _flag_for('build', 'colour')
+  assert not _flag_for(None, 'window')  # a computed owner needs a row for any owner
+  # A row nothing raises is found; a wildcard row is met by any owner's refusal.
+  table = {('fedprox', 'proximal_strength'): 'fedprox_mu', (None, 'local_steps'): 'local_steps',
+           ('gone', 'strength'): 'gone_flag'}
+  raised = {('fedprox', 'proximal_strength'), ('scaffold', 'local_steps')}
+  assert _unraised(table, raised) == ["--gone_flag: ('gone', 'strength')"]
 
 
 # ---- bin/train names the flags: the library's messages mapped ----
@@ -343,30 +413,48 @@ LIBRARY_ERRORS = [
                          ids=[f'{i}-{case[1]}' for i, case in enumerate(LIBRARY_ERRORS)])
 def test_library_errors_name_the_argument_and_bin_train_the_flag(raise_it, library_text,
                                                                   flag_text):
-  with pytest.raises(ValueError) as raised:
+  with pytest.raises(library_errors.ArgumentError) as raised:
     raise_it()
   message = str(raised.value)
   assert message.startswith(library_text) and '--' not in message, message
   assert '\n' not in message
-  flagged = library_flags.flag_message(message)
+  assert raised.value.owner == library_text.split(':')[0]
+  flagged = library_flags.flag_message(raised.value)
   assert flagged.startswith(flag_text), (message, flagged)
   assert library_text.split(': ')[0] + ':' not in flagged
+
+
+def test_an_argument_error_survives_pickling_with_its_parts():
+  error = _raised(lambda: mtfl.patch_layout(_no_batch_norm(), 'all'))
+  copy = pickle.loads(pickle.dumps(error))
+  assert (type(copy), str(copy), copy.owner, copy.argument, copy.value) == (
+      type(error), str(error), 'patch_layout', 'private', 'all')
+  assert library_flags.flag_message(copy) == library_flags.flag_message(error)
 
 
 def test_the_flag_messages_leave_other_messages_alone():
   for message in ('fedgbo: model_fn must return a tff.learning.models.VariableModel',
                   '--local_steps must be >= 1', 'error schedule: observe(3) out of order',
-                  'mtfl: client_weighting must be a tff.learning.ClientWeighting'):
-    assert library_flags.flag_message(message) == message
+                  'mtfl: local_steps must be >= 0'):  # text alone names no flag
+    assert library_flags.flag_message(ValueError(message)) == message
+  # An ArgumentError of an argument no flag sets keeps its message too.
+  unset = library_errors.ArgumentError('mtfl', 'client_weighting', 'must be a ClientWeighting')
+  assert library_flags.flag_message(unset) == 'mtfl: client_weighting must be a ClientWeighting'
+  # local_steps is the flag's whoever refuses it.
+  anyone = library_errors.ArgumentError('mtfl_fedavg', 'local_steps', 'must be >= 0; got -1')
+  assert library_flags.flag_message(anyone) == '--local_steps must be >= 0; got -1'
 
 
 def test_the_task_model_flag_is_named_where_the_library_cannot():
-  message = str(_raised(lambda: mtfl.patch_layout(_no_batch_norm(), 'gamma_beta')))
+  error = _raised(lambda: mtfl.patch_layout(_no_batch_norm(), 'gamma_beta'))
   digits = config.from_flags({'task': 'digits'})
-  assert library_flags.flag_message(message, digits).endswith(
+  assert library_flags.flag_message(error, digits).endswith(
       "--private=none (plain FL); --digits_model=cnn_bn has batch norm")
   emnist = config.from_flags({'task': 'emnist'})
-  assert library_flags.flag_message(message, emnist).endswith('--private=none (plain FL)')
+  assert library_flags.flag_message(error, emnist).endswith('--private=none (plain FL)')
+  # Only the refusal of a model without batch norm gets the hint.
+  unknown = _raised(lambda: mtfl.patch_layout(_no_batch_norm(), 'everything'))
+  assert 'has batch norm' not in library_flags.flag_message(unknown, digits)
 
 
 def test_named_by_flags_raises_the_given_error_from_the_library_one():
@@ -377,14 +465,16 @@ def test_named_by_flags_raises_the_given_error_from_the_library_one():
   with pytest.raises(Refused, match='^--client_beta_1 must be in') as raised:
     with library_flags.named_by_flags(config.from_flags({}), Refused):
       biased_optimizers.BiasedOptimizer('adam', beta_1=1.0)
-  assert isinstance(raised.value.__cause__, ValueError)
-  with pytest.raises(ValueError, match='^unrelated$') as raised:  # not a library argument
-    with library_flags.named_by_flags(config.from_flags({}), Refused):
-      raise ValueError('unrelated')
-  assert not isinstance(raised.value, Refused)
+  assert isinstance(raised.value.__cause__, library_errors.ArgumentError)
+  for unrelated in (ValueError('unrelated'),
+                    library_errors.ArgumentError('nobody', 'unrelated', 'is no flag\'s')):
+    with pytest.raises(ValueError) as raised:  # not a flag's library argument
+      with library_flags.named_by_flags(config.from_flags({}), Refused):
+        raise unrelated
+    assert raised.value is unrelated
 
 
 def _raised(function):
-  with pytest.raises(ValueError) as raised:
+  with pytest.raises(library_errors.ArgumentError) as raised:
     function()
   return raised.value
