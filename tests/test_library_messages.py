@@ -40,6 +40,7 @@ from tff_adaptive.execution import worker_process
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.optimizers import sm3
 from tff_adaptive.rounds import cohort
+from tff_adaptive.schedules import driver as round_schedules
 from workflow import config
 from workflow import library_flags
 from workflow import train_flags
@@ -229,16 +230,39 @@ def named_arguments(source: str, path: str) -> list[tuple[str, Optional[str], st
   return found
 
 
+# ArgumentError subclasses whose owner is fixed (their first argument is the argument), and the
+# arguments a raise site of such an owner may compute.
+OWNED_ERRORS = {'ScheduleError': 'RoundSchedules'}
+COMPUTED_ARGUMENTS = {'RoundSchedules': ('local_steps', 'client_lr', 'server_lr')}
+
+
+def _called(node) -> Optional[str]:
+  return getattr(node.func, 'attr', getattr(node.func, 'id', None))
+
+
 def argument_errors(source: str, path: str) -> list[tuple[str, Optional[str], Optional[str]]]:
-  """(`path:line`, owner or None if computed, argument or COMPUTED) of each ArgumentError made."""
+  """(`path:line`, owner or None if computed, argument or COMPUTED) of each ArgumentError
+  made, and of each argument it names again (`Given(argument=...)`)."""
   found = []
   for node in ast.walk(ast.parse(source)):
-    if not (isinstance(node, ast.Call) and len(node.args) >= 2 and
-            getattr(node.func, 'attr', getattr(node.func, 'id', None)) == 'ArgumentError'):
+    if not isinstance(node, ast.Call):
       continue
-    owner, argument = node.args[:2]
-    found.append((f'{path}:{node.lineno}', owner.value if isinstance(owner, ast.Constant) else None,
-                  argument.value if isinstance(argument, ast.Constant) else COMPUTED))
+    if _called(node) == 'ArgumentError' and len(node.args) >= 2:
+      owner = node.args[0].value if isinstance(node.args[0], ast.Constant) else None
+      argument = node.args[1]
+    elif _called(node) in OWNED_ERRORS and node.args:
+      owner, argument = OWNED_ERRORS[_called(node)], node.args[0]
+    else:
+      continue
+    where = f'{path}:{node.lineno}'
+    if isinstance(argument, ast.Constant):
+      found.append((where, owner, argument.value))
+    else:
+      found += [(where, owner, a) for a in COMPUTED_ARGUMENTS.get(owner, (COMPUTED,))]
+    found += [(where, owner, keyword.value.value) for inner in ast.walk(node)
+              if isinstance(inner, ast.Call) and _called(inner) == 'Given'
+              for keyword in inner.keywords
+              if keyword.arg == 'argument' and isinstance(keyword.value, ast.Constant)]
   return found
 
 
@@ -310,6 +334,7 @@ def build(local_steps, window, name, colour, argument):
   if window > 9:
     raise errors.ArgumentError('ErrorDrivenDecay', 'window', 'must be small')
   raise ArgumentError('Decay', argument, 'is computed')
+  raise ScheduleError(name, ': drop ', errors.Given(argument='data_on_workers'))
   raise ValueError('build: an error about no argument')
 """
 
@@ -320,7 +345,11 @@ def test_the_argument_scans_see_owned_and_computed_owners():
       (7, None, 'local_steps'), (9, 'Decay', 'window'), (11, 'build', 'colour')], found
   made = argument_errors(ARGUMENT_SNIPPET, 'tff_adaptive/planted.py')
   assert [(int(w.split(':')[1]), o, a) for w, o, a in made] == [
-      (13, None, 'local_steps'), (15, 'ErrorDrivenDecay', 'window'), (16, 'Decay', COMPUTED)]
+      (13, None, 'local_steps'), (15, 'ErrorDrivenDecay', 'window'), (16, 'Decay', COMPUTED),
+      (17, 'RoundSchedules', 'local_steps'), (17, 'RoundSchedules', 'client_lr'),
+      (17, 'RoundSchedules', 'server_lr'), (17, 'RoundSchedules', 'data_on_workers')]
+  # The fixed owner the scan gives ScheduleError is its own.
+  assert round_schedules.ScheduleError('client_lr', ': no').owner == OWNED_ERRORS['ScheduleError']
   assert _flag_for(None, 'local_steps') == 'local_steps'
   assert _flag_for('ErrorDrivenDecay', 'window') == 'schedule_window'
   assert not _flag_for('Decay', 'window') and not _flag_for('build', 'colour')
@@ -478,3 +507,22 @@ def _raised(function):
   with pytest.raises(library_errors.ArgumentError) as raised:
     function()
   return raised.value
+
+
+def test_schedule_errors_name_the_schedule_flags():
+  """The driver's ScheduleError opens with RoundSchedules' argument (no owner) and may name
+  check_process's data_on_workers again; bin/train says both as flags."""
+  error = round_schedules.ScheduleError(
+      'local_steps', ': with ', library_errors.Given(argument='data_on_workers'),
+      ' this algorithm gets a K fixed; drop ', library_errors.Given(argument='data_on_workers'),
+      value='exp')
+  assert str(error) == ('local_steps=exp: with data_on_workers this algorithm gets a K fixed; '
+                        'drop data_on_workers')
+  assert library_flags.flag_message(error) == (
+      '--local_steps_schedule=exp: with --data_on_workers this algorithm gets a K fixed; drop '
+      '--data_on_workers')
+  error = round_schedules.ScheduleError('server_lr', ': this algorithm has no server learning rate')
+  assert library_flags.flag_message(error) == (
+      '--server_lr_schedule: this algorithm has no server learning rate')
+  copy = pickle.loads(pickle.dumps(error))
+  assert type(copy) is round_schedules.ScheduleError and str(copy) == str(error)

@@ -117,7 +117,7 @@ def _round_schedules(settings: config.Settings, task, process):
   try:
     driver.check_process(process, data_on_workers=settings.execution.data_on_workers)
   except round_schedules.ScheduleError as e:
-    raise errors.UsageError(schedule_flags.flag_error(e)) from None
+    raise errors.UsageError(library_flags.flag_message(e)) from None
   if settings.schedules.measure_step_time:
     driver.step_seconds = measure_step_seconds(task)
     print(f'Measured β = {driver.step_seconds * 1e3:.2f} ms per minibatch step', file=sys.stderr)

@@ -20,14 +20,17 @@ if TYPE_CHECKING:  # cli imports this module before it may import TensorFlow
   from workflow import config
 
 
+def _flag(owner: str, argument: Optional[str]) -> Optional[str]:
+  table = train_flags.ARGUMENT_FLAGS
+  return table.get((owner, argument)) or (table.get((None, argument)) if argument else None)
+
+
 def flag_of(error: BaseException) -> Optional[str]:
   """The flag that sets the argument `error` refuses, or None (not an ArgumentError, or an
   argument no flag sets)."""
   if not isinstance(error, library_errors.ArgumentError):
     return None
-  table = train_flags.ARGUMENT_FLAGS
-  return table.get((error.owner, error.argument)) or (
-      table.get((None, error.argument)) if error.argument else None)
+  return _flag(error.owner, error.argument)
 
 
 def _hint(error: library_errors.ArgumentError, settings: Optional['config.Settings']) -> str:
@@ -40,7 +43,8 @@ def _hint(error: library_errors.ArgumentError, settings: Optional['config.Settin
 
 
 def flag_message(error: BaseException, settings: Optional['config.Settings'] = None) -> str:
-  """`error`'s message with the argument it refuses, and its other values, named by the flag.
+  """`error`'s message with the argument it refuses, and every argument it names again,
+  named by their flags (`--flag`, `--flag=value`).
 
   `settings` (the run's) adds what only they can say, e.g. the model flag to
   change of their task. An error no flag is about keeps its message.
@@ -48,7 +52,14 @@ def flag_message(error: BaseException, settings: Optional['config.Settings'] = N
   flag = flag_of(error)
   if flag is None:
     return str(error)
-  words = error.worded(lambda value: f'--{flag}' if value is None else f'--{flag}={value}')
+
+  def name(argument, value):
+    named = _flag(error.owner, argument)
+    if named is None:
+      return None  # an argument no flag sets keeps the library's words
+    return f'--{named}' if value is None else f'--{named}={value}'
+
+  words = error.worded(name)
   if error.argument is None:  # the owner's whole refusal is about the flag
     return f'--{flag}: {words}'
   return words + _hint(error, settings)

@@ -4,14 +4,14 @@
 `make_lr_schedule` (`--{client,server}_lr_schedule` and theirs) and
 `from_settings` (the whole K / η / η_s driver from a run's settings) build the
 library's schedules (`tff_adaptive.schedules`); every ValueError they raise
-names the flag to fix. The library itself speaks in parameters:
-`flag_error` turns its `ScheduleError`s (which name `local_steps`, `client_lr`,
-`server_lr`) into the flags that set them.
+names the flag to fix. The library itself speaks in parameters: the driver's
+`ScheduleError`s name `RoundSchedules`' arguments (`local_steps`, `client_lr`,
+`server_lr`), and `workflow.library_flags` names the flags whose table
+entries feed them.
 """
 
 import math
 import numbers
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -20,8 +20,6 @@ from tff_adaptive.schedules import core
 from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import learning_rate
 from tff_adaptive.schedules import local_steps
-
-# Flag errors of `from_settings` are the driver's error type (round_schedules.ScheduleError).
 
 LOCAL_STEPS_SCHEDULES = ('constant', 'exp', 'rounds', 'error', 'step', 'theory')
 LR_SCHEDULES = ('constant', 'exp_decay', 'inv_lin_decay', 'inv_sqrt_decay', 'exp',
@@ -251,7 +249,7 @@ def from_settings(settings) -> round_schedules.RoundSchedules:
                       ('min_delta', '--plateau_min_delta')):
     if shared[param] is not None and not any(param in feedback_params.get(n, ()) for n in names):
       users = 'error' if param == 'window' else 'step'
-      raise round_schedules.ScheduleError(
+      raise ValueError(
           f'{flag} is only used by a {users} schedule (--local_steps_schedule, '
           f'--client_lr_schedule or --server_lr_schedule={users}); got {flag}={shared[param]!r}')
 
@@ -277,19 +275,19 @@ def _local_steps(settings, k_name: str, total: int,
   sched = settings.schedules
   k0 = settings.client.local_steps
   if k0 is not None and k0 < 1 and k_name != 'constant':
-    raise round_schedules.ScheduleError(f'--local_steps (K_0) must be an integer >= 1 for '
-                                       f'--local_steps_schedule={k_name}; got {k0}')
+    raise ValueError(f'--local_steps (K_0) must be an integer >= 1 for '
+                     f'--local_steps_schedule={k_name}; got {k0}')
   if k0:
     return make_local_steps_schedule(
         k_name, k0, decay=sched.local_steps_decay, b=sched.local_steps_theory_b,
         total_rounds=total, **feedback)
   if k_name != 'constant':
-    raise round_schedules.ScheduleError(
+    raise ValueError(
         f'--local_steps_schedule={k_name} needs --local_steps (K_0 >= 1)')
   for flag, value in (('local_steps_decay', sched.local_steps_decay),
                       ('local_steps_theory_b', sched.local_steps_theory_b)):
     if value is not None:
-      raise round_schedules.ScheduleError(
+      raise ValueError(
           f'--{flag} is not used by --local_steps_schedule=constant; got --{flag}={value!r}')
   return None
 
@@ -309,14 +307,3 @@ def _lr(sched, prefix: str, name: str, base: float, total: int,
     return None
   return make_lr_schedule(name, base, warmup_rounds=warmup, total_rounds=total,
                           flag_prefix=prefix, **params, **feedback)
-
-
-# The driver's schedules (and check_process's data_on_workers) → bin/train's flags.
-DRIVER_FLAGS = {'local_steps': '--local_steps_schedule', 'client_lr': '--client_lr_schedule',
-                'server_lr': '--server_lr_schedule', 'data_on_workers': '--data_on_workers'}
-_DRIVER_NAME = re.compile(r'(?<![\w-])(' + '|'.join(DRIVER_FLAGS) + r')(?![\w])')
-
-
-def flag_error(error: round_schedules.ScheduleError) -> str:
-  """A driver's ScheduleError with its schedule names replaced by the flags."""
-  return _DRIVER_NAME.sub(lambda m: DRIVER_FLAGS[m.group(1)], str(error))

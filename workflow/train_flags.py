@@ -119,7 +119,8 @@ def _t(make, name, *rest, **more):
 def _lr_schedule_flags(prefix: str) -> list[Flag]:
   return [
       _e(f'{prefix}_lr_schedule', 'constant', schedule_flags.LR_SCHEDULES,
-         f'{prefix} learning-rate schedule (docs/schedules.md).'),
+         f'{prefix} learning-rate schedule (docs/schedules.md).',
+         feeds=(('RoundSchedules', f'{prefix}_lr'),)),
       _f(f'{prefix}_lr_decay_rate', None, f'{prefix} lr decay rate.', check=flag_checks.POSITIVE),
       _i(f'{prefix}_lr_decay_steps', None, f'{prefix} lr decay steps (rounds).',
          check=flag_checks.POSITIVE_INT),
@@ -266,7 +267,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
     ]),
     ('schedules', 'Schedules of K, η, η_s and the runtime model (docs/schedules.md)', [
         _e('local_steps_schedule', 'constant', schedule_flags.LOCAL_STEPS_SCHEDULES,
-           'K_t schedule; --local_steps is K_0.'),
+           'K_t schedule; --local_steps is K_0.', feeds=(('RoundSchedules', 'local_steps'),)),
         _f('local_steps_decay', None, 'exp: K_t = ceil(K_0 d^t), d in (0, 1].',
            check=flag_checks.DECAY_FACTOR),
         _f('local_steps_theory_b', None, 'theory: K_t = max(K_0/(b+t), 1).',
@@ -389,7 +390,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'execution each worker gets its shard\'s ids and builds the padded shard itself '
            '(ids split by count, not grouped by size; no client cache or prefetch; batch shapes '
            'must not vary after the rows); without --workers rounds run per client.',
-           feeds=(('compose_data_on_workers', None), ('compose_cohort_data_on_workers', None))),
+           feeds=(('compose_data_on_workers', None), ('compose_cohort_data_on_workers', None),
+                  ('RoundSchedules', 'data_on_workers'))),
     ]),
 ]
 

@@ -60,6 +60,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from tff_adaptive import errors
 from tff_adaptive.accounting import runtime_model
 from tff_adaptive.schedules import core as schedules
 
@@ -84,12 +85,22 @@ VALIDATION_ACCURACY = 'eval/accuracy'
 VALIDATION_LOSS = 'eval/loss'
 
 
-class ScheduleError(ValueError):
+class ScheduleError(errors.ArgumentError):
   """A schedule the process cannot follow; the message starts with the schedule's name.
 
-  The name is `RoundSchedules`' argument: `local_steps`, `client_lr` or
-  `server_lr` (or `data_on_workers`, `check_process`'s).
+  The name is `RoundSchedules`' argument (the error's owner): `local_steps`,
+  `client_lr` or `server_lr`, with its tag as `value` (`local_steps=exp: ...`);
+  `errors.Given` names it again, or `check_process`'s `data_on_workers`.
   """
+
+  def __init__(self, argument: str, *detail: errors.Piece, value: Any = None):
+    super().__init__('RoundSchedules', argument, *detail, value=value)
+
+  def _pieces(self) -> tuple[errors.Piece, ...]:
+    return (errors.Given(self.value, quoted=False),) + self.detail
+
+  def _message(self) -> str:
+    return self.worded(lambda argument, value: None)
 
 
 # ---- finding and replacing a scalar inside a (type of a) server state ----
@@ -200,15 +211,15 @@ class RoundSchedules:
     if self.local_steps is not None and not _first(LOCAL_STEPS_PATHS, has):
       if data_on_workers and not isinstance(self.local_steps, schedules.ConstantSchedule):
         raise ScheduleError(
-            f'local_steps={self.local_steps.TAG}: with data_on_workers this algorithm gets a K '
-            'fixed when the data computation is built; use a constant K or drop '
-            'data_on_workers')
+            'local_steps', ': with ', errors.Given(argument='data_on_workers'),
+            ' this algorithm gets a K fixed when the data computation is built; use a constant K '
+            'or drop ', errors.Given(argument='data_on_workers'), value=self.local_steps.TAG)
     if self.client_lr is not None and not _first(CLIENT_LR_PATHS, has):
-      raise ScheduleError('client_lr: this algorithm keeps its client learning rate inside its '
-                          'computation (FedProx), so it cannot be scheduled')
+      raise ScheduleError('client_lr', ': this algorithm keeps its client learning rate inside '
+                          'its computation (FedProx), so it cannot be scheduled')
     if self.server_lr is not None and not _first(SERVER_LR_PATHS, has):
-      raise ScheduleError('server_lr: this algorithm has no server learning rate (its server '
-                          'step is x − mean Δ: FedGBO, MFL, CE-FedAvg)')
+      raise ScheduleError('server_lr', ': this algorithm has no server learning rate (its '
+                          'server step is x − mean Δ: FedGBO, MFL, CE-FedAvg)')
     if self.needs_first_minibatch_loss:
       metrics_type = process.next.type_signature.result[1]
       metrics_type = getattr(metrics_type, 'member', metrics_type)
@@ -218,9 +229,9 @@ class RoundSchedules:
       if found is None:
         name = next(n for n, s in self._all().items()
                     if s is not None and s.feedback == schedules.FEEDBACK_FIRST_MINIBATCH_LOSS)
-        raise ScheduleError(f'{name}=error needs the loss of each client\'s first minibatch, '
-                            'which this algorithm (built by TFF, not the package composer) '
-                            'does not report')
+        raise ScheduleError(name, " needs the loss of each client's first minibatch, which this "
+                            'algorithm (built by TFF, not the package composer) does not report',
+                            value='error')
 
   # ---- before a round ----
   def apply(self, state: Any, round_num: int) -> tuple[Any, Optional[int], dict[str, float]]:
@@ -244,7 +255,7 @@ class RoundSchedules:
         elif name == 'local_steps':
           data_k = int(value)  # TFF-built processes: exactly K_t batches of data
         else:
-          raise ScheduleError(f'{name}: this algorithm\'s state has no '
+          raise ScheduleError(name, ": this algorithm's state has no "
                               f'{"client" if name == "client_lr" else "server"} learning rate')
       current = value if value is not None else (None if path is None else _get(state, path))
       if name == 'local_steps' and current is not None and current < 1:
