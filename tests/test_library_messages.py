@@ -344,7 +344,7 @@ def test_the_argument_scans_see_owned_and_computed_owners():
   assert [(int(w.split(':')[1]), o, a) for w, o, a in found] == [
       (7, None, 'local_steps'), (9, 'Decay', 'window'), (11, 'build', 'colour')], found
   made = argument_errors(ARGUMENT_SNIPPET, 'tff_adaptive/planted.py')
-  assert [(int(w.split(':')[1]), o, a) for w, o, a in made] == [
+  assert sorted([(int(w.split(':')[1]), o, a) for w, o, a in made], key=lambda m: m[0]) == [
       (13, None, 'local_steps'), (15, 'ErrorDrivenDecay', 'window'), (16, 'Decay', COMPUTED),
       (17, 'RoundSchedules', 'local_steps'), (17, 'RoundSchedules', 'client_lr'),
       (17, 'RoundSchedules', 'server_lr'), (17, 'RoundSchedules', 'data_on_workers')]
