@@ -97,7 +97,7 @@ def test_each_library_argument_is_fed_by_one_flag():
   assert dict(fed) == train_flags.ARGUMENT_FLAGS
 
 
-def test_every_check_refuses_a_value_and_says_so():
+def test_no_check_refuses_an_unset_flag_or_its_default():
   for name, flag in train_flags.FLAGS_BY_NAME.items():
     for check in flag.checks:
       assert check.problem(name, None) is None  # an unset flag is never refused
