@@ -21,6 +21,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime
 from workflow import cli
+from workflow import errors
 from workflow import plotting
 
 flags.DEFINE_list('runs', [], 'Experiment directories or metrics CSV files.')
@@ -48,7 +49,7 @@ def main(argv):
 def _parse_flags(argv):
   try:
     return cli.parse_flags(argv, FLAGS)
-  except cli.UsageError as e:  # a bad value, a flagfile that includes itself
+  except errors.UsageError as e:  # a bad value, a flagfile that includes itself
     print(f'plot: error: {e}', file=sys.stderr)
     sys.exit(2)
 

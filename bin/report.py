@@ -33,6 +33,7 @@ if any(a.startswith('--reproduction') for a in sys.argv[1:]):
   import tensorflow as tf
 from tff_adaptive.execution import runtime
 from workflow import cli
+from workflow import errors
 from workflow import report
 from workflow import selection
 from workflow import sweep
@@ -100,7 +101,7 @@ def main(argv):
 def _parse_flags(argv):
   try:
     return cli.parse_flags(argv, FLAGS)
-  except cli.UsageError as e:  # a bad value, a flagfile that includes itself
+  except errors.UsageError as e:  # a bad value, a flagfile that includes itself
     _fail(str(e))
 
 
