@@ -104,3 +104,10 @@ def test_no_check_refuses_an_unset_flag_or_its_default():
       assert check.problem(name, flag.default) is None, name  # nor its default
   assert train_flags.FLAGS_BY_NAME['seed'].checks[1].problem('seed', 2**32) == (
       '--seed must be in [0, 4294967295]; got 4294967296')
+
+
+def test_a_fraction_of_clients_is_below_one():
+  check, = train_flags.FLAGS_BY_NAME['noisy_client_fraction'].checks
+  assert check.problem('noisy_client_fraction', 0.5) is None
+  assert check.problem('noisy_client_fraction', 1.0) == (
+      '--noisy_client_fraction must be in [0, 1); got 1.0')

@@ -31,7 +31,6 @@ NON_NEGATIVE_INT = Check(lambda v: v >= 0, 'a non-negative integer (>= 0)')
 POSITIVE = Check(lambda v: v > 0, 'a positive number (> 0)')
 NON_NEGATIVE = Check(lambda v: v >= 0, 'a non-negative number (>= 0)')
 UNIT_INTERVAL = Check(lambda v: 0 <= v < 1, 'in [0, 1)')
-CLOSED_UNIT_INTERVAL = Check(lambda v: 0 <= v <= 1, 'in [0, 1]')
 
 # Bounds beyond which a flag only hangs or overflows.
 # Dirichlet(α) sampling (NumPy's) takes time ~1/α: 0.1 ms per draw of 50 shares at

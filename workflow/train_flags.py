@@ -308,7 +308,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            feeds=(('pfedme', 'beta'),)),
         _f('noisy_client_fraction', 0.0, 'This fraction of clients gets fixed Gaussian noise on '
            'its training inputs; user accuracy is averaged over the other clients.',
-           PERSONALIZED, check=flag_checks.CLOSED_UNIT_INTERVAL),
+           PERSONALIZED, check=flag_checks.UNIT_INTERVAL),
         _f('noise_stddev', 0.2, 'Standard deviation of the noisy clients\' input noise.',
            PERSONALIZED, check=flag_checks.NON_NEGATIVE),
         _s('client_state_dir', '', 'Where each client\'s private state is kept (default '

@@ -53,8 +53,6 @@ def check_personalized(settings: config.Settings) -> None:
   if fraction and algorithm not in with_ua:
     raise errors.UsageError(f'--noisy_client_fraction needs a personalised algorithm '
                             f'({", ".join(with_ua)}) that reports user accuracy')
-  if not 0.0 <= fraction < 1.0:
-    raise errors.UsageError(f'--noisy_client_fraction must be in [0, 1); got {fraction}')
   if fraction and not (personalized.noise_stddev or 0) > 0:
     raise errors.UsageError(f'--noise_stddev must be positive; got {personalized.noise_stddev}')
   keeping_state = algorithms.having('keeps_client_state')
