@@ -155,8 +155,8 @@ def test_targets_compare_adaptive_rows_with_fedavg_run_the_same_way():
 
 def test_algorithms_without_a_cohort_form_are_named_not_run():
   setting = bench.Setting('mlp', clients=2, steps=1, batch=2)
-  # Every benchmarked algorithm has one now; a personalised round has none.
-  process, reason = bench.bench_cohort.build('pfedme', setting.task(), None, 'cohort_vec')
+  # Every benchmarked algorithm has one now; MTFL's personalised round has none.
+  process, reason = bench.bench_cohort.build('mtfl', setting.task(), None, 'cohort_vec')
   assert process is None and 'personalised' in reason
   specs = bench.bench_cohort.row_specs(['fedadam', 'tff_fedavg', 'mimelite', 'fedprox', 'fedavg'],
                                        ['cohort_vec', 'cohort_vec_cpp'], bench.ALGORITHMS)

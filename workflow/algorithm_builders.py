@@ -294,23 +294,23 @@ def build_mtfl(task, settings: config.Settings, **options):
 
 
 def build_perfedavg(task, settings: config.Settings, **options):
-  del options  # a personalised round: per client, no drift measurement (the entry says so)
+  # A round of the engine: `execution` applies (the entry refuses drift measurement).
   return perfedavg.build_perfedavg(
       task.model_fn, client_sgd(settings.client), server_optimizer('perfedavg', settings),
       beta=settings.personalized.perfedavg_beta, local_steps=settings.client.local_steps,
       client_weighting=_personalized_weighting(settings),
-      fb_flops_per_example=fb_flops_per_example(task))
+      fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
 def build_pfedme(task, settings: config.Settings, **options):
-  del options  # a personalised round: per client, no drift measurement (the entry says so)
+  # A round of the engine: `execution` applies (the entry refuses drift measurement).
   personalized = settings.personalized
   return pfedme.build_pfedme(
       task.model_fn, client_sgd(settings.client), lam=personalized.pfedme_lambda,
       personal_learning_rate=personalized.pfedme_personal_learning_rate,
       inner_steps=personalized.pfedme_inner_steps, beta=personalized.pfedme_beta,
       local_steps=settings.client.local_steps, client_weighting=_personalized_weighting(settings),
-      fb_flops_per_example=fb_flops_per_example(task))
+      fb_flops_per_example=fb_flops_per_example(task), **options)
 
 
 def build_scaffold(task, settings: config.Settings, **options):

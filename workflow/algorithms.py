@@ -119,10 +119,10 @@ class AlgorithmEntry:
 
 
 def _personalised(build, doc, **fields) -> AlgorithmEntry:
+  fields.setdefault('cohort', No('a personalised round'))
   return AlgorithmEntry(build, doc, personalized=True, keeps_client_state=True,
                         aggregator=No(_PERSONALISED), compressible=No(_PERSONALISED),
-                        measures_client_drift=No(_PERSONALISED),
-                        cohort=No('a personalised round'), **fields)
+                        measures_client_drift=No(_PERSONALISED), **fields)
 
 
 _MIME_UPLOAD = 'its gradient upload besides Δ is averaged uncompressed'
@@ -195,9 +195,9 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                           'private batch-norm patches, per-client state (thesis ch. 4)',
                           client_optimizers=('sgd', 'adam'), defaults=_mtfl_defaults),
     'perfedavg': _personalised('build_perfedavg',
-                               'Per-FedAvg, first order (thesis ch. 4)'),
+                               'Per-FedAvg, first order (thesis ch. 4)', cohort=True),
     'pfedme': _personalised('build_pfedme', 'pFedMe, Moreau envelopes (thesis ch. 4)',
-                            server_optimizer=''),
+                            server_optimizer='', cohort=True),
     # The paper's server step (SGD, η_g = 1: --server_learning_rate's default)
     # and unweighted means (the builder's default weighting): no defaults.
     'scaffold': AlgorithmEntry('build_scaffold',

@@ -30,7 +30,8 @@ class CohortFeeder:
     self.padding_waste = 0.0
 
   def _build(self, client_ids: Sequence[str], local_steps: int):
-    return self._process.make_shards(self._cache.get(client_ids, local_steps))
+    return self._process.make_shards(
+        self._cache.get(client_ids, self._process.batches_per_client(local_steps)))
 
   def __call__(self, client_ids: Sequence[str], local_steps: int,
                next_ids: Optional[Sequence[str]] = None):

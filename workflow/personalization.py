@@ -48,6 +48,7 @@ from workflow import config
 from workflow import program
 from tff_adaptive.personalization import process as personalized
 from tff_adaptive.rounds import cohort
+from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import stateful
 
 # From the registry's entries (`AlgorithmEntry.personalized`, `.keeps_client_state`).
@@ -200,14 +201,29 @@ class PersonalizationHook(ClientStateHook):
     data = self._task.test_client_data.create_tf_dataset_for_client(client_id)
     return self._task.baseline.datasets.eval_preprocess_fn(data)
 
-  def client_data(self, round_num: int, client_ids: Sequence[str],
-                  datasets: Sequence[tf.data.Dataset]) -> list[collections.OrderedDict]:
+  def client_data(self, round_num: int, client_ids: Sequence[str], data):
+    """Each client's training data (datasets, or the cohort's padded shards) with its
+    test split and its stored private state."""
     del round_num
+    if not cohort.is_cohort(self._process):
+      return self._client_inputs(client_ids, data)
+    tests = [cohort_data.client_batches(self.test_dataset(c), 0) for c in client_ids]
+    states = ([self._store.get(c) for c in client_ids] if self._store is not None else None)
+    return self._process.with_test_batches(data, tests, states)
+
+  def _client_inputs(self, client_ids: Sequence[str],
+                     datasets: Sequence[tf.data.Dataset]) -> list[collections.OrderedDict]:
+    """The per-client inputs of `next` and `evaluate_clients`."""
     out = []
     for client_id, dataset in zip(client_ids, datasets):
-      item = collections.OrderedDict(train=dataset, test=self.test_dataset(client_id))
-      if self._store is not None:
-        item['private'] = self._store.get(client_id)
+      test = self.test_dataset(client_id)
+      state = self._store.get(client_id) if self._store is not None else None
+      if isinstance(self._process, stateful.PersonalizedClientsProcess):
+        out.append(self._process.client_input(dataset, state, test=test))
+        continue
+      item = collections.OrderedDict(train=dataset, test=test)
+      if state is not None:
+        item['private'] = state
       out.append(item)
     return out
 
@@ -235,7 +251,7 @@ class PersonalizationHook(ClientStateHook):
     """UA of every (clean) client: the global model plus its stored patch."""
     ids = list(self._task.train_data.client_ids)
     datasets = program.client_datasets(self._task, ids, None)
-    outputs = self._process.evaluate_clients(state, self.client_data(0, ids, datasets))
+    outputs = self._process.evaluate_clients(state, self._client_inputs(ids, datasets))
     return summarize(self._accuracies(ids, outputs), 'ua_all')
 
 
@@ -243,7 +259,9 @@ class PersonalizationHook(ClientStateHook):
 
 
 def is_personalized(process) -> bool:
-  return isinstance(process, personalized.PersonalizedProcess)
+  """A round whose clients measure user accuracy (the round engine's, or MTFL's)."""
+  return isinstance(process, (personalized.PersonalizedProcess,
+                              stateful.PersonalizedClientsProcess))
 
 
 def experiment_fingerprint(settings: config.Settings, ignored: Iterable[str]) -> str:
@@ -275,7 +293,7 @@ def setup(settings: config.Settings, task: task_base.FederatedTask, process, out
           ignored_flags: Iterable[str] = ()) -> tuple[task_base.FederatedTask,
                                                        Optional[ClientStateHook]]:
   """(task with noisy clients, hook) for a process with per-client state; (task, None) else."""
-  if isinstance(process, stateful.StatefulClientsProcess):
+  if isinstance(process, stateful.StatefulClientsProcess) and not is_personalized(process):
     return task, ClientStateHook(process, _store(settings, task, process, output_dir,
                                                  ignored_flags))
   if not is_personalized(process):

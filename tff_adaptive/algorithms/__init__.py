@@ -13,8 +13,9 @@ or a `tff.learning.models.FunctionalModel`; the optimisers are
 optimiser's). Each returns a `tff.learning.templates.LearningProcess` whose
 state is a `tff.learning.templates.LearningAlgorithmState` and whose metrics
 have TFF's top-level keys plus `cost` (see `composer`). The personalised
-builders (mtfl, perfedavg, pfedme) return a `PersonalizedProcess` with the same
-state layout. An argument that cannot apply to an algorithm is an error, not
+builders return processes whose clients also take back their user accuracy
+(perfedavg, pfedme: a `rounds.stateful.PersonalizedClientsProcess`; mtfl: a
+`personalization.process.PersonalizedProcess`), with the same state layout. An argument that cannot apply to an algorithm is an error, not
 ignored.
 
 Importing this package changes nothing in TFF: to keep TFF's `worker_binary`

@@ -13,40 +13,47 @@ first-order variant (FO, the paper's §5 (i)), as in the thesis's experiments.
 α is the client optimiser's learning rate (the round hparam
 `state.client_work['learning_rate']`), β `beta`.
 network per client: down |x|, up |x| (no private state).
+
+A `composer.Recipe` of the package's round engine: a meta-step takes two
+batches (`Recipe.batches_per_step`), ∇f(ỹ; D') comes from the engine's
+`grad_at` (`Recipe.gradient_fn`) and UA from its `Recipe.user_accuracy`, so
+it runs per client and as a cohort.
 """
 
+import dataclasses
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow_federated as tff
 
 from tff_adaptive import errors
+from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
-from tff_adaptive.personalization import process as personalized
-from tff_adaptive.personalization import recipe as personal_recipe
 
 
-def perfedavg_recipe(beta: float) -> personal_recipe.LocalRecipe:
+def perfedavg_recipe(beta: float,
+                     server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None
+                     ) -> composer.Recipe:
+  """Per-FedAvg (FO): the engine's g is ∇f(y; D); ∇f(ỹ; D') through `grad_at`;
+  server default SGD(1)."""
   if not beta > 0:
     raise errors.ArgumentError('perfedavg', 'beta', f'must be > 0; got {beta}')
 
-  def train_step(ctx, opt, batches, alpha, step):
+  def local_step(local, y, grads, alpha, step, *, grad_at):
     del step
-    first, second = batches
-    y = ctx.values()
-    grads, _ = ctx.grad(first)
-    ctx.assign([w - alpha * g for w, g in zip(y, grads)])
-    meta_grads, _ = ctx.grad(second)  # first order: ∇f at ỹ, no Hessian term
-    ctx.assign([w - beta * g for w, g in zip(y, meta_grads)])
-    return opt
+    y_tilde = [w - alpha * g for w, g in zip(y, grads)]
+    meta_grads, _ = grad_at(y_tilde, 1)  # first order: ∇f at ỹ, no Hessian term
+    return local, [w - beta * g for w, g in zip(y, meta_grads)]
 
-  def personalize(ctx, batch, alpha):
-    grads, _ = ctx.grad(batch)
-    ctx.assign([w - alpha * g for w, g in zip(ctx.values(), grads)])
+  def personalize(x, alpha, grad_at):
+    grads, _ = grad_at(x, 0)
+    return [w - alpha * g for w, g in zip(x, grads)]
 
-  return personal_recipe.LocalRecipe(
-      name='perfedavg_fo', train_step=train_step, personalize=personalize, batches_per_step=2,
+  return dataclasses.replace(
+      fedopt.fedopt_recipe(server_optimizer or fedopt.build_server_optimizer('sgd', 1.0),
+                           name='perfedavg'), local_step=local_step,
+      batches_per_step=2, gradient_fn=True, user_accuracy=True, personalize=personalize,
       # Two SGD updates per meta-step.
       optimizer_ops_per_param=4.0)
 
@@ -54,17 +61,20 @@ def perfedavg_recipe(beta: float) -> personal_recipe.LocalRecipe:
 def build_perfedavg(model_fn: Callable[[], tff.learning.models.VariableModel],
                     client_optimizer_fn: tff.learning.optimizers.Optimizer,
                     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
-                    beta: float, local_steps: int = 0,
-                    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-                    fb_flops_per_example: Optional[float] = None) -> personalized.PersonalizedProcess:
+                    beta: float, local_steps: int = 0, **options: Any):
   """Per-FedAvg (FO): α = the learning rate of `client_optimizer_fn`
   (`tff.learning.optimizers.build_sgdm(α)`: its inner steps are plain SGD),
-  meta rate `beta`, K meta-steps; server default SGD(1)."""
-  return personalized.build_personalized_process(
-      model_fn, name='perfedavg', layout=personal_recipe.PatchLayout(),
-      local=perfedavg_recipe(beta),
-      server_optimizer=server_optimizer_fn or fedopt.build_server_optimizer('sgd', 1.0),
+  meta rate `beta`, K meta-steps (2K minibatches; 0: one pass, in pairs of
+  batches); server default SGD(1).
+
+  `options`: `composer.RoundOptions` fields as keywords (`client_weighting`,
+  `fb_flops_per_example`, `execution`: 'cohort' or a `cohort.CohortExecution`).
+  Returns a `rounds.stateful.PersonalizedClientsProcess` (per client) or a
+  `cohort.PersonalizedCohortProcess`: per client, `process.client_input(train,
+  test=test)`; `output.clients[i]['ua']` is the client's user accuracy.
+  """
+  return composer.build_process(
+      model_fn, perfedavg_recipe(beta, server_optimizer_fn),
       client_learning_rate=adapters.sgd_learning_rate(client_optimizer_fn,
-                                                      algorithm='perfedavg'), local_steps=local_steps,
-      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
-      fingerprint={'beta': beta})
+                                                      algorithm='perfedavg'),
+      local_steps=local_steps, **options)

@@ -19,24 +19,30 @@ train each round).
 `personal_learning_rate`. The authors'
 optional weight decay (μ) is not part of Algorithm 1 and is left out.
 network per client: down |x|, up |x|.
+
+A `composer.Recipe` of the package's round engine: the engine's g of each
+step is taken at θ (`Recipe.gradient_at`), the other inner steps' through
+`grad_at` (`Recipe.gradient_fn`), UA through `Recipe.user_accuracy`; so it runs
+per client and as a cohort.
 """
 
 import collections
+import dataclasses
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive import errors
+from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.optimizers import adapters
-from tff_adaptive.personalization import process as personalized
-from tff_adaptive.personalization import recipe as personal_recipe
 
 
-def pfedme_recipe(lam: float, personal_learning_rate: float,
-                  inner_steps: int = 1) -> personal_recipe.LocalRecipe:
+def pfedme_recipe(lam: float, personal_learning_rate: float, inner_steps: int = 1,
+                  server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None
+                  ) -> composer.Recipe:
+  """pFedMe's client; server default SGD(1) (`build_pfedme` passes SGD(β))."""
   if not lam > 0:
     raise errors.ArgumentError('pfedme', 'lam', f'must be > 0; got {lam}')
   if not personal_learning_rate > 0:
@@ -46,34 +52,38 @@ def pfedme_recipe(lam: float, personal_learning_rate: float,
     raise errors.ArgumentError('pfedme', 'inner_steps',
                                f'must be an integer ≥ 1; got {inner_steps}')
 
-  def inner(ctx, batch, w):
-    """K prox steps on `batch` from the current θ (in ctx) towards w."""
-    for _ in range(inner_steps):
-      grads, _ = ctx.grad(batch)
-      ctx.assign([t - personal_learning_rate * (g + lam * (t - wi))
-                  for t, g, wi in zip(ctx.values(), grads, w)])
+  def prox_steps(theta, w, first_grads, grad_at):
+    """K prox steps on the step's batch from θ towards w; the first at `first_grads`."""
+    grads = first_grads
+    for k in range(inner_steps):
+      if k > 0:
+        grads, _ = grad_at(theta, 0)
+      theta = [t - personal_learning_rate * (g + lam * (t - wi))
+               for t, g, wi in zip(theta, grads, w)]
+    return theta
 
-  def init_optimizer(specs):
-    # θ (the approximate personalised model), carried across the R steps.
-    return collections.OrderedDict(theta=[tf.zeros(s.shape, s.dtype) for s in specs])
+  def init_local(broadcast, y0):
+    del broadcast
+    # θ (the approximate personalised model), θ_0 = x_t, carried across the R steps.
+    return collections.OrderedDict(theta=tuple(y0))
 
-  def train_step(ctx, opt, batch, eta, step):
-    w = ctx.values()
-    # θ_0 = x_t (= w_0) in the first step of the round.
-    theta = [tf.where(tf.equal(step, 0), wi, ti) for wi, ti in zip(w, opt['theta'])]
-    ctx.assign(theta)
-    inner(ctx, batch, w)
-    theta = ctx.values()
-    ctx.assign([wi - eta * lam * (wi - ti) for wi, ti in zip(w, theta)])
-    return collections.OrderedDict(theta=tuple(theta))
+  def local_step(local, w, grads, eta, step, *, grad_at):
+    del step
+    theta = prox_steps(list(local['theta']), w, grads, grad_at)
+    return (collections.OrderedDict(theta=tuple(theta)),
+            [wi - eta * lam * (wi - ti) for wi, ti in zip(w, theta)])
 
-  def personalize(ctx, batch, eta):
+  def personalize(x, eta, grad_at):
     del eta
-    inner(ctx, batch, ctx.values())
+    grads, _ = grad_at(x, 0)
+    return prox_steps(list(x), list(x), grads, grad_at)
 
-  return personal_recipe.LocalRecipe(
-      name='pfedme', train_step=train_step, init_optimizer=init_optimizer,
-      personalize=personalize,
+  recipe = fedopt.fedopt_recipe(server_optimizer or fedopt.build_server_optimizer('sgd', 1.0),
+                                name='pfedme')
+  return dataclasses.replace(
+      recipe, init_local=init_local, local_step=local_step,
+      gradient_at=lambda local, y: list(local['theta']), gradient_fn=True,
+      passes_per_example=float(inner_steps), user_accuracy=True, personalize=personalize,
       # Per inner step ~4 ops per parameter, plus the w update.
       optimizer_ops_per_param=4.0 * inner_steps + 3.0)
 
@@ -82,20 +92,19 @@ def build_pfedme(model_fn: Callable[[], tff.learning.models.VariableModel],
                  client_optimizer_fn: tff.learning.optimizers.Optimizer,
                  server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
                  lam: float = 15.0, personal_learning_rate: float = 0.01, inner_steps: int = 1,
-                 beta: float = 1.0, local_steps: int = 0,
-                 client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
-                 fb_flops_per_example: Optional[float] = None,
-                 ) -> personalized.PersonalizedProcess:
+                 beta: float = 1.0, local_steps: int = 0, **options: Any):
   """pFedMe: η = the learning rate of `client_optimizer_fn` (`build_sgdm(η)`, the
-  local w update is plain SGD), λ `lam`, η_p, K inner steps; server default SGD(β)."""
+  local w update is plain SGD), λ `lam`, η_p, K inner steps; server default SGD(β).
+
+  `options`: `composer.RoundOptions` fields as keywords (`client_weighting`,
+  `fb_flops_per_example`, `execution`). Returns a
+  `rounds.stateful.PersonalizedClientsProcess` (or its cohort form), as
+  `perfedavg.build_perfedavg`.
+  """
   if not beta > 0:
     raise errors.ArgumentError('pfedme', 'beta', f'must be > 0; got {beta}')
-  return personalized.build_personalized_process(
-      model_fn, name='pfedme', layout=personal_recipe.PatchLayout(),
-      local=pfedme_recipe(lam, personal_learning_rate, inner_steps),
-      server_optimizer=server_optimizer_fn or fedopt.build_server_optimizer('sgd', beta),
+  return composer.build_process(
+      model_fn, pfedme_recipe(lam, personal_learning_rate, inner_steps,
+                              server_optimizer_fn or fedopt.build_server_optimizer('sgd', beta)),
       client_learning_rate=adapters.sgd_learning_rate(client_optimizer_fn, algorithm='pfedme'),
-      local_steps=local_steps,
-      client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
-      fingerprint={'lambda': lam, 'personal_learning_rate': personal_learning_rate,
-                   'inner_steps': inner_steps, 'beta': beta})
+      local_steps=local_steps, **options)

@@ -1,4 +1,7 @@
-"""Personalised FL (thesis ch. 4, docs/algorithms.md#mtfl): the pieces MTFL, Per-FedAvg and pFedMe share.
+"""Personalised FL (thesis ch. 4, docs/algorithms.md#mtfl): MTFL's engine, and the client-state store.
+
+Per-FedAvg and pFedMe are recipes of the round engine (`tff_adaptive.rounds`:
+`Recipe.user_accuracy`); MTFL still runs on the engine below, per client.
 
   process       `PersonalizedProcess`: a learning process whose clients also take
                 and return private per-client state (MTFL's private patches);

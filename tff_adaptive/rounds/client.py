@@ -3,8 +3,13 @@
   carry  = loop.init(x_t, broadcast(s_t)[, c_i])    y_0 = x_t, local = init_local(…)
   carry  = loop.anchor(carry, ∇f(x_t; b), n_b)     `Recipe.full_gradient` only: each batch
                                                    at x_t, before training (Σ_b n_b g_b)
-  carry  = loop.step(carry, g_k, loss_k, n_k, η)   one minibatch: the recipe's local_step
+  carry  = loop.step(carry, g_k, loss_k, n_k, η)   one step: the recipe's local_step, g_k at
+                                                   loop.gradient_point(carry) (y) on its
+                                                   (first) batch; `grad_at` for more
+                                                   gradients (`Recipe.gradient_fn`)
   result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i[, c_i⁺]
+  output = loop.client_output(result)              what goes back to the client: its new
+                                                   state[, its user accuracy]
   sums   = client_sums(result, metrics, …)         what is summed over clients
 
 Executions differ only in how they get g_k: the per-client TFF computation
@@ -31,6 +36,7 @@ class ClientResult(NamedTuple):
   weight: tf.Tensor    # the client's aggregation weight (0 when Δ_i is non-finite)
   stats: Any           # OrderedDict of counters (first_minibatch_loss, local_steps, ...)
   client_state: Any = ()  # the client's new state (recipes whose clients keep one)
+  user_accuracy: Any = ()  # `Recipe.user_accuracy`: its counts, measured before training
 
 
 def tuples(structure):
@@ -98,7 +104,9 @@ class ClientLoop:
     carry['full_examples'] = carry['full_examples'] + n
     return carry
 
-  def step(self, carry, grads, loss, num_examples, lr):
+  def step(self, carry, grads, loss, num_examples, lr, grad_at=None):
+    """`num_examples`: of every batch the step consumes; `grad_at(weights, j)`:
+    the execution's gradient on the step's batch j (`Recipe.gradient_fn`)."""
     grads = tuple(grads)
     is_first = tf.equal(carry['step'], 0)
     g0 = carry['g0']
@@ -109,7 +117,9 @@ class ClientLoop:
       g0 = tf.cond(is_first, lambda: grads, lambda: g0)
     # Tuples throughout: TFF optimisers insist that weights and state have the
     # same structure.
-    local, y = self.recipe.local_step(carry['local'], carry['y'], grads, lr, carry['step'])
+    context = {'grad_at': grad_at} if self.recipe.gradient_fn else {}
+    local, y = self.recipe.local_step(carry['local'], carry['y'], grads, lr, carry['step'],
+                                      **context)
     stepped = collections.OrderedDict(carry)  # the full-gradient sums pass through
     stepped.update(
         y=tuple(y), local=tuples(local), g0=g0,
@@ -117,6 +127,12 @@ class ClientLoop:
         num_examples=carry['num_examples'] + tf.cast(num_examples, tf.int64),
         step=carry['step'] + 1)
     return stepped
+
+  def gradient_point(self, carry):
+    """Where the step's g is taken: y, or `Recipe.gradient_at`'s point."""
+    if self.recipe.gradient_at is None:
+      return carry['y']
+    return tuple(self.recipe.gradient_at(carry['local'], list(carry['y'])))
 
   def first_gradient(self, carry):
     """What `upload` receives as g_0: the first step's gradient, or with
@@ -147,6 +163,41 @@ class ClientLoop:
       stats['drift_delta_sum'], stats['drift_delta_n'] = drift.unit_vector(delta)
       stats['drift_model_sum'], stats['drift_model_n'] = drift.unit_vector(list(carry['y']))
     return ClientResult(delta, extra, weight, stats, client_state)
+
+  def personalized_weights(self, x_t, lr, grad_at):
+    """What user accuracy measures: `Recipe.personalize`'s weights (`grad_at` on
+    the client's first training batch), or x_t."""
+    if self.recipe.personalize is None:
+      return list(x_t)
+    return list(self.recipe.personalize(list(x_t), lr, grad_at))
+
+  def client_output(self, result: ClientResult):
+    """What goes back to the client, never summed: its new state, or with
+    `Recipe.user_accuracy` OrderedDict(ua=counts[, private=new state])."""
+    if not self.recipe.user_accuracy:
+      return result.client_state
+    output = collections.OrderedDict(ua=result.user_accuracy)
+    if self.recipe.has_client_state:
+      output['private'] = result.client_state
+    return output
+
+
+def zero_user_accuracy():
+  return collections.OrderedDict(correct=tf.constant(0.0), examples=tf.constant(0, tf.int64),
+                                 loss_sum=tf.constant(0.0))
+
+
+def add_user_accuracy(ua, labels, logits, loss, rows):
+  """`ua` plus one test batch: argmax hits on its real rows (`rows`: 1 or 0 per
+  row), and the batch's mean loss times its examples."""
+  labels = tf.reshape(labels, [-1])
+  logits = tf.reshape(logits, [tf.shape(labels)[0], -1])
+  hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1), tf.cast(labels, tf.int64)), tf.float32)
+  n = tf.reduce_sum(rows)
+  return collections.OrderedDict(
+      correct=ua['correct'] + tf.reduce_sum(hits * rows),
+      examples=ua['examples'] + tf.cast(n, tf.int64),
+      loss_sum=ua['loss_sum'] + tf.cast(loss, tf.float32) * n)
 
 
 def client_sums(result: ClientResult, local_metrics, *, fused_mean: bool, delta_structure,

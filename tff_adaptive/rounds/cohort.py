@@ -148,15 +148,18 @@ def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kw
   return build(model_fn, recipe, info=info, options=options, **kwargs)
 
 
-def shard_type(element_type, client_state=None) -> tff.Type:
+def shard_type(element_type, client_state=None, test: bool = False) -> tff.Type:
   """The TFF type of one shard: each batch leaf gains [clients, steps]
   dimensions; each leaf of the clients' state (a structure of tensors, for
-  recipes whose clients keep one) a [clients] dimension."""
+  recipes whose clients keep one) a [clients] dimension. With `test`
+  (`Recipe.user_accuracy`), the clients' test batches, padded alike."""
   batches = tff.types.type_to_tf_tensor_specs(element_type)
   batches = tf.nest.map_structure(
       lambda s: tf.TensorSpec([None, None, None] + list(s.shape[1:]), s.dtype), batches)
   fields = [('batches', tff.types.tensorflow_to_type(batches)),
             ('mask', tff.TensorType(np.float32, [None, None, None]))]
+  if test:
+    fields.append(('test', tff.StructWithPythonType(fields[:2], collections.OrderedDict)))
   if client_state is not None:
     stacked = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + list(t.shape), t.dtype),
                                     client_state)
@@ -180,10 +183,13 @@ class CohortProgram:
 
   def __call__(self, message, shard):
     x_t = [tf.convert_to_tensor(t) for t in tf.nest.flatten(message['model_weights'].trainable)]
-    one = lambda args: self._one_client(message, x_t, *args)
-    elems = (shard['batches'], shard['mask'])
-    if self.stateful:
-      elems += (shard['client_state'],)
+    one = lambda client: self._one_client(message, x_t, client)
+    keys = ['batches', 'mask']
+    if self.loop.recipe.user_accuracy:
+      keys.append('test')
+    if self.loop.recipe.has_client_state:
+      keys.append('client_state')
+    elems = collections.OrderedDict((key, shard[key]) for key in keys)
     if self.vectorized:
       out = tf.vectorized_map(one, elems, fallback_to_while_loop=True)
     else:
@@ -194,60 +200,98 @@ class CohortProgram:
 
   @property
   def stateful(self) -> bool:
-    return self.loop.recipe.has_client_state
+    """Its clients take back an output (`Recipe.has_client_output`)."""
+    return self.loop.recipe.has_client_output
 
   def _signature(self, message, x_t, elems):
     first = tf.nest.map_structure(lambda t: t[0], elems)
-    graph = tf.function(lambda *a: self._one_client(message, x_t, *a)).get_concrete_function(
-        *tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first))
+    graph = tf.function(lambda c: self._one_client(message, x_t, c)).get_concrete_function(
+        tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first))
     return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                  graph.structured_outputs)
 
-  def _one_client(self, message, x_t, batches, mask, client_state=()):
+  def _one_client(self, message, x_t, client):
+    batches, mask = client['batches'], client['mask']
     lr = message['hparams']['learning_rate']
-    carry = self.loop.init(x_t, message['broadcast'], client_state)
+    ua = self._user_accuracy(x_t, lr, client) if self.loop.recipe.user_accuracy else ()
+    carry = self.loop.init(x_t, message['broadcast'], client.get('client_state', ()))
     if self.loop.recipe.full_gradient:
       carry = self._full_gradient_pass(carry, x_t, batches, mask)
 
-    def step(state, batch, rows):
+    def step(state, group):
       carry, metrics = state
-      grads, loss, data_loss, predictions = self.view.loss_and_grads(carry['y'], batch, rows)
-      n = tf.reduce_sum(rows)
-      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr)
-      counted = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
-      return stepped, counted
+      batch, rows = group[0]
+      grads, loss, data_loss, predictions = self.view.loss_and_grads(
+          self.loop.gradient_point(carry), batch, rows)
+      metrics = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
+      n = tf.add_n([tf.reduce_sum(r) for _, r in group])
+      passes = []  # `grad_at`'s forward passes, counted in the metrics after the step
+      grad_at = (functools.partial(self._grad_at, group, passes)
+                 if self.loop.recipe.gradient_fn else None)
+      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr, grad_at)
+      for args in passes:
+        metrics = self.view.add_metrics(metrics, *args)
+      return stepped, metrics
 
-    carry, metrics = self._over_steps(step, batches, mask, (carry, self.view.zero_metrics()))
-    result = self.loop.final(carry, x_t)
+    carry, metrics = self._over_steps(step, batches, mask, (carry, self.view.zero_metrics()),
+                                      self.loop.recipe.batches_per_step)
+    result = self.loop.final(carry, x_t)._replace(user_accuracy=ua)
     sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
                                         message.get('aggregator'))
-    return (sums, result.client_state) if self.stateful else sums
+    return (sums, self.loop.client_output(result)) if self.stateful else sums
+
+  def _user_accuracy(self, x_t, lr, client):
+    """`Recipe.user_accuracy`: the personalised weights (from the client's first
+    training batch) on its padded test batches, in inference mode; no metrics."""
+    first = ((tf.nest.map_structure(lambda t: t[0], client['batches']), client['mask'][0]),)
+    weights = self.loop.personalized_weights(
+        x_t, lr, functools.partial(self._grad_at, first, []))
+
+    def test_batch(ua, group):
+      batch, rows = group[0]
+      labels, logits, loss = self.view.evaluate(weights, batch, rows)
+      return client_lib.add_user_accuracy(ua, labels, logits, loss, rows)
+
+    test = client['test']
+    return self._over_steps(test_batch, test['batches'], test['mask'],
+                            client_lib.zero_user_accuracy())
 
   def _full_gradient_pass(self, carry, x_t, batches, mask):
     """`Recipe.full_gradient`: `loop.anchor` at x_t over the steps the client
     trains on, padded steps and rows masked as in the training loop; no metrics."""
     y0 = tuple(x_t)
 
-    def anchor(carry, batch, rows):
+    def anchor(carry, group):
+      batch, rows = group[0]
       grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows)
       return self.loop.anchor(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64))
 
     return self._over_steps(anchor, batches, mask, carry)
 
-  def _over_steps(self, step_fn, batches, mask, state):
-    """state = step_fn(state, batch, rows) for each step of the client's padded
-    batches (under XLA when `jit_compile`); a step without real rows (a shorter
-    client) changes nothing."""
+  def _grad_at(self, group, passes, weights, j):
+    """`Recipe.gradient_fn`'s grad_at from the functional view; records the pass."""
+    batch, rows = group[j]
+    grads, loss, data_loss, predictions = self.view.loss_and_grads(weights, batch, rows)
+    passes.append((batch, predictions, rows, data_loss))
+    return grads, loss
+
+  def _over_steps(self, step_fn, batches, mask, state, per_step: int = 1):
+    """state = step_fn(state, group) for each step of the client's padded batches,
+    group being `per_step` consecutive (batch, rows) pairs (under XLA when
+    `jit_compile`); a step with a batch without real rows (a shorter client, a
+    last incomplete group) changes nothing."""
     if self.jit_compile:
       step_fn = tf.function(step_fn, jit_compile=True)
 
     def body(s, state):
-      rows = mask[s]
-      new = step_fn(state, tf.nest.map_structure(lambda t: t[s], batches), rows)
-      active = tf.reduce_sum(rows) > 0
+      group = tuple((tf.nest.map_structure(lambda t, i=s * per_step + j: t[i], batches),
+                     mask[s * per_step + j]) for j in range(per_step))
+      new = step_fn(state, group)
+      active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
       return s + 1, tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
 
-    _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[0], body, (tf.constant(0), state))
+    _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[0] // per_step, body,
+                             (tf.constant(0), state))
     return state
 
 
@@ -323,11 +367,12 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   program = CohortProgram(view, loop, vectorized, trainable_structure,
                           jit_compile=jit_compile == 'step',
                           aggregation=aggregation)
-  stateful_clients = recipe.has_client_state
+  stateful_clients = recipe.has_client_output
   client_state_arguments = (per_client.client_state_arguments(recipe, info)
                             if stateful_clients else {})
   data_type = shard_type(info.element_type,
-                         client_state_arguments.get('client_state_structure'))
+                         client_state_arguments.get('client_state_structure')
+                         if recipe.has_client_state else None, recipe.user_accuracy)
   message_type = program_message_type(info.message_type, aggregation)
   traced = _traced(program, jit_compile == 'program', message_type, data_type)
 
@@ -336,7 +381,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
     return traced(message, shard)
 
   sums_type = shard_fn.type_signature.result
-  if stateful_clients:  # (sums, the clients' new states)
+  if stateful_clients:  # (sums, the clients' outputs)
     sums_type = sums_type[0]
   server_round = server_lib.ServerRound(
       recipe, info.costs(recipe, sums_type.weighted_delta, sums_type.weighted_extra,
@@ -370,6 +415,12 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
       next_fn, functools.partial(program_message, recipe, aggregation), program, traced,
       unfinalized, info, sums_type, steps)
   process_class = StatefulCohortProcess if stateful_clients else CohortProcess
+  if recipe.user_accuracy:
+    process_class = PersonalizedCohortProcess
+    # Evaluations take every client: per client, as TFF's evaluation runs.
+    client_state_arguments['evaluate_fn'] = per_client.evaluate_computation(
+        info, loop, per_client.client_data_type(recipe, info), state_type,
+        per_client.iterates(options))
   process = per_client.finish_process(
       initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
       execution=execution, in_process_next=in_process if execution.in_process else None,
@@ -436,6 +487,11 @@ class _CohortRounds:
   def tff_next(self) -> tff.Computation:
     return tff.templates.IterativeProcess.next.fget(self)
 
+  def batches_per_client(self, local_steps: int) -> int:
+    """What `cohort_data.client_batches` takes for K local steps: K × the
+    recipe's `batches_per_step` (K <= 0, one pass: as given)."""
+    return local_steps * self.recipe.batches_per_step if local_steps > 0 else local_steps
+
   def make_shards(self, client_batches, num_shards: Optional[int] = None) -> cohort_data.Shards:
     """Padded shards from each client's batches (`cohort_data.client_batches`)."""
     return cohort_data.shards(client_batches, num_shards or self.execution.num_shards,
@@ -460,6 +516,40 @@ class StatefulCohortProcess(_CohortRounds, stateful.StatefulClientsProcess):
   def with_client_states(self, shards: cohort_data.Shards, states) -> cohort_data.Shards:
     leaves = [[np.asarray(state[k]) for k in self.client_state_initial] for state in states]
     return cohort_data.with_client_states(shards, leaves, self._structure)
+
+  def with_client_inputs(self, shards: cohort_data.Shards, client_data) -> cohort_data.Shards:
+    """`shards` with what `client_input` gives each client besides its dataset."""
+    return self.with_client_states(shards, [stateful.flat_state(e['private'])
+                                            for e in client_data])
+
+  def missing_inputs(self, shard) -> list[str]:
+    return [] if 'client_state' in shard else ['client_state']
+
+
+class PersonalizedCohortProcess(StatefulCohortProcess, stateful.PersonalizedClientsProcess):
+  """The cohort process of a recipe whose clients measure user accuracy.
+
+  `next(state, [process.client_input(train, client_state, test=test) ...])`
+  as per client, or `next(state, process.with_client_inputs(shards, tests,
+  states))`: `tests` are the clients' test batches
+  (`cohort_data.client_batches(test, 0)`), in the order their training
+  batches were given to `make_shards`; `states` their stored states (when the
+  recipe keeps one). `evaluate_clients` runs per client.
+  """
+
+  def with_test_batches(self, shards, tests, states=None) -> cohort_data.Shards:
+    shards = cohort_data.with_test_batches(shards, tests)
+    return self.with_client_states(shards, states) if self.has_private_state else shards
+
+  def with_client_inputs(self, shards, client_data) -> cohort_data.Shards:
+    tests = [cohort_data.client_batches(e['test'], 0) for e in client_data]
+    states = ([stateful.flat_state(e['private']) for e in client_data]
+              if self.has_private_state else None)
+    return self.with_test_batches(shards, tests, states)
+
+  def missing_inputs(self, shard) -> list[str]:
+    wanted = ['test'] + (['client_state'] if self.has_private_state else [])
+    return [key for key in wanted if key not in shard]
 
 
 def is_cohort(process) -> bool:

@@ -200,6 +200,29 @@ def with_client_states(shards: Shards, states: Sequence[Sequence[Any]], structur
   return result
 
 
+def with_test_batches(shards: Shards, tests: Sequence[ClientBatches]) -> Shards:
+  """`shards`, each with its clients' test batches padded as 'test' (batches, mask).
+
+  `tests[i]`: the test batches of the cohort's i-th client (user accuracy,
+  `Recipe.user_accuracy`). Copied, as `with_client_states`.
+  """
+  held = sum(len(g) for g in getattr(shards, 'groups', []))
+  if not isinstance(shards, Shards) or held != len(tests):
+    raise ValueError(f'with_test_batches: test batches of {len(tests)} clients for shards of '
+                     f'{held} clients (shards must come from make_shards, given the clients in '
+                     'the order of the test batches)')
+  like = next((b[0] for b in tests if b), None)
+  result = Shards(groups=shards.groups)
+  for shard, group in zip(shards, shards.groups):
+    members = [list(tests[i]) for i in group]
+    if not any(members):  # no test data in the shard: one empty batch, counted as none
+      first = like if like is not None else tf.nest.map_structure(lambda a: a[0, 0],
+                                                                   shard['batches'])
+      members = [[_empty_like(first)] for _ in members]
+    result.append(collections.OrderedDict(shard, test=pad(members)))
+  return result
+
+
 def _empty_like(batch):
   return tf.nest.map_structure(lambda a: np.asarray(a)[:0], batch)
 

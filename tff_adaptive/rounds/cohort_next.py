@@ -56,8 +56,9 @@ class CohortNext:
     output = self.runs(state, shards)
     if not self._process.stateful_clients:
       return output
-    return stateful.StatefulClientsOutput(output.state, output.metrics,
-                                          _in_input_order(output.clients, shards))
+    return stateful.StatefulClientsOutput(
+        output.state, output.metrics,
+        _in_input_order(output.clients, shards, self._process.client_output))
 
   def shards(self, state, client_data):
     """`client_data` as the round's shards (shards are returned as given)."""
@@ -71,9 +72,14 @@ class CohortNext:
                       '(OrderedDict(train=dataset, private=state) for clients that keep state) '
                       f'or make_shards\' shards; got {[type(e).__name__ for e in client_data]}')
     if kinds == {'shard'}:
-      if self._process.stateful_clients and any('client_state' not in s for s in client_data):
+      missing = sorted({key for s in client_data for key in self._process.missing_inputs(s)}
+                       if self._process.stateful_clients else ())
+      if missing == ['client_state']:
         raise ValueError(f'{self._name}: its clients keep state: pass '
                          'process.with_client_states(shards, states) to next')
+      if missing:
+        raise ValueError(f'{self._name}: its shards need {" and ".join(missing)}: pass '
+                         'process.with_test_batches(shards, tests[, states]) to next')
       return client_data
     return self._from_datasets(state, client_data, kinds.pop())
 
@@ -83,14 +89,14 @@ class CohortNext:
       raise TypeError(f'{self._name}: client_data of clients that keep state is one '
                       'process.client_input(dataset, state) per client, else one tf.data.Dataset'
                       f' per client; got {kind} entries')
-    local_steps = int(np.asarray(state.client_work['local_steps']))
+    local_steps = self._process.batches_per_client(
+        int(np.asarray(state.client_work['local_steps'])))
     datasets = [e['train'] for e in client_data] if stateful_clients else client_data
     shards = self._process.make_shards(
         [cohort_data.client_batches(ds, local_steps) for ds in datasets])
     if not stateful_clients:
       return shards
-    return self._process.with_client_states(
-        shards, [stateful.flat_state(e['private']) for e in client_data])
+    return self._process.with_client_inputs(shards, client_data)
 
 
 def _kind(entry):
@@ -103,12 +109,13 @@ def _kind(entry):
   return None
 
 
-def _in_input_order(stacked_states, shards):
-  """The clients' new states (stacked per shard) as one `flat_state` per client, in
-  the order the clients were given (`Shards.order`; plain shards: shard order)."""
-  stacked = [[np.asarray(leaf) for leaf in tf.nest.flatten(s)] for s in stacked_states]
-  in_shard_order = [stateful.flat_state([leaf[j] for leaf in leaves])
-                    for leaves in stacked for j in range(len(leaves[0]))]
+def _in_input_order(stacked_outputs, shards, client_output):
+  """The clients' outputs (stacked per shard) as one `client_output(value)` per
+  client, in the order the clients were given (`Shards.order`; plain shards:
+  shard order)."""
+  stacked = [tf.nest.map_structure(np.asarray, s) for s in stacked_outputs]
+  in_shard_order = [client_output(tf.nest.map_structure(lambda leaf, j=j: leaf[j], s))
+                    for s in stacked for j in range(len(tf.nest.flatten(s)[0]))]
   order = getattr(shards, 'order', range(len(in_shard_order)))
   clients = [None] * len(in_shard_order)
   for position, index in enumerate(order):

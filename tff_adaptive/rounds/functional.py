@@ -147,6 +147,17 @@ class FunctionalView:
              for g, w in zip(grads, trainable)]
     return grads, loss, data_loss, predictions
 
+  def evaluate(self, trainable, batch, mask):
+    """(labels, predictions, loss) in inference mode on the real rows of a batch
+    (user accuracy: what `forward_pass(batch, training=False)` gives)."""
+    x, y = _inputs(batch)
+    model = self._clone_with(list(trainable))
+    predictions = tf.nest.map_structure(tf.identity, model(x, training=False))
+    scale = tf.math.divide_no_nan(tf.cast(tf.shape(mask)[0], tf.float32), tf.reduce_sum(mask))
+    loss = tf.add_n([self._loss_fn(y, predictions, sample_weight=mask) * scale] +
+                    list(model.losses))
+    return y, predictions, loss
+
   def zero_metrics(self):
     return collections.OrderedDict(
         (name, [tf.zeros(shape, dtype) for dtype, shape in variables])

@@ -13,6 +13,8 @@ per client: a `stateful.StatefulClientsProcess`.
 """
 
 import collections
+import collections.abc
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -29,24 +31,34 @@ from tff_adaptive.rounds import skeleton
 from tff_adaptive.rounds import stateful
 
 
-def _batches(dataset, steps):
-  """K > 0: exactly K batches, cycling the data; K <= 0: the dataset as given."""
+def _batches(dataset, steps, per_step: int = 1):
+  """K > 0: exactly K steps, cycling the data; K <= 0: the dataset as given.
+
+  With `per_step` > 1 (`Recipe.batches_per_step`) each element is a tuple of
+  consecutive batches, (b0, b1), (b2, b3), ...; a last incomplete tuple is
+  left out.
+  """
   steps64 = tf.cast(steps, tf.int64)
   cycle = steps64 > 0
-  return dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1)).take(
-      tf.where(cycle, steps64, -1))
+  repeated = dataset.repeat(tf.where(cycle, tf.constant(-1, tf.int64), 1))
+  if per_step > 1:
+    repeated = tf.data.Dataset.zip(tuple(repeated.shard(per_step, j) for j in range(per_step)))
+  return repeated.take(tf.where(cycle, steps64, -1))
 
 
 def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate: bool,
-                  client_state=()):
-  """One client's round on the model's variables: Δ_i, extra_i, weight, stats[, state]."""
+                  client_state=(), test=None):
+  """One client's round on the model's variables: Δ_i, extra_i, weight, stats[, state][, UA]."""
   variables = tff.learning.models.ModelWeights.from_model(model)
   tf.nest.map_structure(lambda v, t: v.assign(t), variables, message['model_weights'])
   trainable = list(tf.nest.flatten(variables.trainable))
   x_t = [tf.identity(v) for v in trainable]
   lr = message['hparams']['learning_rate']
+  ua = (user_accuracy(model, loop, x_t, lr, dataset, test, iterate)
+        if loop.recipe.user_accuracy else ())
   carry = loop.init(x_t, message['broadcast'], client_state)
-  batches = _batches(dataset, message['hparams']['local_steps'])
+  per_step = loop.recipe.batches_per_step
+  batches = _batches(dataset, message['hparams']['local_steps'], per_step)
   if loop.recipe.full_gradient:
     # Cached: a dataset that reshuffles at each iteration would otherwise give
     # the training loop other batches than the pass (TFF's Mime Lite iterates
@@ -61,11 +73,54 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
   # `dataset.reduce`): in TFF's C++ executor the reduce form costs ~3x more per
   # client (bench/results, docs/performance.md).
   for batch in (iter(batches) if iterate else batches):
-    for v, w in zip(trainable, carry['y']):
+    group = batch if per_step > 1 else (batch,)
+    for v, w in zip(trainable, loop.gradient_point(carry)):
       v.assign(w)
-    output, grads = _loss_and_grads(model, trainable, batch)
-    carry = loop.step(carry, grads, output.loss, output.num_examples, lr)
-  return loop.final(carry, x_t), variables.trainable
+    output, grads = _loss_and_grads(model, trainable, group[0])
+    num_examples = tf.cast(_num_examples(output), tf.int64)
+    for other in group[1:]:
+      num_examples += tf.shape(tf.nest.flatten(other)[0], out_type=tf.int64)[0]
+    grad_at = (functools.partial(_grad_at, model, trainable, group)
+               if loop.recipe.gradient_fn else None)
+    carry = loop.step(carry, grads, output.loss, num_examples, lr, grad_at)
+  return loop.final(carry, x_t)._replace(user_accuracy=ua), variables.trainable
+
+
+def user_accuracy(model, loop: client_lib.ClientLoop, x_t, lr, train, test, iterate: bool):
+  """UA before training (`Recipe.user_accuracy`): the personalised weights on the
+  client's test split in inference mode. Every variable is restored after it
+  (personalisation steps run in training mode and may move batch-norm
+  statistics, which the test then uses), and the model's metrics are reset:
+  these passes are not training."""
+  variables = tff.learning.models.ModelWeights.from_model(model)
+  trainable = list(tf.nest.flatten(variables.trainable))
+  every = trainable + list(tf.nest.flatten(variables.non_trainable))
+  saved = [tf.identity(v) for v in every]
+  if loop.recipe.personalize is not None:
+    for batch in train.take(1):
+      weights = loop.personalized_weights(
+          x_t, lr, functools.partial(_grad_at, model, trainable, (batch,)))
+      for v, w in zip(trainable, weights):
+        v.assign(w)
+  ua = client_lib.zero_user_accuracy()
+  for batch in (iter(test) if iterate else test):
+    output = model.forward_pass(batch, training=False)
+    labels = batch['y'] if isinstance(batch, collections.abc.Mapping) else batch[1]
+    ua = client_lib.add_user_accuracy(ua, labels, output.predictions, output.loss,
+                                      tf.ones([tf.size(labels)]))
+  for v, t in zip(every, saved):
+    v.assign(t)
+  model.reset_metrics()
+  return ua
+
+
+def _grad_at(model, trainable, group, weights, j):
+  """`Recipe.gradient_fn`'s grad_at on the model's variables (the next step
+  assigns y again): its forward pass counts in the model's metrics."""
+  for v, w in zip(trainable, weights):
+    v.assign(w)
+  output, grads = _loss_and_grads(model, trainable, group[j])
+  return grads, output.loss
 
 
 def _loss_and_grads(model, trainable, batch):
@@ -107,12 +162,50 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
       stateful_clients=shape.stateful_clients,
       measure_client_drift=options.measure_client_drift)
   next_fn = skeleton.federated_next(state_type, shape.data_type, steps)
+  if recipe.user_accuracy:
+    return finish_process(
+        initialize_fn, next_fn, state_type, info, recipe,
+        process_class=stateful.PersonalizedClientsProcess,
+        evaluate_fn=evaluate_computation(info, shape.loop, shape.data_type, state_type,
+                                         shape.iterate),
+        **client_state_arguments(recipe, info))
   if shape.stateful_clients:
     return finish_process(
         initialize_fn, next_fn, state_type, info, recipe,
         process_class=stateful.StatefulClientsProcess,
         **client_state_arguments(recipe, info))
   return finish_process(initialize_fn, next_fn, state_type, info, recipe)
+
+
+def evaluate_computation(info, loop: client_lib.ClientLoop, data_type, state_type,
+                         iterate: bool) -> tff.Computation:
+  """(state, per-client inputs) → each client's OrderedDict(ua=...), no training:
+  `PersonalizedClientsProcess.evaluate_clients` of both executions (an
+  evaluation's clients are all the clients, which no shard program needs)."""
+
+  @tff.tensorflow.computation(info.message_type, data_type)
+  def client_eval_fn(message, data):
+    model = info.client_model()
+
+    @tf.function
+    def evaluate(message, data):
+      variables = tff.learning.models.ModelWeights.from_model(model)
+      tf.nest.map_structure(lambda v, t: v.assign(t), variables, message['model_weights'])
+      x_t = [tf.identity(v) for v in tf.nest.flatten(variables.trainable)]
+      return collections.OrderedDict(ua=user_accuracy(
+          model, loop, x_t, message['hparams']['learning_rate'], data['train'], data['test'],
+          iterate))
+
+    return evaluate(message, data)
+
+  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
+  def evaluate_fn(state, client_data):
+    message = tff.federated_broadcast(tff.federated_map(
+        info.server_message_fn,
+        (state.global_model_weights, state.finalizer, state.client_work)))
+    return tff.federated_map(client_eval_fn, (message, client_data))
+
+  return evaluate_fn
 
 
 class _RoundShape:
@@ -124,15 +217,36 @@ class _RoundShape:
     self.fused_mean = options.fused_mean and metrics_aggregator is None
     self.loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe),
                                       options.measure_client_drift)
-    self.iterate = (options.loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
-                    ) == tff.learning.LoopImplementation.DATASET_ITERATOR
-    self.stateful_clients = recipe.has_client_state
-    self.data_type = tff.SequenceType(info.element_type)
-    if self.stateful_clients:
-      client_state_type = tff.tensorflow.computation(
-          lambda: recipe.init_client_state(list(info.trainable_specs))).type_signature.result
-      self.data_type = tff.StructWithPythonType(
-          [('train', self.data_type), ('private', client_state_type)], collections.OrderedDict)
+    self.iterate = iterates(options)
+    self.stateful_clients = recipe.has_client_output
+    self.data_type = client_data_type(recipe, info)
+
+  def split_data(self, data):
+    """One client's input → (training dataset, test dataset or None, state or ())."""
+    if not self.stateful_clients:
+      return data, None, ()
+    return (data['train'], data['test'] if self.recipe.user_accuracy else None,
+            data['private'] if self.recipe.has_client_state else ())
+
+
+def iterates(options: options_lib.RoundOptions) -> bool:
+  """Whether client loops iterate their datasets (TFF's DATASET_ITERATOR, the default)."""
+  return (options.loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
+          ) == tff.learning.LoopImplementation.DATASET_ITERATOR
+
+
+def client_data_type(recipe, info) -> tff.Type:
+  """A client's input: its dataset, or OrderedDict(train=[, test=][, private=])."""
+  dataset_type = tff.SequenceType(info.element_type)
+  if not recipe.has_client_output:
+    return dataset_type
+  fields = [('train', dataset_type)]
+  if recipe.user_accuracy:
+    fields.append(('test', dataset_type))
+  if recipe.has_client_state:
+    fields.append(('private', tff.tensorflow.computation(
+        lambda: recipe.init_client_state(list(info.trainable_specs))).type_signature.result))
+  return tff.StructWithPythonType(fields, collections.OrderedDict)
 
 
 def _client_round_computation(shape: _RoundShape) -> tff.Computation:
@@ -141,8 +255,9 @@ def _client_round_computation(shape: _RoundShape) -> tff.Computation:
   metrics_aggregator, stateful_clients = shape.metrics_aggregator, shape.stateful_clients
 
   def client_round(model, message, data):
-    dataset, client_state = (data['train'], data['private']) if stateful_clients else (data, ())
-    result, trainable = client_update(model, loop, message, dataset, shape.iterate, client_state)
+    dataset, test, client_state = shape.split_data(data)
+    result, trainable = client_update(model, loop, message, dataset, shape.iterate, client_state,
+                                      test)
     local_metrics = model.report_local_unfinalized_metrics()
     sums, delta = client_lib.client_sums(
         result, local_metrics if metrics_aggregator is None else (),
@@ -152,8 +267,10 @@ def _client_round_computation(shape: _RoundShape) -> tff.Computation:
     else:
       out = (delta, result.extra, result.weight, sums,
              () if metrics_aggregator is None else local_metrics)
-    # The new client state is a per-client output, never summed.
-    return out + (result.client_state,) if stateful_clients else (out[0] if fused_mean else out)
+    # The new client state (and UA) is a per-client output, never summed.
+    if stateful_clients:
+      return out + (loop.client_output(result),)
+    return out[0] if fused_mean else out
 
   @tff.tensorflow.computation(shape.info.message_type, shape.data_type)
   def client_round_fn(message, data):
@@ -217,6 +334,9 @@ def check_client_state_options(recipe, options: options_lib.RoundOptions) -> Non
 
 def client_state_arguments(recipe, info) -> dict:
   """`stateful.StatefulClientsProcess`'s client-state arguments, for both executions."""
+  if not recipe.has_client_state:  # clients that only measure UA keep nothing
+    return dict(client_state_initial=collections.OrderedDict(), client_state_structure=(),
+                name=recipe.name)
   structure = recipe.init_client_state(
       [tf.TensorSpec(s.shape, s.dtype) for s in info.trainable_specs])
   return dict(client_state_initial=stateful.flat_state(

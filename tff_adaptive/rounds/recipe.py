@@ -54,6 +54,28 @@ class Recipe:
     sum_extra: the extra upload is summed over the clients (server_update
       receives Σ_i extra_i; a non-finite client adds zeros), not averaged
       with Δ's weights.
+    batches_per_step: minibatches one local step consumes, consecutive in
+      the client's stream (Per-FedAvg's D, D'): K steps read K × this many
+      batches (cycling); one pass reads whole groups, a last incomplete
+      group is left out. The engine's g is at y on the group's first batch.
+    gradient_fn: `local_step` also takes, by keyword, `grad_at(weights, j)`
+      → (∇f(weights; the step's batch j), loss), for gradients at points
+      other than y or on the step's other batches. Each call is one more
+      forward/backward pass: its examples count in the model's metrics, as
+      every forward pass of TFF's training does.
+    gradient_at: (local, y) → where the engine's g of each step is taken
+      (pFedMe: its personalised θ); None: at y.
+    passes_per_example: forward/backward passes a step makes per trained
+      example, for the FLOP count (pFedMe: its inner steps); `full_gradient`'s
+      pass at x_t comes on top.
+    user_accuracy: before training, each client measures its personalised
+      model on its own test split (user accuracy, UA): the round's per-client
+      input is OrderedDict(train=, test=[, private=]) and each client returns
+      OrderedDict(ua=OrderedDict(correct, examples, loss_sum)[, private=its
+      new state]). The test passes are not training: they count in no metric.
+    personalize: (x_t, η, grad_at) → the personalised weights UA measures,
+      `grad_at(weights, 0)` being the gradient on the client's first training
+      batch; None: x_t (with the client's state, e.g. MTFL's patches).
   """
   name: str
   init_stats: Callable[[list], Structure]
@@ -72,16 +94,35 @@ class Recipe:
   init_client_state: Optional[Callable[[list], Structure]] = None
   client_state_update: Optional[Callable[[Structure], Structure]] = None
   sum_extra: bool = False
+  batches_per_step: int = 1
+  gradient_fn: bool = False
+  gradient_at: Optional[Callable[[Structure, list], list]] = None
+  passes_per_example: float = 1.0
+  user_accuracy: bool = False
+  personalize: Optional[Callable[..., list]] = None
 
   def __post_init__(self):
     if self.uses_first_gradient and self.full_gradient:
       raise ValueError(f'{self.name}: uses_first_gradient and full_gradient exclude each other')
     if (self.init_client_state is None) != (self.client_state_update is None):
       raise ValueError(f'{self.name}: init_client_state and client_state_update go together')
+    if self.batches_per_step < 1:
+      raise ValueError(f'{self.name}: batches_per_step must be at least 1; got '
+                       f'{self.batches_per_step}')
+    if self.batches_per_step > 1 and self.full_gradient:
+      # The pass at x_t is over single batches; a grouped step would need its own.
+      raise ValueError(f'{self.name}: full_gradient takes one batch per step')
+    if self.personalize is not None and not self.user_accuracy:
+      raise ValueError(f'{self.name}: personalize is what user_accuracy measures')
 
   @property
   def has_client_state(self) -> bool:
     return self.init_client_state is not None
+
+  @property
+  def has_client_output(self) -> bool:
+    """Clients take something back from the round (their state, their UA)."""
+    return self.has_client_state or self.user_accuracy
 
   def initial_local(self, broadcast_value, y0, client_state=()):
     """`init_local`, given the client's state when clients keep one."""

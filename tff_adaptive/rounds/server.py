@@ -30,7 +30,8 @@ class RoundCosts:
   client_state_floats: int
   optimizer_flops_per_step: float
   fb_flops_per_example: Optional[float]
-  # Forward/backward passes per trained example (2: `Recipe.full_gradient`'s pass at x_t).
+  # Forward/backward passes per trained example (`Recipe.passes_per_example`, and one
+  # more for `Recipe.full_gradient`'s pass at x_t).
   fb_passes: float = 1.0
 
   @classmethod
@@ -51,7 +52,8 @@ class RoundCosts:
                        if t.dtype in (np.float32, np.float64) and len(t.shape) >= 1)
     num_params = sum(int(np.prod(s.shape)) for s in trainable_specs)
     return cls(down, up, state_floats, recipe.optimizer_ops_per_param * num_params,
-               fb_flops_per_example, 2.0 if recipe.full_gradient else 1.0)
+               fb_flops_per_example,
+               recipe.passes_per_example + (1.0 if recipe.full_gradient else 0.0))
 
   def metrics(self, sums, measured_upload_bits):
     clients = tf.maximum(tf.cast(sums['clients'], tf.float64), 1.0)

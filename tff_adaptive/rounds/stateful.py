@@ -100,4 +100,49 @@ class StatefulClientsProcess(ClientStateProcess):
   def next(self, state, client_data) -> StatefulClientsOutput:
     output = super().next(state, client_data)
     return StatefulClientsOutput(output.state, output.metrics,
-                                 [flat_state(c) for c in output.clients])
+                                 [self.client_output(c) for c in output.clients])
+
+  def client_output(self, value):
+    """One client's output of the round as the caller keeps it (`flat_state`)."""
+    return flat_state(value)
+
+
+class PersonalizedClientsProcess(StatefulClientsProcess):
+  """The process of a recipe whose clients measure user accuracy (`Recipe.user_accuracy`).
+
+  `next(state, [process.client_input(train, client_state, test=test) ...])`:
+  per client its training and test datasets (and its stored state, when its
+  recipe keeps one); `output.clients[i]` is OrderedDict(ua=OrderedDict(correct,
+  examples, loss_sum)[, private=its new state, `flat_state` form]).
+  `evaluate_clients(state, client inputs)` measures the clients' UA with the
+  state's model, without training.
+  """
+
+  def __init__(self, *args, evaluate_fn, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._evaluate_fn = evaluate_fn
+
+  @property
+  def has_private_state(self) -> bool:
+    return bool(self.client_state_initial)
+
+  @property
+  def private_initial(self) -> collections.OrderedDict:
+    """A new client's state (`flat_state` form; empty: clients keep nothing)."""
+    return self.client_state_initial
+
+  def client_input(self, dataset, client_state=None, *, test) -> collections.OrderedDict:
+    item = collections.OrderedDict(train=dataset, test=test)
+    if self.has_private_state:
+      item['private'] = super().client_input(dataset, client_state)['private']
+    return item
+
+  def client_output(self, value):
+    output = collections.OrderedDict(ua=tf.nest.map_structure(np.asarray, value['ua']))
+    if 'private' in value:
+      output['private'] = flat_state(value['private'])
+    return output
+
+  def evaluate_clients(self, state, client_data) -> list:
+    """Each client's OrderedDict(ua=...) with the state's model, before any training."""
+    return [self.client_output(c) for c in self._evaluate_fn(state, client_data)]
