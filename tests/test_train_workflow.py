@@ -105,6 +105,9 @@ def test_every_algorithm_runs_with_only_its_name(case, run_by_name):
   assert _rounds(experiment.experiment_dir(settings)) == ['1']
   for line in DEFAULT_LINES.get(case, ()):
     assert line in err
+  if case in ('perfedavg', 'pfedme'):  # recipes of the round engine: a cohort, with UA
+    assert 'cohort_padding_waste' in row and np.isfinite(row['ua/mean'])
+    assert np.isfinite(row['ua_all/mean'])  # every client's UA, on the evaluation round
   if case == 'fedgbo':  # the run's flags as a TensorBoard HParams session, beside its scalars
     hparams = tensorboard_hparams.read_hparams(
         os.path.join(experiment.experiment_dir(settings), 'tensorboard'))
