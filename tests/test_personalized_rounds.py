@@ -202,15 +202,17 @@ def _assert_ua_close(got, want, what):
     assert l1 == pytest.approx(l2, rel=1e-5, abs=1e-6), what
 
 
-@pytest.mark.parametrize('algorithm,steps,mode,shards', [
-    ('perfedavg', 3, 'vectorized', False), ('perfedavg', 0, 'sequential', True),
-    ('pfedme', 3, 'sequential', True), ('pfedme', 0, 'vectorized', False)])
+@pytest.mark.parametrize('algorithm,steps,mode,shards,in_process', [
+    ('perfedavg', 3, 'vectorized', False, True), ('perfedavg', 0, 'sequential', True, False),
+    ('pfedme', 3, 'sequential', True, True), ('pfedme', 0, 'vectorized', False, True)])
 def test_per_client_cohort_numpy_and_the_old_engine_agree(clients, algorithm, steps, mode,
-                                                          shards):
-  """Three rounds: per client = NumPy, cohort = per client (1e-5); the old
-  engine's model, UA and training metrics equal the per-client ones."""
+                                                          shards, in_process):
+  """Three rounds: per client = NumPy, cohort = per client (1e-5; one case through
+  TFF's executor); the old engine's model, UA and training metrics equal the
+  per-client ones."""
   per_client, legacy = _process(algorithm, steps), _legacy(algorithm, steps)
-  in_cohort = _process(algorithm, steps, cohort.CohortExecution(mode=mode))
+  in_cohort = _process(algorithm, steps,
+                       cohort.CohortExecution(mode=mode, in_process=in_process))
   assert cohort.is_cohort(in_cohort) and not cohort.is_cohort(per_client)
   assert isinstance(per_client, stateful.PersonalizedClientsProcess)
   assert not per_client.has_private_state
