@@ -4,15 +4,18 @@
                         (the equations of each: docs/algorithms.md)
   skeleton.py           the round, written once: broadcast → client phase → aggregation
                         → server step → output (TFF intrinsics, or calls in process)
-  client.py             one client's round: init / step / final (+ the sums sent up)
+  client.py             one client's round: init / step / final (+ the sums sent up,
+                        and user accuracy for personalised recipes)
   server.py             the server step, costs and metrics of a round
   layout.py             the state layout (TFF's `LearningAlgorithmState`) and hparams
   model_info.py         `ModelInfo`: the model and the recipe's types a round needs
   options.py            `RoundOptions`: how a round is aggregated, measured, executed
   functional.py         a Keras-backed model as pure functions of its weights
-  stateful.py           processes whose clients keep state across rounds
+  stateful.py           processes whose clients keep state across rounds, or measure
+                        user accuracy (`PersonalizedClientsProcess`)
   per_client.py         client phase 1: each client its own TFF computation call
   cohort.py             client phase 2: the whole cohort as one compiled program
+  cohort_processes.py   the cohort processes (plain, stateful clients, personalised)
   cohort_next.py        the cohort process's `next`: client datasets or shards in,
                         the round in process or through TFF
   cohort_data.py        the cohort's client data as padded tensors, cached
