@@ -4,9 +4,12 @@ Thesis ch. 4 and docs/algorithms.md#mtfl. `PersonalizationHook` is what
 `program.run` calls when `LoopConfig.client_state` is set:
 
   before a round   `client_data`: pairs each sampled client's training
-                   dataset with its own test split and its stored private
+                   data with its own test split and its stored private
                    state (`client_state.ClientStateStore`) — the per-client
-                   input of a `personalized.PersonalizedProcess`;
+                   input of a `stateful.PersonalizedClientsProcess`
+                   (Per-FedAvg, pFedMe; as a cohort, the shards gain the
+                   clients' test batches) or of MTFL's
+                   `personalized.PersonalizedProcess`;
   after a round    `after_round`: stores the private state each client
                    returned, and reports user accuracy (UA) of the sampled
                    clients, measured by them before local training
@@ -175,7 +178,8 @@ class PersonalizationHook(ClientStateHook):
   """Per-client state and UA for `program.run` (`LoopConfig.client_state`).
 
   Args:
-    process: the personalised process (its per-client input and output).
+    process: the personalised process (`is_personalized`: its per-client
+      input and output).
     task: a task with `test_client_data` (matched per-client test splits).
     store: the private-state store; required iff the process has private
       state.
@@ -184,7 +188,7 @@ class PersonalizationHook(ClientStateHook):
       client (`ua_all/*`).
   """
 
-  def __init__(self, process: personalized.PersonalizedProcess, task: task_base.FederatedTask, *,
+  def __init__(self, process, task: task_base.FederatedTask, *,
                store: Optional[client_state.ClientStateStore] = None,
                noisy_clients: Iterable[str] = (), evaluate_all_clients: bool = True):
     if task.test_client_data is None:
