@@ -105,8 +105,11 @@ class CohortRunner:
   """A cohort process fed the padded arrays; same interface as run.Runner."""
 
   def __init__(self, process, build_s: float, arrays, data_s: float, initial_state=None,
-               background: bool = False):
+               background: bool = False, tests=None):
+    """`tests`: each client's test batches, for a process whose clients measure
+    user accuracy (`with_test_batches`)."""
     self.process = process
+    self.tests = tests
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1) if background else None
     self._next_shards = None
     self.build_s = build_s
@@ -125,11 +128,10 @@ class CohortRunner:
   def __call__(self):
     t0 = time.perf_counter()
     if self._pool is None:
-      shards = self.process.make_shards(self.arrays)
+      shards = self._shards()
     else:
-      shards = (self._next_shards.result() if self._next_shards else
-                self.process.make_shards(self.arrays))
-      self._next_shards = self._pool.submit(self.process.make_shards, self.arrays)
+      shards = self._next_shards.result() if self._next_shards else self._shards()
+      self._next_shards = self._pool.submit(self._shards)
     self.pad_times_s.append(time.perf_counter() - t0)
     out = self.process.next(self.state, shards)
     if self._next_shards is not None:
@@ -138,6 +140,10 @@ class CohortRunner:
       concurrent.futures.wait([self._next_shards])
     self.state = out.state
     return out.metrics
+
+  def _shards(self):
+    shards = self.process.make_shards(self.arrays)
+    return shards if self.tests is None else self.process.with_test_batches(shards, self.tests)
 
   def first(self):
     first_round(self)

@@ -65,6 +65,7 @@ import bench_cohort
 import machine_info
 import bench_models
 from tff_adaptive.execution import runtime
+from tff_adaptive.rounds import cohort_data
 from workflow import algorithm_builders as registry
 
 SCHEMA_VERSION = 1
@@ -80,8 +81,14 @@ ALGORITHMS = collections.OrderedDict([
     ('fedada2-sm3', ('fedada2', {'client_optimizer': 'sm3_adam'})),
     ('mimelite', ('mimelite', {'client_optimizer': 'adam'})),
     ('fedprox', ('fedprox', {})),
+    ('perfedavg', ('perfedavg', {})),
+    ('pfedme', ('pfedme', {})),
 ])
 TFF_REFERENCE = 'tff_fedavg'
+# Clients that also measure user accuracy: asked for by --algorithms only (their
+# rounds read a test split: here each client's training batches, the timing's
+# only concern), in the `python` data mode (their input is not a dataset alone).
+PERSONALISED = ('perfedavg', 'pfedme')
 
 
 # ---------------------------------------------------------------------------
@@ -224,6 +231,9 @@ class Runner:
       process = tff.simulation.compose_dataset_computation_with_learning_process(
           dataset_fn, process)
       self.client_data = setting.seeds
+    elif name in PERSONALISED:
+      inputs = [process.client_input(d, test=d) for d in setting.python_datasets()]
+      self.client_data = lambda: inputs
     else:
       datasets = setting.python_datasets()
       self.client_data = lambda: datasets
@@ -273,9 +283,14 @@ def build_cohort_runners(setting: Setting, names, executions, runners):
       if references[name] is None:
         references[name] = Runner(name, setting, 'python')
         references[name].first()
-      runner = bench_cohort.CohortRunner(process, build_s, arrays, data_s,
+      train, tests = arrays, None
+      if name in PERSONALISED:  # 2K batches for Per-FedAvg's K meta-steps; test = the K
+        train = [cohort_data.client_batches(d, process.batches_per_client(setting.steps))
+                 for d in setting.python_datasets()]
+        tests = arrays
+      runner = bench_cohort.CohortRunner(process, build_s, train, data_s,
                                          references[name].initial_state,
-                                         background=key in bench_cohort.BACKGROUND)
+                                         background=key in bench_cohort.BACKGROUND, tests=tests)
       runner.first()
     # A combination the cohort program cannot build (tf.vectorized_map of a
     # GRU) is a result of the run, not the end of it.
@@ -665,7 +680,9 @@ def main(argv=None):
   p.add_argument('--local_steps', type=int, default=10)
   p.add_argument('--batch', type=int, default=20)
   p.add_argument('--reps', type=int, default=5)
-  p.add_argument('--algorithms', default=','.join(list(ALGORITHMS) + [TFF_REFERENCE]))
+  p.add_argument('--algorithms', default=','.join(
+      [a for a in ALGORITHMS if a not in PERSONALISED] + [TFF_REFERENCE]),
+                 help=f'also: {", ".join(PERSONALISED)} (personalised; --data=python)')
   p.add_argument('--data', default='python,ids', help='client data modes: python, ids')
   p.add_argument('--cohort_executions', default=','.join(bench_cohort.EXECUTIONS),
                  help='cohort rows (bench/bench_cohort.py) for every algorithm the cohort '
