@@ -16,8 +16,8 @@ Row `<algorithm>@<execution>`, data `arrays`:
                    the same, with the next round's padding on a background thread
                    while this round trains, as bin/train's feed does
                    (`cohort_data.Prefetcher`): the round as bin/train runs it
-  cohort_vec_bg    cohort_vec with the background padding: bin/train's round for
-                   recurrent models, which `auto` vectorises unrolled (fedavg only)
+  cohort_vec_bg    cohort_vec with the background padding, as bin/train feeds
+                   rounds (fedavg only)
 
 Data: each client's K batches are read once from the bench's in-memory
 datasets into NumPy arrays (`cohort_data.client_batches`, what the workflow's

@@ -14,8 +14,9 @@
   stateful.py           processes whose clients keep state across rounds, or measure
                         user accuracy (`PersonalizedClientsProcess`)
   per_client.py         client phase 1: each client its own TFF computation call
-  cohort.py             client phase 2: the whole cohort as one compiled program
-  cohort_processes.py   the cohort processes (plain, stateful clients, personalised)
+  cohort.py             client phase 2: the whole cohort as one compiled program, and
+                        the cohort processes (plain, stateful clients, personalised)
+  cohort_program.py     that program: the clients in sequence, or vectorised step by step
   cohort_next.py        the cohort process's `next`: client datasets or shards in,
                         the round in process or through TFF
   cohort_data.py        the cohort's client data as padded tensors, cached

@@ -3,8 +3,9 @@
   next(state, client_data):      client datasets, or `cohort_data` padded shards
     shards = make_shards(each client's batches)    (datasets: cohort_next.py)
     message = (x_t, broadcast(s_t), (η, K))
-    per shard, one TF program:
-      for each client (tf.vectorized_map, or tf.map_fn in sequence):
+    per shard, one TF program (cohort_program.py; the clients in sequence with
+    tf.map_fn, or vectorised, each phase one tf.vectorized_map over the clients):
+      for each client:
         carry = loop.init(x_t, broadcast)                       client.ClientLoop
         [Recipe.full_gradient: for each step, at x_t: carry = loop.anchor(carry, g, n)]
         for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
@@ -53,8 +54,9 @@ import tensorflow_federated as tff
 
 from tff_adaptive.rounds import client as client_lib
 from tff_adaptive.rounds import cohort_aggregation
+from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import cohort_next
-from tff_adaptive.rounds import cohort_processes
+from tff_adaptive.rounds import cohort_program
 from tff_adaptive.rounds import functional
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
@@ -64,6 +66,7 @@ from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import recurrent
 from tff_adaptive.rounds import server as server_lib
 from tff_adaptive.rounds import skeleton
+from tff_adaptive.rounds import stateful
 
 MODES = ('auto', 'vectorized', 'sequential')
 JIT_COMPILE = (False, True, 'step', 'program', 'auto')
@@ -78,15 +81,17 @@ class CohortExecution:
       'sequential' (`tf.map_fn`), or 'auto': sequential for models with
       convolutions (pfor runs their gradients as while loops: slower than in
       sequence, docs/performance.md) or recurrent layers (vectorised, they run
-      unrolled, recurrent.py, whose program does not build in bounded time
-      for the Shakespeare GRU), else vectorized.
+      unrolled, recurrent.py: the Shakespeare GRU's program builds in about
+      3.5 minutes and its round was no faster than in sequence with XLA),
+      else vectorized.
     in_process: run the shard program as a `tf.function` in this process
       (single-machine simulation); False: through the current TFF context.
     num_shards: split the cohort into this many shards (e.g. one per TFF
       worker); None: by size, so that padding stays under `max_waste`.
     max_waste: see `cohort_data.group_by_size`.
     jit_compile: XLA. False: none. True or 'step': compile one client step
-      (gradient, optimiser step, metrics); it pays for recurrent models,
+      (gradient, optimiser step, metrics; for vectorised recurrent models the
+      whole cohort's step, cohort_program.py); it pays for recurrent models,
       whose steps are many small ops (a GRU step of TFF's Shakespeare task:
       3x faster per round), small feed-forward models gain nothing.
       'program': compile the whole shard program (every client's every
@@ -166,134 +171,6 @@ def shard_type(element_type, client_state=None, test: bool = False) -> tff.Type:
   return tff.StructWithPythonType(fields, collections.OrderedDict)
 
 
-class CohortProgram:
-  """The shard program: Σ over a shard's clients of their round sums (and,
-  for recipes whose clients keep state, their new states, stacked)."""
-
-  def __init__(self, view: functional.FunctionalView, loop: client_lib.ClientLoop,
-               vectorized: bool, trainable_structure, jit_compile: bool = False,
-               aggregation=None):
-    self.view = view
-    self.aggregation = aggregation or cohort_aggregation.Mean(loop.recipe.sum_extra)
-    self.loop = loop
-    self.vectorized = vectorized
-    self.jit_compile = jit_compile
-    self._trainable_structure = trainable_structure
-
-  def __call__(self, message, shard):
-    x_t = [tf.convert_to_tensor(t) for t in tf.nest.flatten(message['model_weights'].trainable)]
-    one = lambda client: self._one_client(message, x_t, client)
-    keys = ['batches', 'mask']
-    if self.loop.recipe.user_accuracy:
-      keys.append('test')
-    if self.loop.recipe.has_client_state:
-      keys.append('client_state')
-    elems = collections.OrderedDict((key, shard[key]) for key in keys)
-    if self.vectorized:
-      out = tf.vectorized_map(one, elems, fallback_to_while_loop=True)
-    else:
-      out = tf.map_fn(one, elems, fn_output_signature=self._signature(message, x_t, elems))
-    sums, states = out if self.stateful else (out, None)
-    sums = tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sums)
-    return (sums, states) if self.stateful else sums
-
-  @property
-  def stateful(self) -> bool:
-    """Its clients take back an output (`Recipe.has_client_output`)."""
-    return self.loop.recipe.has_client_output
-
-  def _signature(self, message, x_t, elems):
-    first = tf.nest.map_structure(lambda t: t[0], elems)
-    graph = tf.function(lambda c: self._one_client(message, x_t, c)).get_concrete_function(
-        tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first))
-    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
-                                 graph.structured_outputs)
-
-  def _one_client(self, message, x_t, client):
-    batches, mask = client['batches'], client['mask']
-    lr = message['hparams']['learning_rate']
-    ua = self._user_accuracy(x_t, lr, client) if self.loop.recipe.user_accuracy else ()
-    carry = self.loop.init(x_t, message['broadcast'], client.get('client_state', ()))
-    if self.loop.recipe.full_gradient:
-      carry = self._full_gradient_pass(carry, x_t, batches, mask)
-
-    def step(state, group):
-      carry, metrics = state
-      batch, rows = group[0]
-      grads, loss, data_loss, predictions = self.view.loss_and_grads(
-          self.loop.gradient_point(carry), batch, rows)
-      metrics = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
-      n = tf.add_n([tf.reduce_sum(r) for _, r in group])
-      passes = []  # `grad_at`'s forward passes, counted in the metrics after the step
-      grad_at = (functools.partial(self._grad_at, group, passes)
-                 if self.loop.recipe.gradient_fn else None)
-      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr, grad_at)
-      for args in passes:
-        metrics = self.view.add_metrics(metrics, *args)
-      return stepped, metrics
-
-    carry, metrics = self._over_steps(step, batches, mask, (carry, self.view.zero_metrics()),
-                                      self.loop.recipe.batches_per_step)
-    result = self.loop.final(carry, x_t)._replace(user_accuracy=ua)
-    sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
-                                        message.get('aggregator'))
-    return (sums, self.loop.client_output(result)) if self.stateful else sums
-
-  def _user_accuracy(self, x_t, lr, client):
-    """`Recipe.user_accuracy`: the personalised weights (from the client's first
-    training batch) on its padded test batches, in inference mode; no metrics."""
-    first = ((tf.nest.map_structure(lambda t: t[0], client['batches']), client['mask'][0]),)
-    weights = self.loop.personalized_weights(
-        x_t, lr, functools.partial(self._grad_at, first, []))
-
-    def test_batch(ua, group):
-      batch, rows = group[0]
-      labels, logits, loss = self.view.evaluate(weights, batch, rows)
-      return client_lib.add_user_accuracy(ua, labels, logits, loss, rows)
-
-    test = client['test']
-    return self._over_steps(test_batch, test['batches'], test['mask'],
-                            client_lib.zero_user_accuracy())
-
-  def _full_gradient_pass(self, carry, x_t, batches, mask):
-    """`Recipe.full_gradient`: `loop.anchor` at x_t over the steps the client
-    trains on, padded steps and rows masked as in the training loop; no metrics."""
-    y0 = tuple(x_t)
-
-    def anchor(carry, group):
-      batch, rows = group[0]
-      grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows)
-      return self.loop.anchor(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64))
-
-    return self._over_steps(anchor, batches, mask, carry)
-
-  def _grad_at(self, group, passes, weights, j):
-    """`Recipe.gradient_fn`'s grad_at from the functional view; records the pass."""
-    batch, rows = group[j]
-    grads, loss, data_loss, predictions = self.view.loss_and_grads(weights, batch, rows)
-    passes.append((batch, predictions, rows, data_loss))
-    return grads, loss
-
-  def _over_steps(self, step_fn, batches, mask, state, per_step: int = 1):
-    """state = step_fn(state, group) for each step of the client's padded batches,
-    group being `per_step` consecutive (batch, rows) pairs (under XLA when
-    `jit_compile`); a step with a batch without real rows (a shorter client, a
-    last incomplete group) changes nothing."""
-    if self.jit_compile:
-      step_fn = tf.function(step_fn, jit_compile=True)
-
-    def body(s, state):
-      group = tuple((tf.nest.map_structure(lambda t, i=s * per_step + j: t[i], batches),
-                     mask[s * per_step + j]) for j in range(per_step))
-      new = step_fn(state, group)
-      active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
-      return s + 1, tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
-
-    _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[0] // per_step, body,
-                             (tf.constant(0), state))
-    return state
-
-
 _PFOR_FALLBACK = re.compile(r'Using a while_loop for converting (\w+)|'
                             r'(Conv2DBackpropFilter) uses a while_loop')
 
@@ -331,7 +208,7 @@ def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_ste
   return 'program' if local_steps > 0 and not view.has_conv_or_rnn else False
 
 
-def _traced(program: CohortProgram, xla: bool, message_type, data_type):
+def _traced(program: cohort_program.CohortProgram, xla: bool, message_type, data_type):
   """The shard program traced once, with relaxed shapes ([None] clients, steps, rows).
 
   The TFF computation calls this graph, and in process it runs as is. Tracing the
@@ -363,7 +240,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                                branchless=vectorized)
   trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
   aggregation = cohort_aggregation.for_options(options, recipe)
-  program = CohortProgram(view, loop, vectorized, trainable_structure,
+  program = cohort_program.CohortProgram(view, loop, vectorized, trainable_structure,
                           jit_compile=jit_compile == 'step',
                           aggregation=aggregation)
   stateful_clients = recipe.has_client_output
@@ -457,8 +334,103 @@ def _message_computation(info, recipe, aggregation, aggregator_state_type) -> tf
       info.weights_type, info.stats_type, layout.HPARAMS_TYPE, aggregator_state_type)
 
 
-# The process classes (cohort_processes.py), under the names callers know them by.
-CohortProcess = cohort_processes.CohortProcess
-StatefulCohortProcess = cohort_processes.StatefulCohortProcess
-PersonalizedCohortProcess = cohort_processes.PersonalizedCohortProcess
-is_cohort = cohort_processes.is_cohort
+# The processes `build` returns: TFF learning processes whose `next` runs shard
+# programs (padded shards, `make_shards`; in-process rounds, `cohort_next.py`).
+
+class _CohortRounds:
+  """What both cohort processes add to TFF's: padded shards, in-process rounds.
+
+  `next(state, client_data)` (`cohort_next.CohortNext`) takes TFF's client
+  datasets or `make_shards`' shards; it runs the shards in process when
+  `execution.in_process`, else through the TFF computation `tff_next`, whose
+  `type_signature` it has. `recipe` is the algorithm's `Recipe` the program
+  runs, for tools that time or inspect its functions on their own.
+  """
+  stateful_clients = False
+
+  def __init__(self, *args, execution, in_process_next, vectorized: bool,
+               jit_compile, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.recipe: Optional[recipe_lib.Recipe] = None  # set by `build`
+    self.execution = execution
+    self.vectorized = vectorized
+    self.jit_compile = jit_compile  # what `execution.jit_compile` resolved to
+    self.shard_stats = cohort_data.ShardStats()
+    self._next = cohort_next.CohortNext(self, in_process_next or self.tff_next)
+
+  @property
+  def next(self) -> cohort_next.CohortNext:
+    return self._next
+
+  @property
+  def tff_next(self) -> tff.Computation:
+    return tff.templates.IterativeProcess.next.fget(self)
+
+  def batches_per_client(self, local_steps: int) -> int:
+    """What `cohort_data.client_batches` takes for K local steps: K × the
+    recipe's `batches_per_step` (K <= 0, one pass: as given)."""
+    return local_steps * self.recipe.batches_per_step if local_steps > 0 else local_steps
+
+  def make_shards(self, client_batches, num_shards: Optional[int] = None) -> cohort_data.Shards:
+    """Padded shards from each client's batches (`cohort_data.client_batches`)."""
+    return cohort_data.shards(client_batches, num_shards or self.execution.num_shards,
+                              self.execution.max_waste, self.shard_stats)
+
+
+class CohortProcess(_CohortRounds, tff.learning.templates.LearningProcess):
+  """A `LearningProcess` whose `next` takes client datasets or padded shards."""
+
+
+class StatefulCohortProcess(_CohortRounds, stateful.StatefulClientsProcess):
+  """The cohort process of a recipe whose clients keep state (SCAFFOLD's c_i).
+
+  `next(state, [process.client_input(dataset, state) for each client])`, as
+  per client, or `next(state, process.with_client_states(shards, states))`
+  with the sampled clients' stored states (`stateful.flat_state` form, in the
+  order their batches were given to `make_shards`), returns their new states
+  in `output.clients`, in that same order, as the per-client process does.
+  """
+  stateful_clients = True
+
+  def with_client_states(self, shards: cohort_data.Shards, states) -> cohort_data.Shards:
+    leaves = [[np.asarray(state[k]) for k in self.client_state_initial] for state in states]
+    return cohort_data.with_client_states(shards, leaves, self._structure)
+
+  def with_client_inputs(self, shards: cohort_data.Shards, client_data) -> cohort_data.Shards:
+    """`shards` with what `client_input` gives each client besides its dataset."""
+    return self.with_client_states(shards, [stateful.flat_state(e['private'])
+                                            for e in client_data])
+
+  def missing_inputs(self, shard) -> list[str]:
+    return [] if 'client_state' in shard else ['client_state']
+
+
+class PersonalizedCohortProcess(StatefulCohortProcess, stateful.PersonalizedClientsProcess):
+  """The cohort process of a recipe whose clients measure user accuracy.
+
+  `next(state, [process.client_input(train, client_state, test=test) ...])`
+  as per client, or `next(state, process.with_client_inputs(shards, tests,
+  states))`: `tests` are the clients' test batches
+  (`cohort_data.client_batches(test, 0)`), in the order their training
+  batches were given to `make_shards`; `states` their stored states (when the
+  recipe keeps one). `evaluate_clients` runs per client.
+  """
+
+  def with_test_batches(self, shards, tests, states=None) -> cohort_data.Shards:
+    shards = cohort_data.with_test_batches(shards, tests)
+    return self.with_client_states(shards, states) if self.has_private_state else shards
+
+  def with_client_inputs(self, shards, client_data) -> cohort_data.Shards:
+    tests = [cohort_data.client_batches(e['test'], 0) for e in client_data]
+    states = ([stateful.flat_state(e['private']) for e in client_data]
+              if self.has_private_state else None)
+    return self.with_test_batches(shards, tests, states)
+
+  def missing_inputs(self, shard) -> list[str]:
+    wanted = ['test'] + (['client_state'] if self.has_private_state else [])
+    return [key for key in wanted if key not in shard]
+
+
+def is_cohort(process) -> bool:
+  """Whether `process` runs its rounds as cohort programs (`make_shards` applies)."""
+  return isinstance(process, _CohortRounds)

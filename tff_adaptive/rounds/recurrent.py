@@ -11,11 +11,18 @@ is the layer's own cell (Keras' `GRUCell` / `LSTMCell`, the generic loop the
 layer also runs without cuDNN), so the rounds equal the per-client ones up to
 float32 summation order.
 
-Measured on the Shakespeare GRU (2 × GRU 128, 80 positions, 10 clients × B4;
-docs/performance.md): one gradient of the whole cohort took 0.30× the ten
-clients' gradients in sequence, but building the vectorised round program
-(pfor's conversion of the unrolled gradient inside the step loop) takes
-longer than 14 minutes, so `auto` does not pick it (`MAX_UNROLLED_CELLS`).
+The vectorised program runs the step loop outside and vectorises each step
+over the clients (cohort_program.py), so pfor converts the unrolled gradient
+once, outside any loop; converting it inside the client's step loop (pfor's
+`WhileV2` converter) did not finish in 14 minutes for the Shakespeare GRU.
+
+Measured on the Shakespeare GRU (2 × GRU 128, 80 positions, FedAvg, 10 clients
+× 10 steps × B4, one bench run, load 2.7-7.5; bench/results/overhead_gru_vec.json,
+docs/performance.md): the vectorised program builds in 86 s (tracing, pfor) plus
+124 s for the first round (graph optimisation), and its round takes 0.80× the
+raw loop, against 0.78× for the clients in sequence with XLA per step and 0.67×
+with XLA over the program: not faster, so `auto` does not pick it
+(`MAX_UNROLLED_CELLS`). Its updates equal the per-client ones within 1.9e-9.
 
 Unrolling needs the sequence length at build time (a static time dimension)
 and puts every position of every layer in the graph; with an unknown length
@@ -28,14 +35,13 @@ import tensorflow as tf
 
 from tff_adaptive import errors
 
-# Positions × recurrent layers that `auto` unrolls: none. One vectorised
-# gradient of the Shakespeare GRU (2 × 80 cells) is 0.30× the clients in
-# sequence, but converting the round program (the unrolled gradient inside
-# the client's step loop) did not finish in 14 minutes (pfor's
-# `WhileV2._process_body`, load 9-13; a bench build at load 8-17 ran over
-# an hour), and no smaller model was measured faster as a round. So `auto`
-# keeps recurrent cohorts in sequence (XLA per step) and
-# `mode='vectorized'` is opt-in until the build is bounded.
+# Positions × recurrent layers that `auto` unrolls: none. The vectorised
+# Shakespeare GRU (2 × 80 cells) builds in about 3.5 minutes (86 s tracing,
+# 124 s first round, load 3-7) and its round is 0.80× the raw loop, no faster
+# than in sequence with XLA per step (0.78×, the `auto` path) or over the
+# program (0.67×), in the same bench run; no smaller model was measured faster
+# as a round. So `auto` keeps recurrent cohorts in sequence and
+# `mode='vectorized'` is opt-in.
 MAX_UNROLLED_CELLS = 0
 # `CohortExecution(jit_compile='auto')` for vectorised recurrent cohorts.
 AUTO_JIT_COMPILE = False

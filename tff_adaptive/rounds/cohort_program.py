@@ -1,0 +1,257 @@
+"""The cohort's shard program: Σ over a shard's clients of their round sums.
+
+In sequence (`tf.map_fn`), and vectorised for feed-forward models (one
+`tf.vectorized_map` of the whole function, pfor converting its step loop),
+each client's round runs whole:
+
+  for each client:
+    carry = loop.init(x_t, broadcast[, c_i])                    client.ClientLoop
+    [Recipe.full_gradient: for each step, at x_t: carry = loop.anchor(carry, g, n)]
+    for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
+                                   carry = loop.step(carry, g, loss, n, η)
+    result = loop.final(carry, x_t)
+  Σ over clients of client_sums(result)
+
+Vectorised for recurrent models (`steps_outside`), the same functions run
+with the nesting swapped: the steps are the
+outer loop and each phase is one `tf.vectorized_map` over the clients,
+
+  carries = vectorized_map(loop.init)                    (the clients' states stacked)
+  [full gradient: while step < S: carries = vectorized_map(anchor at x_t, step s)]
+  while step < S:  carries = vectorized_map(loss_and_grads, loop.step, metrics; step s)
+  sums = vectorized_map(loop.final, client_sums)
+
+so that pfor never converts a `while_loop`. Converting the client's step loop
+as a whole (pfor's `WhileV2` converter, which converts the loop body again
+inside a new while loop) did not finish in 14 minutes for the Shakespeare GRU
+unrolled over its 80 positions (docs/performance.md); converting one step's
+body, outside any loop, is the conversion pfor does for one cohort gradient.
+
+Either way a step without real rows (a client shorter than the shard's
+longest) changes nothing of its client's carry, and the arithmetic per client
+is the same, so the two executions give the same round.
+"""
+
+import collections
+import functools
+
+import tensorflow as tf
+
+from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.rounds import cohort_aggregation
+from tff_adaptive.rounds import functional
+
+
+class CohortProgram:
+  """The shard program: Σ over a shard's clients of their round sums (and,
+  for recipes whose clients take back an output, those outputs, stacked)."""
+
+  def __init__(self, view: functional.FunctionalView, loop: client_lib.ClientLoop,
+               vectorized: bool, trainable_structure, jit_compile: bool = False,
+               aggregation=None):
+    self.view = view
+    self.aggregation = aggregation or cohort_aggregation.Mean(loop.recipe.sum_extra)
+    self.loop = loop
+    self.vectorized = vectorized
+    self.jit_compile = jit_compile
+    self._trainable_structure = trainable_structure
+
+  @property
+  def stateful(self) -> bool:
+    """Its clients take back an output (`Recipe.has_client_output`)."""
+    return self.loop.recipe.has_client_output
+
+  def __call__(self, message, shard):
+    x_t = [tf.convert_to_tensor(t) for t in tf.nest.flatten(message['model_weights'].trainable)]
+    if self.vectorized and steps_outside(self.view):
+      out = self._clients_in_parallel(message, x_t, shard)
+    elif self.vectorized:
+      out = tf.vectorized_map(lambda client: self._one_client(message, x_t, client),
+                              self._client_elems(shard), fallback_to_while_loop=True)
+    else:
+      out = self._clients_in_sequence(message, x_t, shard)
+    sums, states = out if self.stateful else (out, None)
+    sums = tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sums)
+    return (sums, states) if self.stateful else sums
+
+  def _client_elems(self, shard):
+    keys = ['batches', 'mask']
+    if self.loop.recipe.user_accuracy:
+      keys.append('test')
+    if self.loop.recipe.has_client_state:
+      keys.append('client_state')
+    return collections.OrderedDict((key, shard[key]) for key in keys)
+
+  # The phases of one client's round, shared by both nestings.
+
+  def _init(self, message, x_t, client_state=()):
+    carry = self.loop.init(x_t, message['broadcast'], client_state)
+    return carry, self.view.zero_metrics()
+
+  def _anchor_step(self, x_t):
+    """One batch of `Recipe.full_gradient`'s pass at x_t: `loop.anchor`; no metrics."""
+    y0 = tuple(x_t)
+
+    def anchor(state, group):
+      carry, metrics = state
+      batch, rows = group[0]
+      grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows)
+      return self.loop.anchor(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64)), metrics
+
+    return anchor
+
+  def _train_step(self, message):
+    lr = message['hparams']['learning_rate']
+
+    def step(state, group):
+      carry, metrics = state
+      batch, rows = group[0]
+      grads, loss, data_loss, predictions = self.view.loss_and_grads(
+          self.loop.gradient_point(carry), batch, rows)
+      metrics = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
+      n = tf.add_n([tf.reduce_sum(r) for _, r in group])
+      passes = []  # `grad_at`'s forward passes, counted in the metrics after the step
+      grad_at = (functools.partial(self._grad_at, group, passes)
+                 if self.loop.recipe.gradient_fn else None)
+      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr, grad_at)
+      for args in passes:
+        metrics = self.view.add_metrics(metrics, *args)
+      return stepped, metrics
+
+    return step
+
+  def _final(self, message, x_t, state, ua=()):
+    carry, metrics = state
+    result = self.loop.final(carry, x_t)._replace(user_accuracy=ua)
+    sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
+                                        message.get('aggregator'))
+    return (sums, self.loop.client_output(result)) if self.stateful else sums
+
+  def _grad_at(self, group, passes, weights, j):
+    """`Recipe.gradient_fn`'s grad_at from the functional view; records the pass."""
+    batch, rows = group[j]
+    grads, loss, data_loss, predictions = self.view.loss_and_grads(weights, batch, rows)
+    passes.append((batch, predictions, rows, data_loss))
+    return grads, loss
+
+  def _user_accuracy(self, x_t, lr, client):
+    """`Recipe.user_accuracy`: the personalised weights (from the client's first
+    training batch) on its padded test batches, in inference mode; no metrics."""
+    first = ((tf.nest.map_structure(lambda t: t[0], client['batches']), client['mask'][0]),)
+    weights = self.loop.personalized_weights(
+        x_t, lr, functools.partial(self._grad_at, first, []))
+
+    def test_batch(ua, group):
+      batch, rows = group[0]
+      labels, logits, loss = self.view.evaluate(weights, batch, rows)
+      return client_lib.add_user_accuracy(ua, labels, logits, loss, rows)
+
+    test = client['test']
+    return self._over_steps(test_batch, test['batches'], test['mask'],
+                            client_lib.zero_user_accuracy())
+
+  # Each client's whole round: in sequence (map_fn), or vectorised whole.
+
+  def _clients_in_sequence(self, message, x_t, shard):
+    one = lambda client: self._one_client(message, x_t, client)
+    elems = self._client_elems(shard)
+    return tf.map_fn(one, elems, fn_output_signature=self._signature(message, x_t, elems))
+
+  def _signature(self, message, x_t, elems):
+    first = tf.nest.map_structure(lambda t: t[0], elems)
+    graph = tf.function(lambda c: self._one_client(message, x_t, c)).get_concrete_function(
+        tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first))
+    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                                 graph.structured_outputs)
+
+  def _one_client(self, message, x_t, client):
+    batches, mask = client['batches'], client['mask']
+    lr = message['hparams']['learning_rate']
+    ua = self._user_accuracy(x_t, lr, client) if self.loop.recipe.user_accuracy else ()
+    state = self._init(message, x_t, client.get('client_state', ()))
+    if self.loop.recipe.full_gradient:
+      state = self._over_steps(self._anchor_step(x_t), batches, mask, state)
+    state = self._over_steps(self._train_step(message), batches, mask, state,
+                             self.loop.recipe.batches_per_step)
+    return self._final(message, x_t, state, ua)
+
+  # Vectorised with the steps outside: each phase one vectorized_map over the clients.
+
+  def _clients_in_parallel(self, message, x_t, shard):
+    if self.loop.recipe.user_accuracy:
+      # Its evaluation loop over the test batches would be the while loop
+      # inside vectorized_map that this nesting exists to avoid.
+      raise ValueError(f"CohortExecution: {self.loop.recipe.name} measures user accuracy, which "
+                       "the vectorised recurrent cohort does not run; use mode='sequential'")
+    batches, mask = shard['batches'], shard['mask']
+    if self.loop.recipe.has_client_state:
+      state = _over_clients(lambda c: self._init(message, x_t, c), (shard['client_state'],))
+    else:
+      # The same start for every client, computed once and repeated: a
+      # vectorized_map whose outputs ignore the client leaves pfor's index
+      # placeholder in the graph, which XLA refuses (jit_compile='program').
+      clients = tf.shape(mask)[0]
+      state = tf.nest.map_structure(lambda t: tf.repeat(t[tf.newaxis], clients, axis=0),
+                                    self._init(message, x_t))
+    if self.loop.recipe.full_gradient:
+      state = self._over_steps(self._anchor_step(x_t), batches, mask, state, clients_axis=True)
+    state = self._over_steps(self._train_step(message), batches, mask, state,
+                             self.loop.recipe.batches_per_step, clients_axis=True)
+    return _over_clients(lambda *s: self._final(message, x_t, s), state)
+
+  def _over_steps(self, step_fn, batches, mask, state, per_step: int = 1, clients_axis=False):
+    """state = step_fn(state, group) for each step of the padded batches, group
+    being `per_step` consecutive (batch, rows) pairs (under XLA when
+    `jit_compile`); a client's step with a batch without real rows (a shorter
+    client, a last incomplete group) changes nothing of its state.
+    `clients_axis`: batches, mask and state have a leading clients dimension,
+    and each step is one `tf.vectorized_map` of step_fn over them."""
+    if self.jit_compile and not clients_axis:
+      step_fn = tf.function(step_fn, jit_compile=True)
+
+    def masked(state, group):
+      new = step_fn(state, group)
+      active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
+      return tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
+
+    step, axis = masked, 0
+    if clients_axis:  # XLA compiles the whole cohort's step
+      step = lambda state, group: _over_clients(masked, (state, group))
+      step = tf.function(step, jit_compile=True) if self.jit_compile else step
+      axis = 1
+
+    def body(s, state):
+      at = lambda i: lambda t: tf.gather(t, i, axis=axis)
+      group = tuple((tf.nest.map_structure(at(s * per_step + j), batches),
+                     at(s * per_step + j)(mask)) for j in range(per_step))
+      return s + 1, _like(state, step(state, group))
+
+    _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[axis] // per_step, body,
+                             (tf.constant(0), state))
+    return state
+
+
+def steps_outside(view: functional.FunctionalView) -> bool:
+  """Whether the vectorised program runs the step loop outside (recurrent
+  models) or vectorises each client's whole round, its step loop inside (the
+  others). Feed-forward models build either way in seconds, and on the digits
+  MLP (50 clients x 10 steps, XLA over the program) the steps outside took
+  1.03-1.11x the round of the clients outside in three interleaved runs
+  (bench/cohort_nesting.py), so they keep the nesting pfor converts whole."""
+  return view.has_rnn
+
+
+def _over_clients(fn, elems):
+  """fn(*client's elems) for every client, vectorised (`tf.vectorized_map`);
+  ops without a vectorising converter run client by client in a loop."""
+  return tf.vectorized_map(lambda args: fn(*args), elems, fallback_to_while_loop=True)
+
+
+def _like(old, new):
+  """`new` with `old`'s static shapes: pfor's outputs may know less of a
+  shape than the loop state it replaces, which `tf.while_loop` refuses."""
+  def restore(o, n):
+    n.set_shape(o.shape)
+    return n
+
+  return tf.nest.map_structure(restore, old, new)
