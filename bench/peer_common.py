@@ -105,6 +105,7 @@ class SettingData:
   """A setting's file: `setting`, `x`, `y` ([clients, K·B, ...]) and `weights`."""
 
   def __init__(self, path: str):
+    self.path = path
     with np.load(path) as f:
       meta = json.loads(str(f['meta']))
       self.name = meta.pop('name')

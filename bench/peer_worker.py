@@ -35,9 +35,10 @@ ENGINES = {
     'tff_fedavg': ('peer_ours', 'TffFedAvg'),
     'pfl_fedavg': ('peer_pfl', 'PflFedAvg'),
     'fedjax_fedavg': ('peer_fedjax', 'FedjaxFedAvg'),
+    'flower_fedavg': ('peer_flower', 'FlowerFedAvg'),
 }
 VERSION_MODULES = ('numpy', 'tensorflow', 'keras', 'tf_keras', 'tensorflow_federated', 'pfl',
-                   'jax', 'haiku', 'fedjax')
+                   'jax', 'haiku', 'fedjax', 'flwr', 'ray')
 
 
 # module → its distribution's name, where they differ
