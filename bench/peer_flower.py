@@ -96,7 +96,7 @@ class FlowerFedAvg:
     import flwr, ray  # pylint: disable=g-import-not-at-top,multiple-imports
     self.notes = (f'flwr.simulation.run_simulation (Ray {ray.__version__} backend), '
                   f'flwr.serverapp.strategy.FedAvg, flwr {flwr.__version__}, '
-                  f'Keras {tf.keras.__version__}')
+                  f"Keras {getattr(tf.keras, '__version__', 'tf_keras')}")
 
   def run(self, rounds: int):
     clients = self.data.setting.clients

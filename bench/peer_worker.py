@@ -5,7 +5,8 @@
 
 Run by bench/peers.py with the python of the engine's environment: `ours_auto`,
 `ours_per_client`, `tff_fedavg` and `raw` in the package's (TF 2.14);
-`pfl_fedavg` and `raw` in pfl-research's. The result (JSON) has every round's
+`pfl_fedavg` and `raw` in pfl-research's; `fedjax_fedavg` in FedJAX's;
+`flower_fedavg` and `raw` in Flower's. The result (JSON) has every round's
 seconds (the first ones are the warm-up: tracing, compilation), the build
 seconds, the loss of the final global weights on all clients' examples
 (`peer_common.loss_of`), the engine's versions, and the final weights in an

@@ -1,4 +1,4 @@
-"""Peers side by side: the same FedAvg rounds in pfl-research, TFF and the package.
+"""Peers side by side: the same FedAvg rounds in pfl-research, FedJAX, Flower, TFF and ours.
 
   make bench-peers                       # = nice -n 10 .venv/bin/python bench/peers.py
   .venv/bin/python bench/peers.py --settings=mlp_50x10 --reps=1
@@ -15,11 +15,15 @@ alike):
   ours_per_client  the same with --execution=per_client
   tff_fedavg       TFF's tff.learning.algorithms.build_weighted_fed_avg
   pfl_fedavg       pfl-research's FederatedAveraging on its SimulatedBackend
+  fedjax_fedavg    FedJAX's fed_avg with the models in Haiku
+  flower_fedavg    Flower's FedAvg strategy in its Simulation Runtime (Ray), the clients
+                   running the raw loop's client body (peer_flower.py)
   raw_main         the raw FedAvg loop (peer_common.RawLoop) in the package's environment
   raw_pfl          the same loop in pfl-research's environment
+  raw_flower       the same loop in Flower's environment
 
-pfl-research needs TensorFlow >= 2.16, the package TF 2.14: each peer has its
-own virtual environment under bench/peer_envs/ (gitignored), created and
+pfl-research needs TensorFlow >= 2.16 and Flower protobuf >= 5, the package TF
+2.14 (protobuf < 5): each peer has its own virtual environment under bench/peer_envs/ (gitignored), created and
 installed here on first use (`PEER_ENVS`; pip, from the package index).
 pfl 0.6.0's TFModel keys the model's variables by `variable.name`, which
 Keras 3 does not make unique ('kernel', 'bias' for every layer): with Keras 3
@@ -43,6 +47,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,12 +81,22 @@ PEER_ENVS = collections.OrderedDict([
                     env={},
                     probe=('import jax, fedjax, haiku; from fedjax.algorithms import fed_avg; '
                            'jax.tree_map'))),
+    # flwr 1.42 needs protobuf >= 5, which TF 2.14 does not take: TF 2.21 with tf_keras,
+    # as in pfl-research's environment, so the two TF 2.21 peers run the same Keras.
+    # Telemetry and Ray's usage stats off: they would report over the network.
+    ('flower', dict(requirements=['flwr[simulation]==1.42.0', 'tensorflow==2.21.0',
+                                  'tf-keras==2.21.0'],
+                    env={'TF_USE_LEGACY_KERAS': '1', 'FLWR_TELEMETRY_ENABLED': '0',
+                         'RAY_USAGE_STATS_ENABLED': '0'},
+                    probe=('import flwr, ray, tf_keras; from flwr.simulation import run_simulation; '
+                           "assert flwr.__version__ == '1.42.0', flwr.__version__"))),
 ])
 # (row, environment, engine of peer_worker.py), in the order of the first repetition.
 ROWS = [('ours_auto', 'main', 'ours_auto'), ('pfl_fedavg', 'pfl', 'pfl_fedavg'),
         ('ours_per_client', 'main', 'ours_per_client'), ('raw_pfl', 'pfl', 'raw'),
         ('tff_fedavg', 'main', 'tff_fedavg'), ('fedjax_fedavg', 'fedjax', 'fedjax_fedavg'),
-        ('raw_main', 'main', 'raw')]
+        ('raw_main', 'main', 'raw'), ('flower_fedavg', 'flower', 'flower_fedavg'),
+        ('raw_flower', 'flower', 'raw')]
 # Rows only some settings have: the recurrent model's clients in sequence beside
 # bin/train's default, which vectorises them since the recurrent cohort change.
 SETTING_ROWS = {'gru_10x10': [('ours_sequential', 'main', 'ours_sequential')]}
@@ -162,12 +177,16 @@ def committed_source(commit: str, dest_root: str) -> str:
 def run_worker(python: str, engine: str, args: list, log_path: str, extra_env, timeout: float):
   """(result dict or None, error line or None) of one peer_worker.py process."""
   with open(log_path, 'w') as log:
+    # Its own process group: a worker that times out is killed with the processes it
+    # started (Flower's Ray head and actors), which would otherwise outlive it.
+    worker = subprocess.Popen([python, WORKER, f'--engine={engine}', *args], stdout=log,
+                              stderr=subprocess.STDOUT, env=_child_env(extra_env), cwd=ROOT,
+                              start_new_session=True)
     try:
-      done = subprocess.run([python, WORKER, f'--engine={engine}', *args], stdout=log,
-                            stderr=subprocess.STDOUT, env=_child_env(extra_env), timeout=timeout,
-                            cwd=ROOT, check=False)
-      code = done.returncode
+      code = worker.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+      os.killpg(worker.pid, signal.SIGKILL)
+      worker.wait()
       return None, (f'killed after {timeout:.0f} s without a result (a worker writes it after '
                     'its last round)')
   if code == 0:

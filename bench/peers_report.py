@@ -13,8 +13,8 @@ COLUMNS = [('ours_auto', 'ours: bin/train default (cohort, auto)'),
            ('ours_sequential', 'ours: --cohort_mode=sequential'),
            ('ours_per_client', 'ours: per client'), ('tff_fedavg', "TFF's FedAvg"),
            ('pfl_fedavg', "pfl-research's FedAvg"), ('fedjax_fedavg', "FedJAX's FedAvg"),
-           ('raw_main', 'raw loop (TF 2.14)'),
-           ('raw_pfl', 'raw loop (pfl env)')]
+           ('flower_fedavg', "Flower's FedAvg"), ('raw_main', 'raw loop (TF 2.14)'),
+           ('raw_pfl', 'raw loop (pfl env)'), ('raw_flower', 'raw loop (Flower env)')]
 BEGIN, END = '<!-- bench/peers.py: begin -->', '<!-- bench/peers.py: end -->'
 
 

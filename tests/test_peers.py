@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -42,6 +43,8 @@ def test_dry_run_writes_json_and_section_without_peer_envs(tmp_path):
   assert np.isfinite(raw['round_s']) and raw['versions']['tensorflow'].startswith('2.14')
   assert mlp['pfl_fedavg']['error'] == 'dry run: no peer environment'
   assert mlp['fedjax_fedavg']['error'] == 'dry run: no peer environment'
+  assert mlp['flower_fedavg']['error'] == mlp['raw_flower']['error'] == (
+      'dry run: no peer environment')
   section = (tmp_path / 'peers_section.md').read_text()
   assert peers.BEGIN in section and '**dry run**' in section
   # ours_sequential is a row of the recurrent setting only: '–' elsewhere
@@ -94,3 +97,29 @@ def test_update_keeps_other_settings_and_rows_not_rerun(tmp_path):
   gru = merged['settings']['gru_10x10']
   assert gru['date'] == 'now' and gru['rows']['pfl_fedavg']['round_s'] == 2
   assert gru['rows']['ours_auto'] == {'error': 'timeout', 'from_run': 'then', 'from_commit': None}
+
+
+def test_a_timed_out_worker_is_killed_with_the_processes_it_started(tmp_path, monkeypatch):
+  # Flower's worker starts Ray's head and actors; a timeout must not leave them running.
+  child_pid = tmp_path / 'child.pid'
+  worker = tmp_path / 'worker.py'
+  worker.write_text(
+      'import subprocess, sys, time\n'
+      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+      f'open({str(child_pid)!r}, "w").write(str(child.pid))\n'
+      'time.sleep(120)\n')
+  monkeypatch.setattr(peers, 'WORKER', str(worker))
+  _, error = peers.run_worker(sys.executable, 'raw', [], str(tmp_path / 'log'), {}, timeout=5)
+  assert error.startswith('killed after 5 s')
+  pid = int(child_pid.read_text())
+  for _ in range(50):  # the orphan is reaped by init a moment after the kill
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      break
+    with open(f'/proc/{pid}/stat') as f:
+      if f.read().split(')')[-1].split()[0] == 'Z':
+        break
+    time.sleep(0.1)
+  else:
+    raise AssertionError(f'the worker\'s child {pid} outlived the timeout')
