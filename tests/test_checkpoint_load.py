@@ -8,7 +8,6 @@ import pytest
 import tensorflow_federated as tff
 
 from workflow import run_files
-from tff_adaptive.execution import runtime  # pylint: disable=unused-import  (disarms TFF's noisy exit handler)
 
 
 def _save(tmp_path, value):

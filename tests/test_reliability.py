@@ -148,7 +148,7 @@ BAD_VALUES = [
     (dict(total_rounds=0), '--total_rounds', '>= 1'),
     (dict(rounds_per_checkpoint=-2), '--rounds_per_checkpoint', '>= 1'),
     (dict(num_clients=-1), '--num_clients', '>= 0'),
-    (dict(noisy_client_fraction=1.5), '--noisy_client_fraction', '[0, 1]'),
+    (dict(noisy_client_fraction=1.5), '--noisy_client_fraction', '[0, 1)'),
     (dict(sparsity=float('nan')), '--sparsity', 'finite'),
     (dict(divergence_factor=0.5), '--divergence_factor', 'above 1'),
     (dict(divergence_rounds=0), '--divergence_rounds', '>= 1'),

@@ -30,7 +30,7 @@ from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import learning_rate
 from tff_adaptive.schedules import local_steps
 from tff_adaptive.schedules import quadratic_toy
-from tff_adaptive.execution import runtime  # disarms TFF's noisy exit handlers
+from tff_adaptive.execution import runtime
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -106,6 +106,32 @@ def test_a_signal_a_c_call_reported_as_another_error_still_stops_the_run(tmp_pat
   assert 'Traceback' not in output and 'SystemError' not in output
 
 
+def test_an_error_with_no_trace_of_the_signal_after_it_still_stops_the_run(tmp_path, monkeypatch):
+  """Ctrl-C inside TensorFlow's C code once came back as a TypeError with no cause
+  or context ("Expected `context` argument in EagerTensor constructor ...", in a
+  TensorBoard summary write): the delivered signal decides. The same error with
+  no signal delivered in this run is an ordinary failure."""
+  program_errors = []
+
+  def fails(settings, status, notes=()):
+    del settings, status, notes
+    if program_errors:  # the second run: no signal
+      raise TypeError('Expected `context` argument in EagerTensor constructor')
+    program_errors.append(1)
+    try:
+      cli._raise_interrupted(signal.SIGINT, None)  # what the installed handler does
+    except KeyboardInterrupt:
+      pass  # swallowed by C code, which raises its own error outside this handler
+    raise TypeError('Expected `context` argument in EagerTensor constructor')
+
+  monkeypatch.setattr(cli, '_run_training', fails)
+  code, output = train_config.train([*SMALL, f'--root_output_dir={tmp_path}'])
+  assert code == 130, output[-2000:]
+  assert [l for l in output.splitlines() if l.strip()][0].startswith('SIGINT: stopped'), output
+  with pytest.raises(TypeError):
+    cli.run_training(*cli.config_from_args([*SMALL, f'--root_output_dir={tmp_path}/b']))
+
+
 @pytest.mark.parametrize('algorithm', ['fedadam', 'fedgbo', 'scaffold'])
 def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
   args = [*SMALL, '--total_rounds=8', f'--algorithm={algorithm}', '--client_learning_rate=0.05',

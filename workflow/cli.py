@@ -164,9 +164,17 @@ def _dp_metrics_fn(settings: config.Settings, task):
       'dp/epsilon': privacy.epsilon(sigma, rate, round_num, delta), 'dp/delta': delta}
 
 
+# The signals delivered since `install_signal_handlers`: a handler's Interrupted
+# raised inside TensorFlow's C code can come back as an unrelated error with no
+# cause or context (a TypeError from an EagerTensor constructor, seen when
+# Ctrl-C landed in a TensorBoard summary write), so the run also asks this.
+_received: list = []
+
+
 def _raise_interrupted(signum, frame):
   del frame
   from workflow import program  # pylint: disable=g-import-not-at-top
+  _received.append(signum)
   raise program.Interrupted(signum)
 
 
@@ -184,6 +192,7 @@ def install_signal_handlers() -> dict:
   if threading.current_thread() is not threading.main_thread():
     return {}
   previous = {s: signal.getsignal(s) for s in _SIGNALS}
+  _received.clear()
   for s in _SIGNALS:
     signal.signal(s, _raise_interrupted)
   return previous
@@ -244,10 +253,11 @@ def run_training(settings: config.Settings, notes=()):
     raise _stopped(signal.SIGINT, state['out'], state['progress']) from None
   except Exception as e:  # pylint: disable=broad-except
     signalled = program.interruption_of(e)
-    if signalled is None:
+    signum = signalled.signum if signalled is not None else (_received[0] if _received else None)
+    if signum is None:
       raise
     stopped = True  # the signal, reported by a C call as another error: a stop all the same
-    raise _stopped(signalled.signum, state['out'], state['progress']) from None
+    raise _stopped(signum, state['out'], state['progress']) from None
   finally:
     if state['out'] is not None:
       experiment.unlock_run_dir(state['out'])
