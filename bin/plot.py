@@ -21,7 +21,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime
 from workflow import cli
-from workflow import errors
 from workflow import plotting
 
 flags.DEFINE_list('runs', [], 'Experiment directories or metrics CSV files.')
@@ -46,13 +45,5 @@ def main(argv):
   print(path)
 
 
-def _parse_flags(argv):
-  try:
-    return cli.parse_flags(argv, FLAGS)
-  except errors.UsageError as e:  # a bad value, a flagfile that includes itself
-    print(f'plot: error: {e}', file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=cli.flags_parser('plot'))

@@ -33,7 +33,6 @@ if any(a.startswith('--reproduction') for a in sys.argv[1:]):
   import tensorflow as tf
 from tff_adaptive.execution import runtime
 from workflow import cli
-from workflow import errors
 from workflow import report
 from workflow import selection
 from workflow import sweep
@@ -98,12 +97,5 @@ def main(argv):
   print(FLAGS.out)
 
 
-def _parse_flags(argv):
-  try:
-    return cli.parse_flags(argv, FLAGS)
-  except errors.UsageError as e:  # a bad value, a flagfile that includes itself
-    _fail(str(e))
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=cli.flags_parser('report'))

@@ -27,7 +27,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ log only when ask
 # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime
 from workflow import cli
-from workflow import errors
 from workflow import selection
 from workflow import sweep
 from workflow import sweep_runner
@@ -100,12 +99,5 @@ def main(argv):
     sys.exit(1)
 
 
-def _parse_flags(argv):
-  try:
-    return cli.parse_flags(argv, FLAGS)
-  except errors.UsageError as e:  # a bad value, a --flagfile that is not text
-    _fail(str(e))
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=cli.flags_parser('sweep'))

@@ -53,6 +53,20 @@ def parse_flags(argv, flag_values: flags.FlagValues = flags.FLAGS):
                             f'{e.start} is not UTF-8)') from None
 
 
+def flags_parser(program: str, flag_values: flags.FlagValues = flags.FLAGS):
+  """absl's `app.run(main, flags_parser=...)` for a binary other than bin/train:
+  `parse_flags`, a refusal printed as `<program>: error: ...`, exit 2."""
+
+  def parse(argv):
+    try:
+      return parse_flags(argv, flag_values)
+    except errors.UsageError as e:  # a bad value, a flagfile that is not text or includes itself
+      print(f'{program}: error: {e}', file=sys.stderr)
+      sys.exit(2)
+
+  return parse
+
+
 def resolve_flags(flag_values: flags.FlagValues) -> tuple[config.Settings, list[str]]:
   """The settings of parsed bin/train flags: --preset, then the algorithm's defaults.
 
