@@ -135,6 +135,11 @@ def flag(args: Sequence[str], name: str) -> str:
   return next(a.split('=', 1)[1] for a in args if a.startswith(f'--{name}='))
 
 
+def build_dir(runs_dir: str, train_fraction: float) -> str:
+  """Where a report keeps its Shakespeare build of one split: data90 for 90/10."""
+  return os.path.join(runs_dir, f'data{round(100 * train_fraction)}')
+
+
 def run_dir(args: Sequence[str]) -> str:
   return os.path.join(flag(args, 'root_output_dir'), flag(args, 'experiment_name'))
 

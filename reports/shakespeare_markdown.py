@@ -84,7 +84,7 @@ def _time_lines(runs_dir, data_dir, grid):
   seeds = [sf.fedopt_job(runs_dir, data_dir, name, value, seed)
            for name, value in chosen.items() for seed in sf.FEDOPT_SEEDS[1:]]
   parts = {'fedopt': list(grid.values()) + seeds, **{
-      part: list(jobs.values()) for part, jobs in sc.jobs(runs_dir, data_dir).items()}}
+      part: list(jobs.values()) for part, jobs in sc.jobs(runs_dir).items()}}
   planned = (sum(len(values) for *_, values in sf.FEDOPT_METHODS.values()) +
              len(sf.FEDOPT_METHODS) * (len(sf.FEDOPT_SEEDS) - 1) +
              sum(len(jobs) for part, jobs in parts.items() if part != 'fedopt'))
@@ -334,7 +334,7 @@ def _decayk_section(part_jobs):
 def write(out, runs_dir, data_dir, grid, statuses):
   del statuses  # the markdown reads what is on disk
   os.makedirs(st.FIGURES, exist_ok=True)
-  curves = sc.jobs(runs_dir, data_dir)
+  curves = sc.jobs(runs_dir)
   lines = [
       '# Shakespeare experiments', '',
       'Regenerate: `bash reports/make_shakespeare.sh` (runs go to `reports/shakespeare_runs`, '

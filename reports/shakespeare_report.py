@@ -46,7 +46,9 @@ import shakespeare_markdown  # pylint: disable=g-import-not-at-top
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   # Inside reports/: each finished run's metrics.csv and flags.json are committed
-  # (reports/shakespeare_runs/.gitignore), checkpoints and data are not.
+  # (reports/shakespeare_runs/.gitignore), checkpoints and data are not. The data
+  # are built with an explicit split (data90: 90/10), so a change of the build's
+  # default cannot change what a resumed run reads.
   parser.add_argument('--runs_dir', default=os.path.join(rr.ROOT, 'reports', 'shakespeare_runs'))
   parser.add_argument('--out', default=os.path.join(rr.ROOT, 'reports', 'shakespeare.md'))
   parser.add_argument('--jobs', type=int, default=1, help='runs at a time (each uses ~1 core)')
@@ -58,10 +60,16 @@ def main():
   if runs_dir.startswith(rr.ROOT + os.sep):  # commands in the report as run from the checkout
     os.chdir(rr.ROOT)
     runs_dir = os.path.relpath(runs_dir, rr.ROOT)
-  data_dir = os.path.join(runs_dir, 'data')
-  if not opts.report_only and not os.path.exists(os.path.join(data_dir, 'shakespeare.sqlite')):
-    subprocess.run([sys.executable, os.path.join(rr.ROOT, 'bin', 'build_shakespeare.py'),
-                    f'--output_dir={data_dir}'], check=True)
+  def data(fraction, parts):
+    """The build split `fraction` (dataNN), built first when one of `parts` runs."""
+    path = rr.build_dir(runs_dir, fraction)
+    runs = not opts.report_only and set(parts) & set(opts.parts.split(','))
+    if runs and not os.path.exists(os.path.join(path, 'shakespeare.sqlite')):
+      subprocess.run([sys.executable, os.path.join(rr.ROOT, 'bin', 'build_shakespeare.py'),
+                      f'--output_dir={path}', f'--train_fraction={fraction}'], check=True)
+    return path
+
+  data_dir = data(sf.TRAIN_FRACTION, ['fedopt'])
   grid = sf.grid_jobs(runs_dir, data_dir)
   statuses = {tuple(j): 'ok' for j in grid.values() if rr.finished(j)}
   if not opts.report_only and 'fedopt' in opts.parts.split(','):
@@ -74,7 +82,8 @@ def main():
              for name, value in chosen.items() for seed in sf.FEDOPT_SEEDS[1:]]
     statuses.update(rr.run_all(seeds, opts.jobs))
     print(f'part fedopt: {(time.monotonic() - started) / 60:.0f} min', flush=True)
-  curves = shakespeare_curves.jobs(runs_dir, data_dir)
+  curves = shakespeare_curves.jobs(
+      runs_dir, data(shakespeare_curves.TRAIN_FRACTION, ['fedgbo', 'decayk']))
   parts = [part for part in ('fedgbo', 'decayk') if part in opts.parts.split(',')]
   if not opts.report_only and parts:
     started = time.monotonic()
