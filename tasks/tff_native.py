@@ -142,6 +142,13 @@ def create_cifar100_model(model: str = 'resnet18', seed: int = 0) -> tf.keras.Mo
   return paper_cnns.create_cifar100_cnn(seed=seed)
 
 
+def _logits_classifier(datasets, keras_model_fn) -> tff.simulation.baselines.BaselineTask:
+  """The task of a FedGBO-paper CNN: its logits under sparse cross-entropy and accuracy."""
+  return tff.simulation.baselines.BaselineTask(datasets, _model_fn(
+      keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      lambda: [tf.keras.metrics.SparseCategoricalAccuracy()], datasets.element_type_structure))
+
+
 def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clients: int,
                           max_client_examples: int, batch_size: int, num_epochs: int,
                           seed: int) -> base.FederatedTask:
@@ -164,11 +171,10 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
             tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                 shuffle_buffer_size=1), distort=False))
     from_logits = True
-    baseline = tff.simulation.baselines.BaselineTask(datasets, _model_fn(
-        keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        lambda: [tf.keras.metrics.SparseCategoricalAccuracy()], datasets.element_type_structure))
+    baseline = _logits_classifier(datasets, keras_model_fn)
   return base.FederatedTask(
-      trace_client_datasets=True, name='cifar100_image', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=100,
+      trace_client_datasets=True, name='cifar100_image', baseline=baseline,
+      keras_model_fn=keras_model_fn, num_classes=100,
       evaluation=_classification_evaluation(baseline.datasets, from_logits))
 
 
@@ -204,12 +210,10 @@ def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_c
       _train_spec(batch_size, num_epochs), None, tff_model, False, train, test)
   keras_model_fn = lambda: create_emnist_character_model(model, seed)
   if model == 'fedgbo_cnn':
-    baseline = tff.simulation.baselines.BaselineTask(baseline.datasets, _model_fn(
-        keras_model_fn, lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        lambda: [tf.keras.metrics.SparseCategoricalAccuracy()],
-        baseline.datasets.element_type_structure))
+    baseline = _logits_classifier(baseline.datasets, keras_model_fn)
   return base.FederatedTask(
-      trace_client_datasets=True, name='emnist_character', baseline=baseline, keras_model_fn=keras_model_fn, num_classes=62,
+      trace_client_datasets=True, name='emnist_character', baseline=baseline,
+      keras_model_fn=keras_model_fn, num_classes=62,
       evaluation=_classification_evaluation(baseline.datasets, from_logits=model == 'fedgbo_cnn'))
 
 

@@ -25,6 +25,7 @@ sub-linear. DP: pass an unweighted DP factory as `model_aggregator` (see
 """
 
 import collections
+import dataclasses
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -107,12 +108,11 @@ def fedada2_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
       lr = lr * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / WARMUP_STEPS)
     return client_optimizer.next(fedopt.with_learning_rate(state, lr), y, grads)
 
-  return composer.Recipe(
-      name='fedada2', init_stats=init_stats, broadcast=broadcast, init_local=init_local,
-      local_step=local_step, server_update=fedopt.server_optimizer_update(server_optimizer),
-      optimizer_ops_per_param=ops_per_param,
-      get_server_hparams=server_optimizer.get_hparams,
-      set_server_hparams=server_optimizer.set_hparams)
+  # FedOpt's server step and hparams; the statistics, broadcast and client are FedAda2's.
+  return dataclasses.replace(
+      fedopt.fedopt_recipe(server_optimizer), name='fedada2', init_stats=init_stats,
+      broadcast=broadcast, init_local=init_local, local_step=local_step,
+      optimizer_ops_per_param=ops_per_param)
 
 
 def build_fedada2(
