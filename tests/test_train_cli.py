@@ -84,51 +84,47 @@ def _final_weights(out_dir):
   return version, [np.asarray(x) for x in tf.nest.flatten(state)]
 
 
-def test_a_signal_a_c_call_reported_as_another_error_still_stops_the_run(tmp_path, monkeypatch):
-  """A handler's Interrupted raised inside NumPy/TensorFlow C code surfaces as a
-  SystemError caused by it (seen when Ctrl-C landed in a metric finalizer's tensor
-  conversion): bin/train still stops as for the signal, exit 130 and one line."""
-  from workflow import program  # pylint: disable=g-import-not-at-top
-
-  def interrupted_inside_a_c_call(settings, status, notes=()):
-    del settings, status, notes
-    try:
-      raise program.Interrupted(signal.SIGINT)
-    except program.Interrupted as e:
-      raise SystemError('<built-in method __array__ of numpy.ndarray object> returned a '
-                        'result with an exception set') from e
-
-  monkeypatch.setattr(cli, '_run_training', interrupted_inside_a_c_call)
-  code, output = train_config.train([*SMALL, f'--root_output_dir={tmp_path}'])
-  assert code == 130, output[-2000:]
-  lines = [line for line in output.splitlines() if line.strip()]
-  assert len(lines) == 1 and lines[0].startswith('SIGINT: stopped'), lines
-  assert 'Traceback' not in output and 'SystemError' not in output
+def _array_conversion_error(interrupted):
+  return SystemError('<built-in method __array__ of numpy.ndarray object> returned a result '
+                     'with an exception set')
 
 
-def test_an_error_with_no_trace_of_the_signal_after_it_still_stops_the_run(tmp_path, monkeypatch):
-  """Ctrl-C inside TensorFlow's C code once came back as a TypeError with no cause
-  or context ("Expected `context` argument in EagerTensor constructor ...", in a
-  TensorBoard summary write): the delivered signal decides. The same error with
-  no signal delivered in this run is an ordinary failure."""
-  program_errors = []
+def _summary_write_error(interrupted):
+  del interrupted
+  return TypeError('Expected `context` argument in EagerTensor constructor')
+
+
+# How a handler's Interrupted raised inside C code came back (both seen in the
+# suite's Ctrl-C tests): a SystemError caused by it (a metric finalizer's tensor
+# conversion), and a TypeError with no cause or context (a TensorBoard summary write).
+@pytest.mark.parametrize('c_error, caused', [(_array_conversion_error, True),
+                                             (_summary_write_error, False)])
+def test_a_signal_a_c_call_reports_as_another_error_still_stops_the_run(
+    tmp_path, monkeypatch, c_error, caused):
+  """The delivered signal decides: exit 130 and one line. The same error with no
+  signal delivered in the run is an ordinary failure."""
+  runs = []
 
   def fails(settings, status, notes=()):
     del settings, status, notes
-    if program_errors:  # the second run: no signal
-      raise TypeError('Expected `context` argument in EagerTensor constructor')
-    program_errors.append(1)
+    runs.append(1)
+    if len(runs) > 1:  # the second run: no signal
+      raise c_error(None)
     try:
       cli._raise_interrupted(signal.SIGINT, None)  # what the installed handler does
-    except KeyboardInterrupt:
-      pass  # swallowed by C code, which raises its own error outside this handler
-    raise TypeError('Expected `context` argument in EagerTensor constructor')
+    except KeyboardInterrupt as e:
+      interrupted = e  # swallowed by C code, which raises its own error instead
+    if caused:
+      raise c_error(interrupted) from interrupted
+    raise c_error(interrupted)
 
   monkeypatch.setattr(cli, '_run_training', fails)
   code, output = train_config.train([*SMALL, f'--root_output_dir={tmp_path}'])
   assert code == 130, output[-2000:]
-  assert [l for l in output.splitlines() if l.strip()][0].startswith('SIGINT: stopped'), output
-  with pytest.raises(TypeError):
+  lines = [line for line in output.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith('SIGINT: stopped'), lines
+  assert 'Traceback' not in output and 'Error' not in output, output
+  with pytest.raises(type(c_error(None))):
     cli.run_training(*cli.config_from_args([*SMALL, f'--root_output_dir={tmp_path}/b']))
 
 

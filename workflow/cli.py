@@ -178,10 +178,11 @@ def _dp_metrics_fn(settings: config.Settings, task):
       'dp/epsilon': privacy.epsilon(sigma, rate, round_num, delta), 'dp/delta': delta}
 
 
-# The signals delivered since `install_signal_handlers`: a handler's Interrupted
-# raised inside TensorFlow's C code can come back as an unrelated error with no
-# cause or context (a TypeError from an EagerTensor constructor, seen when
-# Ctrl-C landed in a TensorBoard summary write), so the run also asks this.
+# The signals delivered since `install_signal_handlers`. A handler's Interrupted
+# raised inside NumPy's or TensorFlow's C code comes back as another error: a
+# SystemError caused by it (Ctrl-C in a metric finalizer's tensor conversion),
+# or a TypeError with no cause or context (in a TensorBoard summary write). So
+# the run asks what was delivered, not what the error says.
 _received: list = []
 
 
@@ -265,13 +266,11 @@ def run_training(settings: config.Settings, notes=()):
   except KeyboardInterrupt:
     stopped = True
     raise _stopped(signal.SIGINT, state['out'], state['progress']) from None
-  except Exception as e:  # pylint: disable=broad-except
-    signalled = program.interruption_of(e)
-    signum = signalled.signum if signalled is not None else (_received[0] if _received else None)
-    if signum is None:
+  except Exception:  # pylint: disable=broad-except
+    if not _received:
       raise
     stopped = True  # the signal, reported by a C call as another error: a stop all the same
-    raise _stopped(signum, state['out'], state['progress']) from None
+    raise _stopped(_received[0], state['out'], state['progress']) from None
   finally:
     if state['out'] is not None:
       experiment.unlock_run_dir(state['out'])

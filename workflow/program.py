@@ -49,23 +49,6 @@ class Interrupted(KeyboardInterrupt):
     self.signum = signum
 
 
-def interruption_of(error: BaseException) -> Optional[Interrupted]:
-  """The `Interrupted` behind `error`, if a signal caused it (else None).
-
-  A handler raises `Interrupted` in whatever code runs when the signal lands;
-  inside a C call (NumPy's `__array__` under TensorFlow's tensor conversion)
-  CPython reports it as a SystemError caused by the `Interrupted`, and a
-  caller may wrap that again: the chain of causes and contexts says so.
-  """
-  seen = set()
-  while error is not None and id(error) not in seen:
-    if isinstance(error, Interrupted):
-      return error
-    seen.add(id(error))
-    error = error.__cause__ or error.__context__
-  return None
-
-
 @dataclasses.dataclass
 class Progress:
   """Where a run is, for messages written after it stops."""
