@@ -11,8 +11,9 @@
   model_info.py         `ModelInfo`: the model and the recipe's types a round needs
   options.py            `RoundOptions`: how a round is aggregated, measured, executed
   functional.py         a Keras-backed model as pure functions of its weights
-  stateful.py           processes whose clients keep state across rounds, or measure
-                        user accuracy (`PersonalizedClientsProcess`)
+  stateful.py           processes whose clients keep state across rounds (SCAFFOLD's c_i,
+                        MTFL's private weights), or measure user accuracy
+                        (`PersonalizedClientsProcess`)
   per_client.py         client phase 1: each client its own TFF computation call
   cohort.py             client phase 2: the whole cohort as one compiled program, and
                         the cohort processes (plain, stateful clients, personalised)

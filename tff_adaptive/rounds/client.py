@@ -76,12 +76,29 @@ class ClientLoop:
     # jit_compile='program'): the cohort's vectorised program selects instead.
     self.branchless = branchless
 
-  def init(self, x_t, broadcast_value, client_state=()):
-    x_t = tuple(x_t)
+  def start_weights(self, x_t, n_t=(), client_state=()):
+    """(y_0, n_0): x_t and the non-trainable weights with the client's private
+    weights patched in (`Recipe.private_trainable`, `private_non_trainable`)."""
+    y0, n0 = list(x_t), list(n_t)
+    if self.recipe.has_private_weights:
+      private = client_state['weights']
+      for i, value in zip(self.recipe.private_trainable, private['trainable']):
+        y0[i] = value
+      for i, value in zip(self.recipe.private_non_trainable, private['non_trainable']):
+        n0[i] = value
+    return y0, n0
+
+  def init(self, x_t, broadcast_value, client_state=(), n_t=()):
+    """`n_t`: the non-trainable weights, for recipes that split the weights
+    (`Recipe.splits_weights`); the execution updates them (`with_non_trainable`)."""
+    y0, n0 = self.start_weights(x_t, n_t, client_state)
+    y0 = tuple(y0)
     carry = collections.OrderedDict(
-        y=x_t,
-        local=tuples(self.recipe.initial_local(broadcast_value, list(x_t), client_state)),
+        y=y0,
+        local=tuples(self.recipe.initial_local(broadcast_value, list(y0),
+                                               self.recipe.own_state(client_state))),
         client_state=client_state,
+        n=tuple(n0) if self.recipe.splits_weights else (),
         g0=tuple(tf.zeros_like(v) for v in x_t) if self.recipe.uses_first_gradient else (),
         first_loss=tf.constant(0.0),
         num_examples=tf.constant(0, tf.int64),
@@ -128,6 +145,14 @@ class ClientLoop:
         step=carry['step'] + 1)
     return stepped
 
+  def with_non_trainable(self, carry, non_trainable):
+    """`carry` with the model's non-trainable weights after its training passes."""
+    if not self.recipe.splits_weights:
+      return carry
+    carry = collections.OrderedDict(carry)
+    carry['n'] = tuple(non_trainable)
+    return carry
+
   def gradient_point(self, carry):
     """Where the step's g is taken: y, or `Recipe.gradient_at`'s point."""
     if self.recipe.gradient_at is None:
@@ -142,8 +167,38 @@ class ClientLoop:
     n = carry['full_examples']
     return tuple(tf.math.divide_no_nan(s, tf.cast(n, s.dtype)) for s in carry['full_sum'])
 
-  def final(self, carry, x_t) -> ClientResult:
-    delta, non_finite = zero_if_non_finite([a - b for a, b in zip(x_t, carry['y'])])
+  def _delta(self, carry, x_t, n_t):
+    """(Δ flat, the values whose finiteness decides the drop): Δ of the shared
+    weights, and with private weights also their new values."""
+    recipe = self.recipe
+    if not recipe.splits_weights:
+      delta = [a - b for a, b in zip(x_t, carry['y'])]
+      return delta, delta
+    n_t = list(n_t)
+    averaged = shared(recipe.private_non_trainable, len(n_t)) if recipe.average_non_trainable else []
+    # Flattened as `delta_structure` flattens (tf.nest sorts the keys).
+    delta = tf.nest.flatten(collections.OrderedDict(
+        trainable=tuple(x_t[i] - carry['y'][i] for i in shared(recipe.private_trainable, len(x_t))),
+        non_trainable=tuple(n_t[i] - carry['n'][i] for i in averaged)))
+    kept = ([carry['y'][i] for i in recipe.private_trainable] +
+            [carry['n'][i] for i in recipe.private_non_trainable])
+    return delta, delta + kept
+
+  def _new_client_state(self, carry):
+    own = (self.recipe.client_state_update(carry['local'])
+           if self.recipe.init_client_state is not None else ())
+    if not self.recipe.has_private_weights:
+      return own
+    return collections.OrderedDict(
+        weights=collections.OrderedDict(
+            trainable=tuple(carry['y'][i] for i in self.recipe.private_trainable),
+            non_trainable=tuple(carry['n'][i] for i in self.recipe.private_non_trainable)),
+        local=own)
+
+  def final(self, carry, x_t, n_t=()) -> ClientResult:
+    delta, checked = self._delta(carry, list(x_t), n_t)
+    non_finite = zero_if_non_finite(checked)[1]
+    delta = [tf.where(non_finite, tf.zeros_like(t), t) for t in delta]
     weight = client_weight(carry['num_examples'], non_finite, self.weighting)
     extra = (_as_float32(self.recipe.upload(carry['local'], self.first_gradient(carry)))
              if self.recipe.upload is not None else ())
@@ -151,9 +206,9 @@ class ClientLoop:
       extra = tf.nest.map_structure(lambda t: tf.where(non_finite, tf.zeros_like(t), t), extra)
     client_state = ()
     if self.recipe.has_client_state:
-      new_state = self.recipe.client_state_update(carry['local'])
       client_state = tf.nest.map_structure(  # a dropped client keeps its state
-          lambda new, old: tf.where(non_finite, old, new), new_state, carry['client_state'])
+          lambda new, old: tf.where(non_finite, old, new), self._new_client_state(carry),
+          carry['client_state'])
     stats = collections.OrderedDict(
         first_minibatch_loss=carry['first_loss'], local_steps=carry['step'],
         num_examples=carry['num_examples'])
@@ -180,6 +235,24 @@ class ClientLoop:
     if self.recipe.has_client_state:
       output['private'] = result.client_state
     return output
+
+
+def shared(private, count: int) -> list[int]:
+  """The positions of `count` weights that are not in `private`."""
+  return [i for i in range(count) if i not in private]
+
+
+def delta_structure(recipe: recipe_lib.Recipe, trainable, non_trainable):
+  """The structure Δ is aggregated in: the trainable weights', or for recipes
+  that split the weights OrderedDict(trainable=shared, non_trainable=averaged shared)."""
+  if not recipe.splits_weights:
+    return trainable
+  t, n = tf.nest.flatten(trainable), tf.nest.flatten(non_trainable)
+  averaged = (shared(recipe.private_non_trainable, len(n))
+              if recipe.average_non_trainable else [])
+  return collections.OrderedDict(
+      trainable=tuple(t[i] for i in shared(recipe.private_trainable, len(t))),
+      non_trainable=tuple(n[i] for i in averaged))
 
 
 def zero_user_accuracy():

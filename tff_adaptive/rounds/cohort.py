@@ -238,7 +238,9 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   jit_compile = resolved_jit_compile(execution.jit_compile, view, local_steps)
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift,
                                branchless=vectorized)
-  trainable_structure = tff.types.type_to_tf_tensor_specs(info.weights_type.trainable)
+  trainable_structure = client_lib.delta_structure(
+      recipe, tff.types.type_to_tf_tensor_specs(info.weights_type.trainable),
+      tff.types.type_to_tf_tensor_specs(info.weights_type.non_trainable))
   aggregation = cohort_aggregation.for_options(options, recipe)
   program = cohort_program.CohortProgram(view, loop, vectorized, trainable_structure,
                           jit_compile=jit_compile == 'step',
@@ -398,7 +400,7 @@ class StatefulCohortProcess(_CohortRounds, stateful.StatefulClientsProcess):
 
   def with_client_inputs(self, shards: cohort_data.Shards, client_data) -> cohort_data.Shards:
     """`shards` with what `client_input` gives each client besides its dataset."""
-    return self.with_client_states(shards, [stateful.flat_state(e['private'])
+    return self.with_client_states(shards, [self.flat_state(e['private'])
                                             for e in client_data])
 
   def missing_inputs(self, shard) -> list[str]:
@@ -422,7 +424,7 @@ class PersonalizedCohortProcess(StatefulCohortProcess, stateful.PersonalizedClie
 
   def with_client_inputs(self, shards, client_data) -> cohort_data.Shards:
     tests = [cohort_data.client_batches(e['test'], 0) for e in client_data]
-    states = ([stateful.flat_state(e['private']) for e in client_data]
+    states = ([self.flat_state(e['private']) for e in client_data]
               if self.has_private_state else None)
     return self.with_test_batches(shards, tests, states)
 

@@ -85,7 +85,7 @@ class CohortProgram:
   # The phases of one client's round, shared by both nestings.
 
   def _init(self, message, x_t, client_state=()):
-    carry = self.loop.init(x_t, message['broadcast'], client_state)
+    carry = self.loop.init(x_t, message['broadcast'], client_state, _non_trainable(message))
     return carry, self.view.zero_metrics()
 
   def _anchor_step(self, x_t):
@@ -122,7 +122,7 @@ class CohortProgram:
 
   def _final(self, message, x_t, state, ua=()):
     carry, metrics = state
-    result = self.loop.final(carry, x_t)._replace(user_accuracy=ua)
+    result = self.loop.final(carry, x_t, _non_trainable(message))._replace(user_accuracy=ua)
     sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
                                         message.get('aggregator'))
     return (sums, self.loop.client_output(result)) if self.stateful else sums
@@ -167,7 +167,11 @@ class CohortProgram:
   def _one_client(self, message, x_t, client):
     batches, mask = client['batches'], client['mask']
     lr = message['hparams']['learning_rate']
-    ua = self._user_accuracy(x_t, lr, client) if self.loop.recipe.user_accuracy else ()
+    ua = ()
+    if self.loop.recipe.user_accuracy:  # from x_t with the client's private weights
+      start, _ = self.loop.start_weights(x_t, _non_trainable(message),
+                                         client.get('client_state', ()))
+      ua = self._user_accuracy(start, lr, client)
     state = self._init(message, x_t, client.get('client_state', ()))
     if self.loop.recipe.full_gradient:
       state = self._over_steps(self._anchor_step(x_t), batches, mask, state)
@@ -239,6 +243,11 @@ def steps_outside(view: functional.FunctionalView) -> bool:
   1.03-1.11x the round of the clients outside in three interleaved runs
   (bench/cohort_nesting.py), so they keep the nesting pfor converts whole."""
   return view.has_rnn
+
+
+def _non_trainable(message) -> list:
+  return [tf.convert_to_tensor(t)
+          for t in tf.nest.flatten(message['model_weights'].non_trainable)]
 
 
 def _over_clients(fn, elems):

@@ -4,6 +4,7 @@ import collections
 from collections.abc import Callable
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -42,6 +43,15 @@ class ModelInfo:
     self.weights_type = tff.learning.models.weights_type_from_model(model)
     self.trainable_specs = list(tf.nest.flatten(
         tff.types.type_to_tf_tensor_specs(self.weights_type.trainable)))
+    self.non_trainable_specs = list(tf.nest.flatten(
+        tff.types.type_to_tf_tensor_specs(self.weights_type.non_trainable)))
+    self._recipe = recipe
+    # Private weights start where the server's model starts (the model's seeded
+    # initialisers build the same one): its values, read once, eagerly.
+    self._initial_weights = (
+        tf.nest.map_structure(lambda v: np.asarray(v.numpy()),
+                              tff.learning.models.ModelWeights.from_model(model_fn()))
+        if recipe.has_private_weights else None)
 
     @tff.tensorflow.computation
     def init_stats():
@@ -68,11 +78,15 @@ class ModelInfo:
   def client_model(self):
     return client_model(self.model_fn)
 
+  def initial_client_state(self):
+    """A client's state before its first round (`Recipe.initial_client_state`)."""
+    return self._recipe.initial_client_state(self.trainable_specs, self._initial_weights)
+
   def costs(self, recipe, delta_type, extra_type, fb_flops_per_example=None):
     return server_lib.RoundCosts.from_types(
         recipe, weights_type=self.weights_type, broadcast_type=self.broadcast_type,
         delta_type=delta_type, extra_type=extra_type, trainable_specs=self.trainable_specs,
-        fb_flops_per_example=(self.fb_flops_per_example if fb_flops_per_example is None
+        non_trainable_specs=self.non_trainable_specs, fb_flops_per_example=(self.fb_flops_per_example if fb_flops_per_example is None
                               else fb_flops_per_example))
 
 

@@ -50,13 +50,17 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
                   client_state=(), test=None):
   """One client's round on the model's variables: Δ_i, extra_i, weight, stats[, state][, UA]."""
   variables = tff.learning.models.ModelWeights.from_model(model)
-  tf.nest.map_structure(lambda v, t: v.assign(t), variables, message['model_weights'])
   trainable = list(tf.nest.flatten(variables.trainable))
-  x_t = [tf.identity(v) for v in trainable]
+  non_trainable = list(tf.nest.flatten(variables.non_trainable))
+  x_t = list(tf.nest.flatten(message['model_weights'].trainable))
+  n_t = list(tf.nest.flatten(message['model_weights'].non_trainable))
+  # x_t with the client's private weights (if any) patched in: UA and training start there.
+  for v, t in zip(trainable + non_trainable, sum(loop.start_weights(x_t, n_t, client_state), [])):
+    v.assign(t)
   lr = message['hparams']['learning_rate']
   ua = (user_accuracy(model, loop, x_t, lr, dataset, test, iterate)
         if loop.recipe.user_accuracy else ())
-  carry = loop.init(x_t, message['broadcast'], client_state)
+  carry = loop.init(x_t, message['broadcast'], client_state, n_t)
   per_step = loop.recipe.batches_per_step
   batches = _batches(dataset, message['hparams']['local_steps'], per_step)
   if loop.recipe.full_gradient:
@@ -83,7 +87,10 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
     grad_at = (functools.partial(_grad_at, model, trainable, group)
                if loop.recipe.gradient_fn else None)
     carry = loop.step(carry, grads, output.loss, num_examples, lr, grad_at)
-  return loop.final(carry, x_t)._replace(user_accuracy=ua), variables.trainable
+  # The forward passes in training mode moved the non-trainable weights (batch-norm statistics).
+  carry = loop.with_non_trainable(carry, [tf.identity(v) for v in non_trainable])
+  return (loop.final(carry, x_t, n_t)._replace(user_accuracy=ua),
+          client_lib.delta_structure(loop.recipe, variables.trainable, variables.non_trainable))
 
 
 def user_accuracy(model, loop: client_lib.ClientLoop, x_t, lr, train, test, iterate: bool):
@@ -248,7 +255,7 @@ def client_data_type(recipe, info) -> tff.Type:
     fields.append(('test', dataset_type))
   if recipe.has_client_state:
     fields.append(('private', tff.tensorflow.computation(
-        lambda: recipe.init_client_state(list(info.trainable_specs))).type_signature.result))
+        info.initial_client_state).type_signature.result))
   return tff.StructWithPythonType(fields, collections.OrderedDict)
 
 
@@ -259,12 +266,12 @@ def _client_round_computation(shape: _RoundShape) -> tff.Computation:
 
   def client_round(model, message, data):
     dataset, test, client_state = shape.split_data(data)
-    result, trainable = client_update(model, loop, message, dataset, shape.iterate, client_state,
-                                      test)
+    result, structure = client_update(model, loop, message, dataset, shape.iterate,
+                                      client_state, test)
     local_metrics = model.report_local_unfinalized_metrics()
     sums, delta = client_lib.client_sums(
         result, local_metrics if metrics_aggregator is None else (),
-        fused_mean=fused_mean, delta_structure=trainable, summed_extra=recipe.sum_extra)
+        fused_mean=fused_mean, delta_structure=structure, summed_extra=recipe.sum_extra)
     if fused_mean:
       out = (sums,)
     else:
@@ -340,11 +347,10 @@ def client_state_arguments(recipe, info) -> dict:
   if not recipe.has_client_state:  # clients that only measure UA keep nothing
     return dict(client_state_initial=collections.OrderedDict(), client_state_structure=(),
                 name=recipe.name)
-  structure = recipe.init_client_state(
-      [tf.TensorSpec(s.shape, s.dtype) for s in info.trainable_specs])
+  structure = info.initial_client_state()
   return dict(client_state_initial=stateful.flat_state(
-      tf.nest.map_structure(np.asarray, structure)), client_state_structure=structure,
-              name=recipe.name)
+      tf.nest.map_structure(np.asarray, structure), recipe.client_state_leaf_names(structure)),
+              client_state_structure=structure, name=recipe.name)
 
 
 class _Aggregation:

@@ -1,9 +1,11 @@
 """`Recipe`: an algorithm's math as TF functions; every execution runs these."""
 
+import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Any, Optional
 
+import tensorflow as tf
 import tensorflow_federated as tff
 
 Structure = Any
@@ -75,7 +77,21 @@ class Recipe:
       new state]). The test passes are not training: they count in no metric.
     personalize: (x_t, η, grad_at) → the personalised weights UA measures,
       `grad_at(weights, 0)` being the gradient on the client's first training
-      batch; None: x_t (with the client's state, e.g. MTFL's patches).
+      batch; None: x_t (with the client's private weights, e.g. MTFL's patches).
+    private_trainable, private_non_trainable: positions in `ModelWeights`
+      (trainable, non-trainable) of weights each client keeps as its own
+      (MTFL's batch-norm patches): part of the client's state (starting at
+      the initial model's values), patched over x_t before UA and training,
+      returned as the client's new state, never uploaded: Δ and the server
+      step cover the shared positions only, and x keeps its private values.
+      The client's state is then OrderedDict(weights=OrderedDict(trainable=,
+      non_trainable=), local=the recipe's own state or ()).
+    average_non_trainable: the shared non-trainable weights (batch-norm
+      moving statistics) are averaged like FedAvg averages them: their Δ goes
+      up with the trainable Δ, with the same weights, and the server sets them
+      to x_nt − mean Δ_nt. Otherwise they stay at their initial values.
+    client_state_names: names of the leaves of the recipe's own client state
+      (`tf.nest.flatten` order) for the store; () : state_0, state_1, ...
   """
   name: str
   init_stats: Callable[[list], Structure]
@@ -100,6 +116,10 @@ class Recipe:
   passes_per_example: float = 1.0
   user_accuracy: bool = False
   personalize: Optional[Callable[..., list]] = None
+  private_trainable: tuple[int, ...] = ()
+  private_non_trainable: tuple[int, ...] = ()
+  average_non_trainable: bool = False
+  client_state_names: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.uses_first_gradient and self.full_gradient:
@@ -116,16 +136,57 @@ class Recipe:
       raise ValueError(f'{self.name}: personalize is what user_accuracy measures')
 
   @property
+  def has_private_weights(self) -> bool:
+    return bool(self.private_trainable or self.private_non_trainable)
+
+  @property
   def has_client_state(self) -> bool:
-    return self.init_client_state is not None
+    return self.init_client_state is not None or self.has_private_weights
+
+  @property
+  def splits_weights(self) -> bool:
+    """Δ is OrderedDict(trainable=shared Δ, non_trainable=shared Δ of the averaged
+    non-trainable weights) rather than the trainable structure."""
+    return self.has_private_weights or self.average_non_trainable
 
   @property
   def has_client_output(self) -> bool:
     """Clients take something back from the round (their state, their UA)."""
     return self.has_client_state or self.user_accuracy
 
-  def initial_local(self, broadcast_value, y0, client_state=()):
-    """`init_local`, given the client's state when clients keep one."""
-    if self.has_client_state:
-      return self.init_local(broadcast_value, y0, client_state)
+  def initial_local(self, broadcast_value, y0, own_state=()):
+    """`init_local`, given the recipe's own client state when it keeps one."""
+    if self.init_client_state is not None:
+      return self.init_local(broadcast_value, y0, own_state)
     return self.init_local(broadcast_value, y0)
+
+  def own_state(self, client_state):
+    """The recipe's own part of a client's state (without its private weights)."""
+    return client_state['local'] if self.has_private_weights else client_state
+
+  def initial_client_state(self, trainable_specs, initial_weights=None):
+    """A client's state before its first round: the recipe's own, and with private
+    weights those of `initial_weights` (the initial model's `ModelWeights`)."""
+    own = self.init_client_state(list(trainable_specs)) if self.init_client_state else ()
+    if not self.has_private_weights:
+      return own
+    t = tf.nest.flatten(initial_weights.trainable)
+    n = tf.nest.flatten(initial_weights.non_trainable)
+    return collections.OrderedDict(
+        weights=collections.OrderedDict(
+            trainable=tuple(tf.constant(t[i]) for i in self.private_trainable),
+            non_trainable=tuple(tf.constant(n[i]) for i in self.private_non_trainable)),
+        local=own)
+
+  def client_state_leaf_names(self, structure) -> list[str]:
+    """Names of `structure`'s leaves (a client state) in `tf.nest.flatten` order."""
+    own = (self.client_state_names or
+           [f'state_{i}' for i in range(len(tf.nest.flatten(self.own_state(structure))))])
+    if not self.has_private_weights:
+      return list(own)
+    names = collections.OrderedDict(
+        weights=collections.OrderedDict(
+            trainable=tuple(f'trainable_{i}' for i in self.private_trainable),
+            non_trainable=tuple(f'non_trainable_{i}' for i in self.private_non_trainable)),
+        local=tf.nest.pack_sequence_as(structure['local'], list(own)))
+    return tf.nest.flatten(names)

@@ -8,7 +8,7 @@ client, `OrderedDict(train=dataset, private=state)` and returns
 `StatefulClientsOutput(state, metrics, clients)`, `clients` being the new
 states in input order. The caller stores them between rounds (the training
 loop: `tff_adaptive.personalization.client_state.ClientStateStore`, as for
-MTFL's private values).
+MTFL's private weights, `Recipe.private_trainable`).
 """
 
 import collections
@@ -25,17 +25,18 @@ class StatefulClientsOutput(NamedTuple):
   clients: Any  # the clients' new states, one per input client, in input order
 
 
-def flat_state(value) -> collections.OrderedDict:
-  """A client state as name → np.ndarray (`state_0`, `state_1`, ...), as the store keeps it."""
-  return collections.OrderedDict(
-      (f'state_{i}', np.asarray(v)) for i, v in enumerate(tf.nest.flatten(value)))
+def flat_state(value, names=None) -> collections.OrderedDict:
+  """A client state as name → np.ndarray, as the store keeps it: its leaves in
+  `tf.nest.flatten` order named `names` (default `state_0`, `state_1`, ...)."""
+  leaves = tf.nest.flatten(value)
+  names = names or [f'state_{i}' for i in range(len(leaves))]
+  return collections.OrderedDict((k, np.asarray(v)) for k, v in zip(names, leaves, strict=True))
 
 
 class ClientStateProcess(tff.templates.IterativeProcess):
   """An `IterativeProcess` with the `LearningProcess` model-weight accessors.
 
-  The base of every process whose clients take back per-client values (this
-  module's `StatefulClientsProcess`, `personalization.process.PersonalizedProcess`).
+  The base of every process whose clients take back per-client values.
   """
 
   def __init__(self, initialize_fn, next_fn, get_model_weights, set_model_weights,
@@ -104,7 +105,11 @@ class StatefulClientsProcess(ClientStateProcess):
 
   def client_output(self, value):
     """One client's output of the round as the caller keeps it (`flat_state`)."""
-    return flat_state(value)
+    return self.flat_state(value)
+
+  def flat_state(self, value) -> collections.OrderedDict:
+    """A client state structure in `client_state_initial`'s names."""
+    return flat_state(value, list(self.client_state_initial))
 
 
 class PersonalizedClientsProcess(StatefulClientsProcess):
@@ -140,7 +145,7 @@ class PersonalizedClientsProcess(StatefulClientsProcess):
   def client_output(self, value):
     output = collections.OrderedDict(ua=tf.nest.map_structure(np.asarray, value['ua']))
     if 'private' in value:
-      output['private'] = flat_state(value['private'])
+      output['private'] = self.flat_state(value['private'])
     return output
 
   def evaluate_clients(self, state, client_data) -> list:
