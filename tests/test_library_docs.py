@@ -24,7 +24,7 @@ def test_doc_has_an_example_per_builder():
   algorithms = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, 'tff_adaptive', 'algorithms'))
                       if f.endswith('.py')
                       and f not in ('__init__.py', 'composer.py', 'names.py', 'validation.py'))
-  # MTFL and pFedMe share Per-FedAvg's PersonalizedProcess usage (shown once).
+  # MTFL and pFedMe share Per-FedAvg's PersonalizedClientsProcess usage (shown once).
   missing = [a for a in algorithms
              if f'build_{a}(' not in code and a not in ('mtfl', 'pfedme')]
   assert not missing, f'docs/library.md has no runnable example of: {missing}'

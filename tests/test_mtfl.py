@@ -227,7 +227,7 @@ def test_private_values_never_in_upload_or_bits(mtfl_all, task):
   assert len(upload.trainable) == 4 and not list(upload.non_trainable)
   assert mtfl_all.upload_bits == 32 * SHARED_FLOATS
   ids = ['c0', 'c1']
-  data = [collections.OrderedDict(train=ds, test=ds, private=mtfl_all.private_initial)
+  data = [mtfl_all.client_input(ds, mtfl_all.private_initial, test=ds)
           for ds in _train_datasets(task, ids)]
   out = mtfl_all.next(mtfl_all.initialize(), data)
   assert out.metrics['cost']['upload_bits_per_client'] == 32 * SHARED_FLOATS
@@ -513,11 +513,11 @@ def test_personalized_process_hyperparameters_round_trip():
                           tff.learning.optimizers.build_adam(0.05), private='none',
                           strategy='fedadam')
   state = adam.initialize()
-  assert adam.get_hparams(state)['server']['learning_rate'] == pytest.approx(0.01)
+  assert adam.get_hparams(state)['finalizer']['learning_rate'] == pytest.approx(0.01)
   changed = adam.set_hparams(state, other.get_hparams(other.initialize()))
   hparams = adam.get_hparams(changed)
   assert hparams['client_work']['learning_rate'] == pytest.approx(0.3)
-  assert hparams['server']['learning_rate'] == pytest.approx(0.05)
+  assert hparams['finalizer']['learning_rate'] == pytest.approx(0.05)
   for a, b in zip(at.trainable(adam, changed), at.trainable(adam, state), strict=True):
     np.testing.assert_array_equal(a, b)  # the weights are untouched
 

@@ -7,9 +7,8 @@ Thesis ch. 4 and docs/algorithms.md#mtfl. `PersonalizationHook` is what
                    data with its own test split and its stored private
                    state (`client_state.ClientStateStore`) — the per-client
                    input of a `stateful.PersonalizedClientsProcess`
-                   (Per-FedAvg, pFedMe; as a cohort, the shards gain the
-                   clients' test batches) or of MTFL's
-                   `personalized.PersonalizedProcess`;
+                   (MTFL, Per-FedAvg, pFedMe; as a cohort, the shards gain
+                   the clients' test batches);
   after a round    `after_round`: stores the private state each client
                    returned, and reports user accuracy (UA) of the sampled
                    clients, measured by them before local training
@@ -49,7 +48,6 @@ from tff_adaptive.personalization import client_state
 from workflow import algorithms
 from workflow import config
 from workflow import program
-from tff_adaptive.personalization import process as personalized
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import stateful
@@ -222,13 +220,7 @@ class PersonalizationHook(ClientStateHook):
     for client_id, dataset in zip(client_ids, datasets):
       test = self.test_dataset(client_id)
       state = self._store.get(client_id) if self._store is not None else None
-      if isinstance(self._process, stateful.PersonalizedClientsProcess):
-        out.append(self._process.client_input(dataset, state, test=test))
-        continue
-      item = collections.OrderedDict(train=dataset, test=test)
-      if state is not None:
-        item['private'] = state
-      out.append(item)
+      out.append(self._process.client_input(dataset, state, test=test))
     return out
 
   def _accuracies(self, client_ids, outputs):
@@ -263,9 +255,8 @@ class PersonalizationHook(ClientStateHook):
 
 
 def is_personalized(process) -> bool:
-  """A round whose clients measure user accuracy (the round engine's, or MTFL's)."""
-  return isinstance(process, (personalized.PersonalizedProcess,
-                              stateful.PersonalizedClientsProcess))
+  """A round whose clients measure user accuracy (`Recipe.user_accuracy`)."""
+  return isinstance(process, stateful.PersonalizedClientsProcess)
 
 
 def experiment_fingerprint(settings: config.Settings, ignored: Iterable[str]) -> str:

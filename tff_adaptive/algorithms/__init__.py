@@ -14,9 +14,9 @@ optimiser's). Each returns a `tff.learning.templates.LearningProcess` whose
 state is a `tff.learning.templates.LearningAlgorithmState` and whose metrics
 have TFF's top-level keys plus `cost` (see `composer`). The personalised
 builders return processes whose clients also take back their user accuracy
-(perfedavg, pfedme: a `rounds.stateful.PersonalizedClientsProcess`; mtfl: a
-`personalization.process.PersonalizedProcess`), with the same state layout. An argument that cannot apply to an algorithm is an error, not
-ignored.
+(mtfl, perfedavg, pfedme: a `rounds.stateful.PersonalizedClientsProcess`), with
+the same state layout. An argument that cannot apply to an algorithm is an error,
+not ignored.
 
 Importing this package changes nothing in TFF: to keep TFF's `worker_binary`
 children from outliving the program, call

@@ -1,15 +1,8 @@
-"""Personalised FL (thesis ch. 4, docs/algorithms.md#mtfl): MTFL's engine, and the client-state store.
+"""Per-client state between rounds, on the host: `client_state.ClientStateStore`.
 
-Per-FedAvg and pFedMe are recipes of the round engine (`tff_adaptive.rounds`:
-`Recipe.user_accuracy`); MTFL still runs on the engine below, per client.
-
-  process       `PersonalizedProcess`: a learning process whose clients also take
-                and return private per-client state (MTFL's private patches);
-  recipe        what an algorithm writes: `PatchLayout` (its private weights),
-                `LocalRecipe` (its local step), also importable from `process`;
-  client_work   one client's work in such a round (patch, user accuracy, steps);
-  client_state  `ClientStateStore`: that state on disk, snapshotted with checkpoints.
-
-The algorithms themselves are `tff_adaptive.algorithms.{mtfl,perfedavg,pfedme}`;
-the training loop's side (user accuracy, noisy clients) is `workflow.personalization`.
+What clients of the round engine keep from one round they take part in to the
+next (`Recipe.init_client_state`, `Recipe.private_trainable`: SCAFFOLD's c_i,
+MTFL's batch-norm patches and private Adam moments) goes back to the caller
+per client; the training loop keeps it in this store, snapshotted with the
+checkpoints (`workflow/personalization.py`).
 """

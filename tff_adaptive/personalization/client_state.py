@@ -23,8 +23,8 @@ round r, even if later snapshots were written before a crash. The last
 `FileProgramStateManager` keeps program state.
 
 The values enter the TFF computation as per-client data and come back as
-per-client output (see `personalization/process.py`); this class is only the
-host-side storage between rounds.
+per-client output (`rounds.stateful.StatefulClientsProcess`); this class is
+only the host-side storage between rounds.
 """
 
 import collections
