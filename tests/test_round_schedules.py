@@ -7,7 +7,6 @@ analytic x̃*(γ, K) and decaying K approaches the true minimiser; bad flags
 exit 2 with one line naming the flag.
 """
 
-import asyncio
 import collections
 import csv
 import math
@@ -203,15 +202,6 @@ def test_clients_run_exactly_k_t_steps(tmp_path, algorithm, extra):
         [0.01 / math.sqrt(r) for r in range(1, 6)])
 
 
-def _final_weights(out_dir):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.program import file_utils  # pylint: disable=g-import-not-at-top
-  ckpt_dir = os.path.join(out_dir, 'checkpoints')
-  version = max(int(name.rsplit('_', 1)[1]) for name in os.listdir(ckpt_dir))
-  state = asyncio.run(file_utils.read_saved_model(os.path.join(ckpt_dir, f'program_state_{version}')))
-  return version, [np.asarray(x) for x in tf.nest.flatten(state)]
-
-
 def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
   """A run stopped after round 4 and resumed (bin/train's command line, in process) takes the
   same K_t as one uninterrupted run: the schedule's state is in the checkpoint."""
@@ -239,8 +229,8 @@ def test_error_schedule_resumes_to_the_same_k_sequence(tmp_path):
   for key in ('train/client_work/first_minibatch_loss', 'sim/cumulative_minutes',
               'schedule/step_fraction_vs_constant_k0'):
     np.testing.assert_allclose(_column(cut, key), _column(whole, key), rtol=1e-5)
-  v1, w1 = _final_weights(tmp_path / 'whole')
-  v2, w2 = _final_weights(tmp_path / 'cut')
+  v1, w1 = train_config.final_checkpoint(tmp_path / 'whole')
+  v2, w2 = train_config.final_checkpoint(tmp_path / 'cut')
   assert v1 == v2 == rounds
   assert len(w1) == len(w2)
   for a, b in zip(w1, w2):

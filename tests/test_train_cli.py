@@ -5,7 +5,6 @@ statuses of refused commands, Ctrl-C); the runs around it go through
 `train_config.train`, the same command line in this process.
 """
 
-import asyncio
 import csv
 import json
 import os
@@ -72,16 +71,6 @@ def test_unwritable_output_dir(tmp_path):
 def _read_csv(path):
   with open(path, newline='') as f:
     return list(csv.DictReader(f))
-
-
-def _final_weights(out_dir):
-  """(latest version, flattened saved program state), read without a structure."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.program import file_utils  # pylint: disable=g-import-not-at-top
-  ckpt_dir = os.path.join(out_dir, 'checkpoints')
-  version = max(int(name.rsplit('_', 1)[1]) for name in os.listdir(ckpt_dir))
-  state = asyncio.run(file_utils.read_saved_model(os.path.join(ckpt_dir, f'program_state_{version}')))
-  return version, [np.asarray(x) for x in tf.nest.flatten(state)]
 
 
 def _array_conversion_error(interrupted):
@@ -157,8 +146,8 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path, algorithm):
   assert code == 0, output[-3000:]
   assert 'Resuming from the checkpoint after round' in output
 
-  v1, w1 = _final_weights(tmp_path / 'whole' / f'digits_{algorithm}')
-  v2, w2 = _final_weights(tmp_path / 'cut' / f'digits_{algorithm}')
+  v1, w1 = train_config.final_checkpoint(tmp_path / 'whole' / f'digits_{algorithm}')
+  v2, w2 = train_config.final_checkpoint(tmp_path / 'cut' / f'digits_{algorithm}')
   assert v1 == v2 == 8
   assert len(w1) == len(w2)
   for a, b in zip(w1, w2):
@@ -219,8 +208,8 @@ def test_scaffold_resumes_as_a_cohort_with_the_stored_client_controls(tmp_path):
   code, output = train_config.train([*cut, '--total_rounds=4', '--show_progress=true'])
   assert code == 0, output[-2000:]
   assert 'execution: cohort' in output
-  v1, w1 = _final_weights(tmp_path / 'whole' / 'scaffold')
-  v2, w2 = _final_weights(tmp_path / 'cut' / 'scaffold')
+  v1, w1 = train_config.final_checkpoint(tmp_path / 'whole' / 'scaffold')
+  v2, w2 = train_config.final_checkpoint(tmp_path / 'cut' / 'scaffold')
   assert v1 == v2 == 4
   for a, b in zip(w1, w2):
     if a.dtype.kind not in 'OSU':

@@ -15,6 +15,7 @@ executions' equality is tests/test_cohort*.py's; bin/train's default
 execution runs in test_train_workflow's runs of every algorithm by its name.
 """
 
+import asyncio
 import concurrent.futures
 import contextlib
 import io
@@ -105,3 +106,14 @@ def assert_refused(result, out, flag: str, args=()) -> None:
   assert result.returncode == 2, (args, result.stderr[-2000:])
   assert len(lines) == 1 and 'error' in lines[0] and flag in lines[0], (args, result.stderr)
   assert not out.exists()  # failed before writing anything
+
+
+def final_checkpoint(out_dir):
+  """(latest version, flattened saved program state) of a run, read without a structure."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.program import file_utils  # pylint: disable=g-import-not-at-top
+  ckpt_dir = os.path.join(out_dir, 'checkpoints')
+  version = max(int(name.rsplit('_', 1)[1]) for name in os.listdir(ckpt_dir))
+  state = asyncio.run(file_utils.read_saved_model(os.path.join(ckpt_dir, f'program_state_{version}')))
+  return version, [np.asarray(x) for x in tf.nest.flatten(state)]
