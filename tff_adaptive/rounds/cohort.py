@@ -142,9 +142,22 @@ def unsupported_reason(options: options_lib.RoundOptions, model_fn) -> Optional[
   return None
 
 
+def _unsupported_for(recipe: recipe_lib.Recipe, model_fn) -> Optional[str]:
+  """Training passes whose moved batch-norm statistics the program does not thread
+  through: a personalisation before UA (which tests with the moved ones), or the
+  extra passes of a recipe that keeps or averages the statistics."""
+  extra_passes = recipe.gradient_fn or recipe.full_gradient
+  if not (recipe.personalize or (recipe.splits_weights and extra_passes)):
+    return None
+  if functional.FunctionalView(model_fn).has_non_trainable:
+    return ('the batch-norm statistics moved by its personalisation or extra gradient '
+            'passes would be lost')
+  return None
+
+
 def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kwargs):
   """The cohort process, or the per-client one with a one-line warning why."""
-  reason = unsupported_reason(options, model_fn)
+  reason = unsupported_reason(options, model_fn) or _unsupported_for(recipe, model_fn)
   if reason is not None:
     warnings.warn(f'{recipe.name}: the cohort execution does not apply ({reason}); the round '
                   'runs per client', stacklevel=3)

@@ -88,35 +88,38 @@ class CohortProgram:
     carry = self.loop.init(x_t, message['broadcast'], client_state, _non_trainable(message))
     return carry, self.view.zero_metrics()
 
-  def _anchor_step(self, x_t):
+  def _anchor_step(self, message, x_t):
     """One batch of `Recipe.full_gradient`'s pass at x_t: `loop.anchor`; no metrics."""
-    y0 = tuple(x_t)
+    y0, n_t = tuple(x_t), _non_trainable(message)
 
     def anchor(state, group):
       carry, metrics = state
       batch, rows = group[0]
-      grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows)
+      grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows, n_t)
       return self.loop.anchor(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64)), metrics
 
     return anchor
 
   def _train_step(self, message):
-    lr = message['hparams']['learning_rate']
+    lr, n_t = message['hparams']['learning_rate'], _non_trainable(message)
+    splits = self.loop.recipe.splits_weights
 
     def step(state, group):
       carry, metrics = state
       batch, rows = group[0]
-      grads, loss, data_loss, predictions = self.view.loss_and_grads(
-          self.loop.gradient_point(carry), batch, rows)
+      # The moving statistics only matter to recipes that keep or average them.
+      statistics = carry['n'] if splits else n_t
+      grads, loss, data_loss, predictions, moved = self.view.train_pass(
+          self.loop.gradient_point(carry), batch, rows, statistics)
       metrics = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
       n = tf.add_n([tf.reduce_sum(r) for _, r in group])
       passes = []  # `grad_at`'s forward passes, counted in the metrics after the step
-      grad_at = (functools.partial(self._grad_at, group, passes)
+      grad_at = (functools.partial(self._grad_at, group, passes, statistics)
                  if self.loop.recipe.gradient_fn else None)
       stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr, grad_at)
       for args in passes:
         metrics = self.view.add_metrics(metrics, *args)
-      return stepped, metrics
+      return self.loop.with_non_trainable(stepped, moved), metrics
 
     return step
 
@@ -127,23 +130,24 @@ class CohortProgram:
                                         message.get('aggregator'))
     return (sums, self.loop.client_output(result)) if self.stateful else sums
 
-  def _grad_at(self, group, passes, weights, j):
+  def _grad_at(self, group, passes, statistics, weights, j):
     """`Recipe.gradient_fn`'s grad_at from the functional view; records the pass."""
     batch, rows = group[j]
-    grads, loss, data_loss, predictions = self.view.loss_and_grads(weights, batch, rows)
+    grads, loss, data_loss, predictions = self.view.loss_and_grads(weights, batch, rows,
+                                                                   statistics)
     passes.append((batch, predictions, rows, data_loss))
     return grads, loss
 
-  def _user_accuracy(self, x_t, lr, client):
+  def _user_accuracy(self, x_t, n_t, lr, client):
     """`Recipe.user_accuracy`: the personalised weights (from the client's first
     training batch) on its padded test batches, in inference mode; no metrics."""
     first = ((tf.nest.map_structure(lambda t: t[0], client['batches']), client['mask'][0]),)
     weights = self.loop.personalized_weights(
-        x_t, lr, functools.partial(self._grad_at, first, []))
+        x_t, lr, functools.partial(self._grad_at, first, [], n_t))
 
     def test_batch(ua, group):
       batch, rows = group[0]
-      labels, logits, loss = self.view.evaluate(weights, batch, rows)
+      labels, logits, loss = self.view.evaluate(weights, batch, rows, n_t)
       return client_lib.add_user_accuracy(ua, labels, logits, loss, rows)
 
     test = client['test']
@@ -169,12 +173,12 @@ class CohortProgram:
     lr = message['hparams']['learning_rate']
     ua = ()
     if self.loop.recipe.user_accuracy:  # from x_t with the client's private weights
-      start, _ = self.loop.start_weights(x_t, _non_trainable(message),
-                                         client.get('client_state', ()))
-      ua = self._user_accuracy(start, lr, client)
+      start, statistics = self.loop.start_weights(x_t, _non_trainable(message),
+                                                  client.get('client_state', ()))
+      ua = self._user_accuracy(start, statistics, lr, client)
     state = self._init(message, x_t, client.get('client_state', ()))
     if self.loop.recipe.full_gradient:
-      state = self._over_steps(self._anchor_step(x_t), batches, mask, state)
+      state = self._over_steps(self._anchor_step(message, x_t), batches, mask, state)
     state = self._over_steps(self._train_step(message), batches, mask, state,
                              self.loop.recipe.batches_per_step)
     return self._final(message, x_t, state, ua)
@@ -198,7 +202,8 @@ class CohortProgram:
       state = tf.nest.map_structure(lambda t: tf.repeat(t[tf.newaxis], clients, axis=0),
                                     self._init(message, x_t))
     if self.loop.recipe.full_gradient:
-      state = self._over_steps(self._anchor_step(x_t), batches, mask, state, clients_axis=True)
+      state = self._over_steps(self._anchor_step(message, x_t), batches, mask, state,
+                               clients_axis=True)
     state = self._over_steps(self._train_step(message), batches, mask, state,
                              self.loop.recipe.batches_per_step, clients_axis=True)
     return _over_clients(lambda *s: self._final(message, x_t, s), state)

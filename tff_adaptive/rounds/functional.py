@@ -11,10 +11,15 @@ those `report_local_unfinalized_metrics` would hold.
 
 Padded batches: a batch of B rows with n real ones (mask 1) gives the same
 loss and gradient as the n rows alone, because the model's Keras loss reduces
-SUM_OVER_BATCH_SIZE: loss(y, ŷ, sample_weight=mask) · B / n. Other reductions,
-several losses, non-trainable weights (BatchNorm statistics), subclassed
-models (no `clone_model`) and metrics other than Keras ones are not supported:
-`Unsupported` says which, and the round runs per client.
+SUM_OVER_BATCH_SIZE: loss(y, ŷ, sample_weight=mask) · B / n. Batch
+normalisation (not fused: on inputs other than images) computes its batch
+statistics over the real rows (frequency weights), and its moving statistics,
+the model's non-trainable weights, are inputs and outputs of a training pass
+(`train_pass`), as the variables of a per-client model hold them. Other
+reductions, several losses, other non-trainable weights, fused batch norm
+(whose moving variance differs), subclassed models (no `clone_model`) and
+metrics other than Keras ones are not supported: `Unsupported` says which, and
+the round runs per client.
 """
 
 import collections
@@ -47,12 +52,42 @@ def _keras_parts(model):
     raise Unsupported('the model has several losses')
   if getattr(loss_fns[0], 'reduction', None) not in _REDUCTIONS:
     raise Unsupported('the loss does not reduce SUM_OVER_BATCH_SIZE')
-  if model.non_trainable_variables:
-    raise Unsupported('the model has non-trainable weights (e.g. BatchNorm statistics)')
+  _check_non_trainable(keras_model, model.non_trainable_variables)
   if isinstance(keras_model, tf.keras.Sequential) or getattr(keras_model, '_is_graph_network',
                                                              False):
     return keras_model, loss_fns[0]
   raise Unsupported('the Keras model is subclassed (tf.keras.models.clone_model cannot clone it)')
+
+
+def _check_non_trainable(keras_model, non_trainable) -> None:
+  """Non-trainable weights only as the moving statistics of batch norm that the
+  view computes as Keras does (not fused, no renormalisation or ghost batches)."""
+  if not non_trainable:
+    return
+  statistics = []
+  for layer in keras_model.submodules:
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+      if layer.fused or layer.renorm or layer.virtual_batch_size is not None:
+        raise Unsupported('the model has fused batch norm (on images), renormalisation or '
+                          'ghost batches')
+      statistics += [layer.moving_mean, layer.moving_variance]
+  if any(not any(v is s for s in statistics) for v in non_trainable):
+    raise Unsupported('the model has non-trainable weights other than batch-norm statistics')
+
+
+def _masked_moments(model, rows):
+  """Batch norm in `model` takes its batch statistics over the real rows only:
+  a padded batch normalises as its real rows alone would."""
+  for layer in model.submodules:
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+
+      def moments(inputs, reduction_axes, keep_dims, mask=None):
+        del mask
+        weights = tf.reshape(tf.cast(rows, inputs.dtype), [-1] + [1] * (inputs.shape.rank - 1))
+        return tf.nn.weighted_moments(inputs, axes=reduction_axes, frequency_weights=weights,
+                                      keepdims=keep_dims)
+
+      layer._calculate_mean_and_var = moments  # pylint: disable=protected-access
 
 
 def _metric_plan(model):
@@ -84,6 +119,8 @@ class FunctionalView:
       self._keras_model, self._loss_fn = _keras_parts(model)
       self._plan = _metric_plan(model)
       shapes = [tuple(v.shape) for v in model.trainable_variables]
+      statistics = [tuple(v.shape) for v in model.non_trainable_variables]
+      self.has_non_trainable = bool(statistics)
       layers = [layer for layer in self._keras_model.submodules
                 if isinstance(layer, tf.keras.layers.Layer)]
       self.has_rnn = any(isinstance(layer, tf.keras.layers.RNN) for layer in layers)
@@ -96,28 +133,33 @@ class FunctionalView:
       self.rnn_unrolled_cells = recurrent.unrolled_cells(self._keras_model)
       self.rnn_vectorise_reason = recurrent.why_not_vectorised(self._keras_model)
     self.unroll_rnn = False
-    self._check_clone_order(shapes)
+    self._check_clone_order(shapes, statistics)
 
-  def _check_clone_order(self, shapes):
-    created = []
+  def _check_clone_order(self, shapes, statistics):
+    created = ([], [])
 
     def record(next_creator, **kwargs):
       variable = next_creator(**kwargs)
-      if kwargs.get('trainable', True):
-        created.append(tuple(variable.shape))
+      created[0 if kwargs.get('trainable', True) else 1].append(tuple(variable.shape))
       return variable
 
     with tf.Graph().as_default(), tf.variable_creator_scope(record):
       tf.keras.models.clone_model(self._keras_model)
-    if created != shapes:
+    if created != (shapes, statistics):
       raise Unsupported('the cloned Keras model creates its weights in another order')
 
-  def _clone_with(self, trainable):
-    weights = list(trainable)
+  def _clone_with(self, trainable, non_trainable=(), rows=None):
+    """(the model on these weights, its non-trainable weights as tensor variables,
+    which a training pass moves)."""
+    weights, values, statistics = list(trainable), list(non_trainable), []
 
     def swap(next_creator, **kwargs):
-      del next_creator, kwargs
-      return weights.pop(0)
+      del next_creator
+      if kwargs.get('trainable', True):
+        return weights.pop(0)
+      statistics.append(variable_utils.TensorVariable(
+          values.pop(0), dtype=kwargs.get('dtype'), name=kwargs.get('name', 'Variable')))
+      return statistics[-1]
 
     with tf.variable_creator_scope(swap):
       model = tf.keras.models.clone_model(self._keras_model)
@@ -125,15 +167,22 @@ class FunctionalView:
       _generic_rnn(model)
     if self.unroll_rnn:
       recurrent.unroll(model)
-    return model
+    if rows is not None and self.has_non_trainable:
+      _masked_moments(model, rows)
+    return model, statistics
 
-  def loss_and_grads(self, trainable, batch, mask):
+  def loss_and_grads(self, trainable, batch, mask, non_trainable=()):
     """(gradients, training loss, data loss, predictions) on the real rows of a batch."""
+    return self.train_pass(trainable, batch, mask, non_trainable)[:4]
+
+  def train_pass(self, trainable, batch, mask, non_trainable=()):
+    """`loss_and_grads` and the non-trainable weights after it (the moving
+    statistics move in training mode); `non_trainable`: the model's, before it."""
     x, y = _inputs(batch)
     trainable = list(trainable)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
-      model = self._clone_with(trainable)
+      model, statistics = self._clone_with(trainable, non_trainable, mask)
       # TFF's forward pass calls the model in a tf.function, whose outputs lose
       # Keras masks (`_keras_mask`, e.g. Embedding(mask_zero=True) in the
       # Shakespeare models): its loss and metrics count the masked steps, and
@@ -145,13 +194,13 @@ class FunctionalView:
     grads = tape.gradient(loss, trainable)
     grads = [tf.zeros_like(w) if g is None else tf.convert_to_tensor(g)
              for g, w in zip(grads, trainable)]
-    return grads, loss, data_loss, predictions
+    return grads, loss, data_loss, predictions, [s.read_value() for s in statistics]
 
-  def evaluate(self, trainable, batch, mask):
+  def evaluate(self, trainable, batch, mask, non_trainable=()):
     """(labels, predictions, loss) in inference mode on the real rows of a batch
     (user accuracy: what `forward_pass(batch, training=False)` gives)."""
     x, y = _inputs(batch)
-    model = self._clone_with(list(trainable))
+    model, _ = self._clone_with(list(trainable), non_trainable)
     predictions = tf.nest.map_structure(tf.identity, model(x, training=False))
     scale = tf.math.divide_no_nan(tf.cast(tf.shape(mask)[0], tf.float32), tf.reduce_sum(mask))
     loss = tf.add_n([self._loss_fn(y, predictions, sample_weight=mask) * scale] +
