@@ -158,3 +158,32 @@ def test_a_second_context_after_shutdown_prints_no_tff_noise():
   assert result.returncode == 0 and 'done' in result.stdout, result.stderr[-3000:]
   assert 'Exception ignored' not in result.stderr, result.stderr[-3000:]
   assert 'ProcessLookupError' not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_context_used_again_after_shutdown_starts_a_new_worker():
+  """A later run in the same process that keeps the context (seen: bin/train's MTFL run after
+  another in-process run) finds its stopped worker's stub gone and starts a new worker, where
+  TFF's ServiceManager would signal the stopped worker (AttributeError on its cleared process)."""
+  code = textwrap.dedent(f'''
+      import sys
+      sys.path.insert(0, {ROOT!r})
+      import tensorflow as tf
+      import tensorflow_federated as tff
+      from tff_adaptive.execution import runtime
+      @tff.tensorflow.computation(tf.int32)
+      def add_one(x):
+        return x + 1
+      runtime.use_local_cpp_context()
+      assert add_one(1) == 2
+      runtime.shutdown_workers()
+      assert add_one(2) == 3
+      print('WORKERS', ' '.join(map(str, runtime.live_workers())), flush=True)
+      runtime.shutdown_workers()
+  ''')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = next(l for l in result.stdout.splitlines() if l.startswith('WORKERS'))
+  pids = [int(p) for p in line.split()[1:]]
+  assert pids, 'the second call started no tracked worker'
+  assert processes.gone(pids), f'worker(s) {pids} still running after shutdown_workers'

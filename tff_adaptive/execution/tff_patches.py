@@ -201,13 +201,17 @@ def forget_stopped_workers(children) -> None:
   training run in one process) does `os.kill(process.pid, SIGINT)`; for a
   reaped worker our pid is impossible (see `_TrackedPopen`), which TFF reports
   as "Exception ignored ... ProcessLookupError". With `_process` cleared,
-  `__del__` has nothing to stop.
+  `__del__` has nothing to stop. The stub goes too: a context used again
+  after its worker stopped (a later run in the same process that keeps the
+  context) finds no stub and starts a new worker, where TFF's `get_stub`
+  would signal the stopped worker's `_process` (None: AttributeError).
   """
   stopped = {id(p) for p in children}
   for obj in gc.get_objects():
     if (type(obj).__name__ == 'ServiceManager' and
         id(getattr(obj, '_process', None)) in stopped):
       obj._process = None  # pylint: disable=protected-access
+      obj._stub = None  # pylint: disable=protected-access
 
 
 def disarm_service_managers() -> None:
