@@ -32,9 +32,12 @@ server step; shared moving statistics are averaged
 (`Recipe.average_non_trainable`); UA is `Recipe.user_accuracy`. The process is
 the engine's `rounds.stateful.PersonalizedClientsProcess`: per client,
 `process.client_input(train, stored state, test=test)`; `output.clients[i]` is
-OrderedDict(ua=..., private=the new state under the store's names). Models
-with batch norm run per client: the cohort's functional view of a model has
-no non-trainable weights yet (`execution='cohort'` falls back with a warning).
+OrderedDict(ua=..., private=the new state under the store's names). With
+`execution='cohort'` it runs as one program (batch norm included, with its
+batch statistics over each padded batch); Keras' fused batch norm (image
+inputs) falls back per client with a warning. bin/train still builds MTFL per
+client (its registry entry): passing the execution through the personalised
+path is not done yet.
 
 Its rounds are bit for bit those of the personalised engine it ran on before
 (deleted); the state's server statistics are OrderedDict(server=the server
