@@ -4,7 +4,6 @@ Every number comes from the runs' metrics.csv, except the data build's counts
 below; a run that has not finished is listed as missing, never estimated.
 """
 
-import math
 import os
 
 import report_runner as rr  # pylint: disable=g-import-not-at-top

@@ -15,7 +15,6 @@ The cohort (both nestings of feed-forward models: vectorised, in sequence)
 gives the per-client rounds within 1e-5 for each private choice and strategy.
 """
 
-import collections
 
 import numpy as np
 import pytest

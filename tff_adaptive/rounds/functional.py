@@ -27,7 +27,6 @@ import collections
 import numpy as np
 
 import tensorflow as tf
-import tensorflow_federated as tff
 # TFF 0.87's tensor-backed variable, the same one TFF's functional metrics use
 # (tff.learning.metrics.create_functional_metric_fns), which drops sample weights.
 from tensorflow_federated.python.core.environments.tensorflow_frontend import variable_utils
