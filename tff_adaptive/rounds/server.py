@@ -39,13 +39,12 @@ class RoundCosts:
   @classmethod
   def from_types(cls, recipe: recipe_lib.Recipe, *, weights_type, broadcast_type, delta_type,
                  extra_type, trainable_specs, fb_flops_per_example, non_trainable_specs=()):
+    private_specs = [specs[i] for specs, positions in (
+        (trainable_specs, recipe.private_trainable),
+        (non_trainable_specs, recipe.private_non_trainable)) for i in positions]
     # Private weights (`Recipe.private_trainable`) are never read by a client (its
     # own are patched over them): a deployment would not send them.
-    private_bits = sum(
-        layout.num_bits(tff.types.tensorflow_to_type(specs[i]))
-        for specs, positions in ((trainable_specs, recipe.private_trainable),
-                                 (non_trainable_specs, recipe.private_non_trainable))
-        for i in positions)
+    private_bits = sum(layout.num_bits(tff.types.tensorflow_to_type(s)) for s in private_specs)
     down = (layout.num_bits(weights_type) + layout.num_bits(broadcast_type) +
             layout.num_bits(layout.HPARAMS_TYPE) - private_bits)
     up = layout.num_bits(delta_type) + (
@@ -64,11 +63,7 @@ class RoundCosts:
     if recipe.has_private_weights:
       own = (tff.tensorflow.computation(lambda: recipe.init_client_state(list(trainable_specs)))
              .type_signature.result if recipe.init_client_state else None)
-      private_floats = sum(
-          int(np.prod(specs[i].shape))
-          for specs, positions in ((trainable_specs, recipe.private_trainable),
-                                   (non_trainable_specs, recipe.private_non_trainable))
-          for i in positions) + (
+      private_floats = sum(int(np.prod(s.shape)) for s in private_specs) + (
           sum(int(np.prod(t.shape)) for t in layout.leaves(own)) if own is not None else 0)
     return cls(down, up, state_floats, recipe.optimizer_ops_per_param * num_params,
                fb_flops_per_example,
