@@ -174,12 +174,10 @@ class ClientLoop:
     if not recipe.splits_weights:
       delta = [a - b for a, b in zip(x_t, carry['y'])]
       return delta, delta
-    n_t = list(n_t)
-    averaged = shared(recipe.private_non_trainable, len(n_t)) if recipe.average_non_trainable else []
-    # Flattened as `delta_structure` flattens (tf.nest sorts the keys).
-    delta = tf.nest.flatten(collections.OrderedDict(
-        trainable=tuple(x_t[i] - carry['y'][i] for i in shared(recipe.private_trainable, len(x_t))),
-        non_trainable=tuple(n_t[i] - carry['n'][i] for i in averaged)))
+    # Δ at `delta_structure`'s positions, flattened as it flattens (tf.nest sorts the keys).
+    delta = tf.nest.flatten(delta_structure(
+        recipe, [a - b for a, b in zip(x_t, carry['y'])],
+        [a - b for a, b in zip(list(n_t), carry['n'])]))
     kept = ([carry['y'][i] for i in recipe.private_trainable] +
             [carry['n'][i] for i in recipe.private_non_trainable])
     return delta, delta + kept
@@ -189,11 +187,7 @@ class ClientLoop:
            if self.recipe.init_client_state is not None else ())
     if not self.recipe.has_private_weights:
       return own
-    return collections.OrderedDict(
-        weights=collections.OrderedDict(
-            trainable=tuple(carry['y'][i] for i in self.recipe.private_trainable),
-            non_trainable=tuple(carry['n'][i] for i in self.recipe.private_non_trainable)),
-        local=own)
+    return self.recipe.private_state(carry['y'], carry['n'], own)
 
   def final(self, carry, x_t, n_t=()) -> ClientResult:
     delta, checked = self._delta(carry, list(x_t), n_t)
@@ -237,21 +231,16 @@ class ClientLoop:
     return output
 
 
-def shared(private, count: int) -> list[int]:
-  """The positions of `count` weights that are not in `private`."""
-  return [i for i in range(count) if i not in private]
-
-
 def delta_structure(recipe: recipe_lib.Recipe, trainable, non_trainable):
   """The structure Δ is aggregated in: the trainable weights', or for recipes
   that split the weights OrderedDict(trainable=shared, non_trainable=averaged shared)."""
   if not recipe.splits_weights:
     return trainable
   t, n = tf.nest.flatten(trainable), tf.nest.flatten(non_trainable)
-  averaged = (shared(recipe.private_non_trainable, len(n))
+  averaged = (recipe_lib.shared(recipe.private_non_trainable, len(n))
               if recipe.average_non_trainable else [])
   return collections.OrderedDict(
-      trainable=tuple(t[i] for i in shared(recipe.private_trainable, len(t))),
+      trainable=tuple(t[i] for i in recipe_lib.shared(recipe.private_trainable, len(t))),
       non_trainable=tuple(n[i] for i in averaged))
 
 

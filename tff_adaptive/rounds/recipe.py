@@ -170,12 +170,17 @@ class Recipe:
     own = self.init_client_state(list(trainable_specs)) if self.init_client_state else ()
     if not self.has_private_weights:
       return own
-    t = tf.nest.flatten(initial_weights.trainable)
-    n = tf.nest.flatten(initial_weights.non_trainable)
+    constants = lambda weights: [tf.constant(w) for w in tf.nest.flatten(weights)]
+    return self.private_state(constants(initial_weights.trainable),
+                              constants(initial_weights.non_trainable), own)
+
+  def private_state(self, trainable, non_trainable, own):
+    """A client's state with private weights: theirs among `trainable` and
+    `non_trainable` (flat lists of the model's weights), and `own`."""
     return collections.OrderedDict(
         weights=collections.OrderedDict(
-            trainable=tuple(tf.constant(t[i]) for i in self.private_trainable),
-            non_trainable=tuple(tf.constant(n[i]) for i in self.private_non_trainable)),
+            trainable=tuple(trainable[i] for i in self.private_trainable),
+            non_trainable=tuple(non_trainable[i] for i in self.private_non_trainable)),
         local=own)
 
   def client_state_leaf_names(self, structure) -> list[str]:
@@ -190,3 +195,8 @@ class Recipe:
             non_trainable=tuple(f'non_trainable_{i}' for i in self.private_non_trainable)),
         local=tf.nest.pack_sequence_as(structure['local'], list(own)))
     return tf.nest.flatten(names)
+
+
+def shared(private, count: int) -> list[int]:
+  """The positions of `count` weights that are not in `private`."""
+  return [i for i in range(count) if i not in private]

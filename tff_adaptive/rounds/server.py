@@ -137,7 +137,7 @@ class ServerRound:
     if not (self.recipe.splits_weights and self.recipe.average_non_trainable):
       return non_trainable
     n = [tf.identity(t) for t in tf.nest.flatten(non_trainable)]
-    positions = [i for i in range(len(n)) if i not in self.recipe.private_non_trainable]
+    positions = recipe_lib.shared(self.recipe.private_non_trainable, len(n))
     for i, d in zip(positions, mean_delta['non_trainable']):
       n[i] = n[i] - d
     return tf.nest.pack_sequence_as(non_trainable, n)
