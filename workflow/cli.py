@@ -9,6 +9,7 @@ exits. The flag checks are workflow/validation.py's, the run's name and
 directory workflow/experiment.py's.
 """
 
+import logging as std_logging
 import os
 import signal
 import sys
@@ -224,6 +225,10 @@ def _stopped(signum: int, out, progress) -> errors.Stopped:
   # A second signal now ends the process at once, without a traceback.
   for s in _SIGNALS:
     signal.signal(s, signal.SIG_DFL)
+  # The stop abandons what TFF had in flight (a value being materialised);
+  # asyncio would report each such task when it is destroyed at teardown,
+  # after this one line.
+  std_logging.getLogger('asyncio').setLevel(std_logging.CRITICAL)
   from workflow import run_files  # pylint: disable=g-import-not-at-top
   if out is not None:
     run_files.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
