@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from tasks import fixtures
 from workflow import algorithm_builders
 from workflow import algorithms
 from workflow import cli
@@ -113,6 +114,25 @@ def test_every_algorithm_runs_with_only_its_name(case, run_by_name):
         os.path.join(experiment.experiment_dir(settings), 'tensorboard'))
     assert hparams['algorithm'] == 'fedgbo' and hparams['client_optimizer'] == 'adam'
     assert hparams['local_steps'] == 10 and 'root_output_dir' not in hparams
+
+
+def _execution_line(capsys):
+  return next(l for l in capsys.readouterr().err.splitlines() if l.startswith('execution: '))
+
+
+def test_mtfl_runs_as_a_cohort_unless_its_batch_norm_is_fused(tmp_path, capsys):
+  # MNIST's MTFL 2NN: batch norm on dense layers, which the cohort program computes.
+  fixtures.write_keras_mnist(str(tmp_path / 'keras'), train=200, test=100)
+  _, _, row = _run(tmp_path, '--algorithm=mtfl', '--task=mnist', '--mnist_model=mtfl_2nn',
+                   f'--data_dir={tmp_path / "keras"}', '--total_rounds=1',
+                   '--show_progress=true', default_execution=True)
+  assert _execution_line(capsys).startswith('execution: cohort ('), row
+  assert 'cohort_padding_waste' in row and np.isfinite(row['ua/mean'])
+  # digits' default MTFL model: fused batch norm (convolutions) runs per client, and says why.
+  _run(tmp_path, '--algorithm=mtfl', '--total_rounds=1', '--show_progress=true',
+       default_execution=True)
+  line = _execution_line(capsys)
+  assert line.startswith('execution: per_client (') and 'fused batch norm' in line, line
 
 
 def test_demo_plot_of_one_round_runs(run_by_name):

@@ -277,8 +277,11 @@ def _mtfl_client(settings: config.Settings, strategy: str):
   return client_sgd(client)
 
 
-def build_mtfl(task, settings: config.Settings, **options):
-  del options  # a personalised round: per client, no drift measurement (the entry says so)
+def build_mtfl(task, settings: config.Settings, *, execution, **options):
+  # A round of the engine: `execution` applies (a model with fused batch norm
+  # runs per client, and the library's warning says why); the entry refuses
+  # drift measurement.
+  del options
   strategy = settings.personalized.mtfl_strategy or 'fedavg'
   _refuse_server_optimizer(settings, 'adam' if strategy == 'fedadam' else 'sgd',
                            f'--mtfl_strategy={strategy}')
@@ -290,7 +293,7 @@ def build_mtfl(task, settings: config.Settings, **options):
       local_steps=settings.client.local_steps,
       bias_correction=settings.algorithm.mfl_bias_correction,
       client_weighting=_personalized_weighting(settings),
-      fb_flops_per_example=fb_flops_per_example(task))
+      fb_flops_per_example=fb_flops_per_example(task), execution=execution)
 
 
 def build_perfedavg(task, settings: config.Settings, **options):

@@ -119,7 +119,6 @@ class AlgorithmEntry:
 
 
 def _personalised(build, doc, **fields) -> AlgorithmEntry:
-  fields.setdefault('cohort', No('a personalised round'))
   return AlgorithmEntry(build, doc, personalized=True, keeps_client_state=True,
                         aggregator=No(_PERSONALISED), compressible=No(_PERSONALISED),
                         measures_client_drift=No(_PERSONALISED), **fields)
@@ -195,9 +194,9 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                           'private batch-norm patches, per-client state (thesis ch. 4)',
                           client_optimizers=('sgd', 'adam'), defaults=_mtfl_defaults),
     'perfedavg': _personalised('build_perfedavg',
-                               'Per-FedAvg, first order (thesis ch. 4)', cohort=True),
+                               'Per-FedAvg, first order (thesis ch. 4)'),
     'pfedme': _personalised('build_pfedme', 'pFedMe, Moreau envelopes (thesis ch. 4)',
-                            server_optimizer='', cohort=True),
+                            server_optimizer=''),
     # The paper's server step (SGD, η_g = 1: --server_learning_rate's default)
     # and unweighted means (the builder's default weighting): no defaults.
     'scaffold': AlgorithmEntry('build_scaffold',
