@@ -346,7 +346,7 @@ def test_mimexlite_uploads_one_minibatch_gradient(clients, mimexlite_process):
 # ---------------------------------------------------------------------------
 
 
-def test_seed000_sgdm_is_tffs_heavy_ball_at_rate_times_one_minus_beta():
+def test_fedgbo_papers_sgdm_is_tffs_heavy_ball_at_rate_times_one_minus_beta():
   """--client_beta_1's help: SGDm of fedgbo/mfl (m ← βm + (1−β)g, step η·m)
   and TFF's heavy ball (m ← βm + g) at η(1−β) give the same iterates, both as
   moving steps (MFL, FedAvg's clients) and with the state fixed (FedGBO,

@@ -166,7 +166,7 @@ def test_algorithms_without_a_cohort_form_are_named_not_run():
 
 
 @pytest.mark.parametrize('model', ['so_lr', 'gru'])
-def test_issue_23_models_and_their_raw_loops(model):
+def test_so_lr_and_gru_models_and_their_raw_loops(model):
   setting = bench.Setting(model, clients=2, steps=1, batch=2)
   x, y = setting.client_tensors(0)
   spec = bench.MODELS[model]

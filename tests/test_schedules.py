@@ -78,7 +78,7 @@ def test_fedopt_lr_schedules():
   assert sqrt.value(10) == pytest.approx(0.4)
 
 
-def test_seed001_lr_schedules():
+def test_decaying_k_papers_lr_schedules():
   exp = schedule_flags.make_lr_schedule('exp', 0.3, decay_rate=0.9996)
   assert exp.value(1000) == pytest.approx(0.3 * 0.9996**1000, rel=1e-12)
   assert exp.value(1000) < exp.value(999) < exp.value(0) == 0.3
@@ -114,7 +114,7 @@ def test_step_fractions_4_decimals(k0, decay, fraction):
 
 
 @pytest.mark.parametrize('k0,fraction', [(33, 0.51), (100, 0.50)])
-def test_step_fractions_seed001_table1(k0, fraction):
+def test_step_fractions_of_the_decaying_k_papers_table1(k0, fraction):
   s = schedule_flags.make_local_steps_schedule('exp', k0, decay=0.9996)
   ks = local_steps.local_steps_sequence(s, 4000)
   assert round(local_steps.step_fraction(ks, k0), 2) == fraction

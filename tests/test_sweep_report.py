@@ -463,8 +463,8 @@ def test_real_two_round_trials_resume(tmp_path):
 # ---------------------------------------------------------------------------
 # The reproduction report's exact figures.
 
-def test_seed001_step_fractions_match_table1():
-  rows = paper_checks.seed001_step_fractions()
+def test_decaying_k_step_fractions_match_table1():
+  rows = paper_checks.decaying_k_step_fractions()
   assert len(rows) == 11 and all(r.status == provenance.MATCH for r in rows[:10])
   femnist33 = next(r for r in rows if 'FEMNIST, K_0 = 33' in r.item)
   assert (femnist33.paper, femnist33.ours) == ('0.26', '0.2601')

@@ -62,7 +62,7 @@ def _commands() -> list[tuple[str, int, str]]:
   return commands
 
 
-def test_every_task_of_issue_8_has_a_row_with_commands_for_itself():
+def test_every_task_has_a_row_with_commands_for_itself():
   rows = dict(_table_rows())
   assert set(FIXTURE) | {'digits', 'synthetic'} == set(rows)
   assert set(rows) <= set(registry.TASKS)

@@ -29,7 +29,7 @@ def _trainable(model):
   return sum(int(np.prod(v.shape)) for v in model.trainable_weights)
 
 
-def test_vit_s16_parameter_counts_of_seed_002():
+def test_vit_s16_parameter_counts_of_the_fedada2_paper():
   full = vit.create_vit(100, finetune='full')
   assert full.count_params() == 21_704_164 == vit.num_params(vit.VIT_S16, 100)
   assert _trainable(full) == 21_704_164

@@ -44,7 +44,7 @@ def _exp_k(k0: int, decay: float):
   return learning_rate.ExponentialDecay(k0, decay, quantity=schedules.LOCAL_STEPS)
 
 
-def seed001_step_fractions() -> list[Check]:
+def decaying_k_step_fractions() -> list[Check]:
   from tff_adaptive.schedules import local_steps  # pylint: disable=g-import-not-at-top
   rows = []
   fractions = {}

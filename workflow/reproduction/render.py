@@ -35,7 +35,7 @@ def exact_checks(with_processes: bool = True,
   """Every check by section name; `with_processes=False` skips the TFF processes."""
   models = models or flops_tables.flops_models()
   sections = {
-      'Decaying local steps (the decaying-K paper, thesis ch. 5)': paper_checks.seed001_step_fractions() +
+      'Decaying local steps (the decaying-K paper, thesis ch. 5)': paper_checks.decaying_k_step_fractions() +
                                                        paper_checks.thesis_table_5_4(),
       'Model size (docs/algorithms.md#costs: no paper prints these numbers)': paper_checks.model_size_checks(models),
       'Compression (thesis ch. 3)': paper_checks.compression_checks(),
