@@ -143,7 +143,10 @@ class CohortRunner:
 
   def _shards(self):
     shards = self.process.make_shards(self.arrays)
-    return shards if self.tests is None else self.process.with_test_batches(shards, self.tests)
+    if self.tests is None:
+      return shards
+    return self.process.with_test_batches(shards, self.tests,
+                                          private_states(self.process, len(self.tests)))
 
   def first(self):
     first_round(self)
@@ -152,6 +155,15 @@ class CohortRunner:
   def close(self):
     if self._pool is not None:
       self._pool.shutdown(wait=True)
+
+
+def private_states(process, clients: int):
+  """Each client's private state for a round of a personalised `process` (MTFL's
+  patches): the initial one, every round, as for clients seen for the first
+  time (the per-client and cohort rows do the same work); None without one."""
+  if not getattr(process, 'has_private_state', False):
+    return [None] * clients
+  return [process.client_state_initial] * clients
 
 
 def first_round(runner):

@@ -4,6 +4,9 @@ Each model is the shape of a task the papers run for many rounds:
 
   linear  synthetic multinomial logistic regression (tasks/synthetic.py)
   mlp     the digits MLP (tasks/digits.py)
+  mlp_bn  the digits MLP with batch norm after its hidden layer: MTFL's rows
+          (its private patches are batch-norm values; on dense inputs Keras'
+          batch norm is not fused, so the cohort program computes it)
   cnn     the EMNIST-shaped CNN (TFF's emnist_character model)
   so_lr   Stack-Overflow-LR shaped: one Dense 10,000 → 500 with sigmoid outputs,
           multi-hot tags, binary cross-entropy (TFF's stackoverflow_tag model)
@@ -47,6 +50,14 @@ def emnist_cnn() -> tf.keras.Model:
       layers.Dense(62, kernel_initializer=_glorot(4))])
 
 
+def digits_mlp_bn() -> tf.keras.Model:
+  layers = tf.keras.layers
+  return tf.keras.Sequential([
+      layers.InputLayer(input_shape=(8, 8, 1)), layers.Reshape((-1,)),
+      layers.Dense(64, kernel_initializer=_glorot(1)), layers.BatchNormalization(),
+      layers.ReLU(), layers.Dense(digits.NUM_CLASSES, kernel_initializer=_glorot(9))])
+
+
 def so_lr() -> tf.keras.Model:
   """TFF's Stack Overflow tag-prediction logistic regression."""
   return tf.keras.Sequential([
@@ -77,6 +88,8 @@ MODELS = {
                         synthetic.NUM_CLASSES, False),
     'mlp': ModelSpec(lambda: digits.build_keras_model('mlp'), (8, 8, 1), tf.float32, (),
                      tf.int32, digits.NUM_CLASSES, False),
+    'mlp_bn': ModelSpec(digits_mlp_bn, (8, 8, 1), tf.float32, (), tf.int32, digits.NUM_CLASSES,
+                        False),
     'cnn': ModelSpec(emnist_cnn, (28, 28, 1), tf.float32, (), tf.int32, 62, False),
     'so_lr': ModelSpec(so_lr, (SO_LR_WORDS,), tf.float32, (SO_LR_TAGS,), tf.float32,
                        SO_LR_TAGS, True),

@@ -83,12 +83,13 @@ ALGORITHMS = collections.OrderedDict([
     ('fedprox', ('fedprox', {})),
     ('perfedavg', ('perfedavg', {})),
     ('pfedme', ('pfedme', {})),
+    ('mtfl', ('mtfl', {})),  # private batch-norm patches: the mlp_bn settings
 ])
 TFF_REFERENCE = 'tff_fedavg'
 # Clients that also measure user accuracy: asked for by --algorithms only (their
 # rounds read a test split: here each client's training batches, the timing's
 # only concern), in the `python` data mode (their input is not a dataset alone).
-PERSONALISED = ('perfedavg', 'pfedme')
+PERSONALISED = ('perfedavg', 'pfedme', 'mtfl')
 
 
 # ---------------------------------------------------------------------------
@@ -100,6 +101,7 @@ MODELS = bench_models.MODELS
 # The benchmark settings: --setting=NAME → (model, clients, local steps, batch).
 SETTINGS = collections.OrderedDict([
     ('mlp_50x10', ('mlp', 50, 10, 20)),
+    ('mlp_bn_50x10', ('mlp_bn', 50, 10, 20)),  # MTFL's (batch-norm patches)
     ('mlp_5x100', ('mlp', 5, 100, 20)),
     ('mlp_200x10', ('mlp', 200, 10, 20)),
     ('so_lr', ('so_lr', 10, 10, 20)),
@@ -232,7 +234,8 @@ class Runner:
           dataset_fn, process)
       self.client_data = setting.seeds
     elif name in PERSONALISED:
-      inputs = [process.client_input(d, test=d) for d in setting.python_datasets()]
+      inputs = [process.client_input(d, bench_cohort.private_states(process, 1)[0], test=d)
+                for d in setting.python_datasets()]
       self.client_data = lambda: inputs
     else:
       datasets = setting.python_datasets()

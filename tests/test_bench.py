@@ -153,11 +153,29 @@ def test_targets_compare_adaptive_rows_with_fedavg_run_the_same_way():
   assert bench._cell(2e-9) == '2.0e-09' and bench._cell(0.25) == '0.25'  # pylint: disable=protected-access
 
 
-def test_algorithms_without_a_cohort_form_are_named_not_run():
+def test_personalised_rows_carry_test_batches_and_private_state():
+  """MTFL (private batch-norm patches) and Per-FedAvg (test batches only): the
+  per-client and cohort rows run the same round."""
+  # Per-FedAvg runs per client on batch-norm models: the plain MLP for it.
+  for name, model in (('mtfl', 'mlp_bn'), ('perfedavg', 'mlp')):
+    setting = bench.Setting(model, clients=2, steps=1, batch=4)
+    runners, skipped, failed = bench.build_cohort_runners(setting, [name], ['cohort_vec'], {})
+    assert skipped == {} and failed == {}
+    runner = runners[f'{name}@cohort_vec/{bench.bench_cohort.DATA}']
+    diff, scale = bench.bench_cohort.update_difference(runner.reference, runner)
+    assert scale > 1e-4 and diff <= 1e-5, (name, diff, scale)
+
+
+def test_algorithms_without_a_cohort_form_are_named_not_run(monkeypatch):
+  from workflow import algorithms  # pylint: disable=g-import-not-at-top
   setting = bench.Setting('mlp', clients=2, steps=1, batch=2)
-  # Every benchmarked algorithm has one now; MTFL's personalised round has none.
-  process, reason = bench.bench_cohort.build('mtfl', setting.task(), None, 'cohort_vec')
-  assert process is None and 'personalised' in reason
+  # Every registered algorithm has one now; an entry registered without one (a
+  # user's algorithm) is a row named with its reason, not a failure.
+  monkeypatch.setitem(algorithms.ALGORITHMS, 'per_client_only', algorithms.AlgorithmEntry(
+      'build_fedavg', cohort=algorithms.No('its clients call a service')))
+  process, reason = bench.bench_cohort.build('per_client_only', setting.task(), None,
+                                             'cohort_vec')
+  assert process is None and reason == 'its clients call a service'
   specs = bench.bench_cohort.row_specs(['fedadam', 'tff_fedavg', 'mimelite', 'fedprox', 'fedavg'],
                                        ['cohort_vec', 'cohort_vec_cpp'], bench.ALGORITHMS)
   assert [s[0] for s in specs] == ['fedadam@cohort_vec', 'mimelite@cohort_vec',
