@@ -7,6 +7,7 @@ function into its steps.
 
 import ast
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKED = ('tff_adaptive', 'tasks', 'workflow')
@@ -51,3 +52,26 @@ def test_the_size_check_can_fail():
   assert oversized(long_function, 'm.py') == [f'm.py:1 f: {MAX_FUNCTION_LINES + 2} lines > 80']
   assert oversized('x = 1\n' * (MAX_MODULE_LINES + 1), 'm.py') == ['m.py: 501 lines > 500']
   assert not oversized('x = 1\n' * MAX_MODULE_LINES, 'm.py')
+
+
+def _named_in(text: str, module: str) -> bool:
+  return re.search(rf'\b{re.escape(module)}\b', text) is not None
+
+
+def test_the_module_maps_name_every_module():
+  """docs/training.md's Layout and rounds/__init__.py's map: where a newcomer
+  finds each module by what it does."""
+  with open(os.path.join(ROOT, 'docs', 'training.md')) as f:
+    layout = f.read().split('## Layout', 1)[1].split('\n## ', 1)[0]
+  with open(os.path.join(ROOT, 'tff_adaptive', 'rounds', '__init__.py')) as f:
+    rounds_map = f.read()
+  missing = []
+  for path in _python_files():
+    module = os.path.splitext(os.path.basename(path))[0]
+    if module == '__init__':
+      continue
+    if not _named_in(layout, module):
+      missing.append(f'docs/training.md Layout: {os.path.relpath(path, ROOT)}')
+    if os.path.basename(os.path.dirname(path)) == 'rounds' and not _named_in(rounds_map, module):
+      missing.append(f'tff_adaptive/rounds/__init__.py: {module}')
+  assert not missing, missing

@@ -10,6 +10,8 @@
   layout.py             the state layout (TFF's `LearningAlgorithmState`) and hparams
   model_info.py         `ModelInfo`: the model and the recipe's types a round needs
   options.py            `RoundOptions`: how a round is aggregated, measured, executed
+  validation.py         the checks of the arguments every builder shares, as TFF's
+                        builders make them (TypeError/ValueError naming the argument)
   functional.py         a Keras-backed model as pure functions of its weights
   stateful.py           processes whose clients keep state across rounds (SCAFFOLD's c_i,
                         MTFL's private weights), or measure user accuracy
