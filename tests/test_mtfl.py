@@ -19,6 +19,7 @@ import algorithm_testing as at
 from tasks import base as task_base
 from tasks import common
 from tff_adaptive.personalization import client_state
+from tff_adaptive.rounds import cohort
 from workflow import personalization
 from workflow import program
 from tff_adaptive.algorithms import fedopt
@@ -306,7 +307,19 @@ def _run(process, task, out_dir, total_rounds):
   return state, row, store
 
 
-def test_state_survives_checkpoint_and_resume_bit_for_bit(mtfl_all, task, tmp_path):
+@pytest.fixture(scope='module')
+def mtfl_all_cohort():
+  return mtfl.build_mtfl(bn_model_fn, bn_keras_model, tff.learning.optimizers.build_sgdm(LR),
+                         private='all', strategy='fedavg', local_steps=K, execution='cohort')
+
+
+# The cohort keeps the private state in the same store: a resume must restore
+# it there as it does per client.
+@pytest.mark.parametrize('execution', ['per_client', 'cohort'])
+def test_state_survives_checkpoint_and_resume_bit_for_bit(execution, request, task, tmp_path):
+  mtfl_all = request.getfixturevalue('mtfl_all' if execution == 'per_client' else
+                                     'mtfl_all_cohort')
+  assert cohort.is_cohort(mtfl_all) == (execution == 'cohort')
   full = str(tmp_path / 'full')
   state_a, row_a, store_a = _run(mtfl_all, task, full, 3)
   assert 'ua/mean' in row_a and 'ua_all/mean' in row_a and 'eval/accuracy' in row_a

@@ -35,9 +35,8 @@ the engine's `rounds.stateful.PersonalizedClientsProcess`: per client,
 OrderedDict(ua=..., private=the new state under the store's names). With
 `execution='cohort'` it runs as one program (batch norm included, with its
 batch statistics over each padded batch); Keras' fused batch norm (image
-inputs) falls back per client with a warning. bin/train still builds MTFL per
-client (its registry entry): passing the execution through the personalised
-path is not done yet.
+inputs) falls back per client with a warning (bin/train's execution line
+gives that reason).
 
 Its rounds are bit for bit those of the personalised engine it ran on before
 (deleted); the state's server statistics are OrderedDict(server=the server
