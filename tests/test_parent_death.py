@@ -105,3 +105,68 @@ def test_sigint_restored_for_children_of_a_process_that_ignores_it(default_sigin
   finally:
     child.kill()
     child.wait()
+
+
+_WRAPPED_PARENT = textwrap.dedent('''
+    import os, signal, subprocess, sys
+    sys.path.insert(0, {root!r})
+    from tff_adaptive.execution import parent_death
+    args, fn = parent_death.popen_args(['sleep', '60'], signal.SIGKILL)
+    assert fn is None, 'a preexec_fn: Python would run in the forked child'
+    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(child.pid, flush=True)
+    os._exit(0)
+''')
+
+needs_setpriv = pytest.mark.skipif(
+    parent_death._exec_prefix(int(signal.SIGKILL), True) is None,  # pylint: disable=protected-access
+    reason='no setpriv/env --default-signal here: popen_args falls back to preexec_fn')
+
+
+@linux_only
+@needs_setpriv
+def test_popen_args_child_dies_with_its_parent_with_no_python_in_the_child():
+  """Without a preexec_fn, subprocess forks no Python-running child (one of TFF's
+  worker starts aborted there, and its round waited for it forever)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, '-c', _WRAPPED_PARENT.format(root=root)],
+                       capture_output=True, text=True, timeout=60, check=True)
+  pid = int(out.stdout.split()[0])
+  if not processes.gone([pid], timeout=10, poll=0.05):
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail('the child outlived its parent')
+
+
+@linux_only
+@needs_setpriv
+def test_popen_args_restores_sigint_and_keeps_the_pid():
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    args, fn = parent_death.popen_args(['sleep', '60'], default_sigint=True)
+    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, preexec_fn=fn)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  try:
+    assert fn is None
+    deadline = time.time() + 10
+    while time.time() < deadline and not _cmdline(child.pid).startswith('sleep'):
+      time.sleep(0.02)
+    assert _cmdline(child.pid).startswith('sleep')  # the same pid became the command
+    assert not _ignored_signals(child.pid) & (1 << (signal.SIGINT - 1))
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=10) == -signal.SIGINT
+  finally:
+    child.kill()
+    child.wait()
+
+
+def _cmdline(pid: int) -> str:
+  with open(f'/proc/{pid}/cmdline', 'rb') as f:
+    return f.read().replace(b'\0', b' ').decode()
+
+
+def test_popen_args_leaves_a_missing_command_to_fail_in_popen():
+  args, _ = parent_death.popen_args(['/no/such/binary', '--x'])
+  assert args == ['/no/such/binary', '--x']
+  with pytest.raises(FileNotFoundError):
+    subprocess.Popen(args)  # pylint: disable=consider-using-with

@@ -14,11 +14,23 @@ two integers.
 
 The signal goes when the *thread* that started the child exits (the kernel's
 notion of parent): start long-lived children from a long-lived thread.
+
+Even so, any `preexec_fn` makes `subprocess` fork the whole interpreter and run
+its after-fork hooks and Python code in the child of a threaded process: a
+`worker_binary` child started from TFF's executor thread was seen to abort
+there ("Fatal Python error: Aborted") before its exec, and the round then
+waited for that worker forever. So `popen_args` prefers no `preexec_fn` at
+all: util-linux's `setpriv --pdeathsig` (and coreutils' `env
+--default-signal=INT`) set the same things in the child after a plain
+fork-exec, then exec the command under the same pid. `preexec_fn` stays the
+fallback where those tools are missing.
 """
 
 import ctypes
 import functools
+import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Optional
@@ -76,3 +88,38 @@ def preexec_fn(signum: int = signal.SIGKILL,
       reset(sigint, default)
 
   return set_parent_death_signal
+
+
+@functools.cache
+def _exec_prefix(signum: int, default_sigint: bool) -> Optional[tuple[str, ...]]:
+  """The command prefix that sets the parent-death signal (and SIGINT's
+  default) and execs the rest; None where the tools are missing or refuse."""
+  setpriv, env = shutil.which('setpriv'), shutil.which('env')
+  if not sys.platform.startswith('linux') or setpriv is None:
+    return None
+  prefix = (setpriv, '--pdeathsig', signal.Signals(signum).name[3:])
+  if default_sigint:
+    if env is None:
+      return None
+    prefix = (env, '--default-signal=INT') + prefix
+  try:
+    probe = subprocess.run([*prefix, 'true'], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10,
+                           check=False)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return prefix if probe.returncode == 0 else None
+
+
+def popen_args(args, signum: int = signal.SIGKILL,
+               default_sigint: bool = False) -> tuple[list, Optional[Callable[[], None]]]:
+  """(argv, preexec_fn) for `subprocess.Popen`: the child gets `signum` when its
+  parent dies (and SIGINT's default action with `default_sigint`, see
+  `preexec_fn`). Through `setpriv`/`env` when present (no Python runs in the
+  child: `preexec_fn` is None), else the plain argv with `preexec_fn`."""
+  prefix = _exec_prefix(int(signum), default_sigint)
+  # A command that cannot start fails in Popen, as without the prefix (the
+  # prefix would report it as the tool's exit status instead).
+  if prefix is not None and shutil.which(str(args[0])) is not None:
+    return [*prefix, *args], None
+  return list(args), preexec_fn(signum, default_sigint)

@@ -107,7 +107,8 @@ class _TrackedPopen(subprocess.Popen):
     kwargs['stderr'] = subprocess.STDOUT
     kwargs['stdin'] = subprocess.DEVNULL
     # SIGINT at its default: TFF stops this worker with SIGINT and waits.
-    kwargs['preexec_fn'] = parent_death.preexec_fn(signal.SIGKILL, default_sigint=True)
+    args, kwargs['preexec_fn'] = parent_death.popen_args(args, signal.SIGKILL,
+                                                         default_sigint=True)
     super().__init__(args, **kwargs)
     log.close()
     with _lock:

@@ -193,9 +193,9 @@ class WorkerProcess:
     if self.log_path != '-':
       log = open(self.log_path, 'ab')  # pylint: disable=consider-using-with
       kwargs.update(stdout=log, stderr=subprocess.STDOUT)
-    kwargs['preexec_fn'] = parent_death.preexec_fn(signal.SIGKILL)
+    args, kwargs['preexec_fn'] = parent_death.popen_args(self._args, signal.SIGKILL)
     try:
-      self._proc = subprocess.Popen(self._args, **kwargs)  # pylint: disable=consider-using-with
+      self._proc = subprocess.Popen(args, **kwargs)  # pylint: disable=consider-using-with
     finally:
       if log is not None:
         log.close()
