@@ -54,6 +54,10 @@ ALLOWED_FLAG_TEXT = {
         "the command line of TFF's worker_binary, which WorkerProcess starts (not a message)",
     ('tff_adaptive/execution/worker_process.py', 'max_concurrent_computation_calls'):
         "the command line of TFF's worker_binary, which WorkerProcess starts (not a message)",
+    ('tff_adaptive/execution/parent_death.py', 'pdeathsig'):
+        "setpriv's option in the command line a worker starts under (not a message)",
+    ('tff_adaptive/execution/parent_death.py', 'default-signal'):
+        "env's option in the command line a worker starts under (not a message)",
 }
 
 
