@@ -108,12 +108,19 @@ def test_sigint_restored_for_children_of_a_process_that_ignores_it(default_sigin
 
 
 _WRAPPED_PARENT = textwrap.dedent('''
-    import os, signal, subprocess, sys
+    import os, signal, subprocess, sys, time
     sys.path.insert(0, {root!r})
     from tff_adaptive.execution import parent_death
     args, fn = parent_death.popen_args(['sleep', '60'], signal.SIGKILL)
     assert fn is None, 'a preexec_fn: Python would run in the forked child'
     child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # setpriv sets the signal after its own exec: wait until the command runs
+    # (a parent dead before that leaves the child running: see popen_args).
+    for _ in range(1000):
+      with open(f'/proc/{{child.pid}}/cmdline', 'rb') as f:
+        if f.read().startswith(b'sleep'):
+          break
+      time.sleep(0.01)
     print(child.pid, flush=True)
     os._exit(0)
 ''')

@@ -23,7 +23,10 @@ waited for that worker forever. So `popen_args` prefers no `preexec_fn` at
 all: util-linux's `setpriv --pdeathsig` (and coreutils' `env
 --default-signal=INT`) set the same things in the child after a plain
 fork-exec, then exec the command under the same pid. `preexec_fn` stays the
-fallback where those tools are missing.
+fallback where those tools are missing. The price: the signal is set a few
+milliseconds after `Popen` returns (in setpriv, after its exec), so a parent
+killed within that window leaves the child running; `preexec_fn` set it before
+`Popen` returned.
 """
 
 import ctypes
