@@ -145,8 +145,8 @@ class CohortRunner:
     shards = self.process.make_shards(self.arrays)
     if self.tests is None:
       return shards
-    return self.process.with_test_batches(shards, self.tests,
-                                          private_states(self.process, len(self.tests)))
+    return self.process.with_test_batches(
+        shards, self.tests, [initial_private_state(self.process)] * len(self.tests))
 
   def first(self):
     first_round(self)
@@ -157,13 +157,11 @@ class CohortRunner:
       self._pool.shutdown(wait=True)
 
 
-def private_states(process, clients: int):
-  """Each client's private state for a round of a personalised `process` (MTFL's
-  patches): the initial one, every round, as for clients seen for the first
+def initial_private_state(process):
+  """A client's private state for a round of a personalised `process` (MTFL's
+  patches): the initial one, every round, as for a client seen for the first
   time (the per-client and cohort rows do the same work); None without one."""
-  if not getattr(process, 'has_private_state', False):
-    return [None] * clients
-  return [process.client_state_initial] * clients
+  return process.client_state_initial if getattr(process, 'has_private_state', False) else None
 
 
 def first_round(runner):

@@ -234,7 +234,7 @@ class Runner:
           dataset_fn, process)
       self.client_data = setting.seeds
     elif name in PERSONALISED:
-      inputs = [process.client_input(d, bench_cohort.private_states(process, 1)[0], test=d)
+      inputs = [process.client_input(d, bench_cohort.initial_private_state(process), test=d)
                 for d in setting.python_datasets()]
       self.client_data = lambda: inputs
     else:

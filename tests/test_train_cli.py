@@ -126,7 +126,7 @@ def test_a_stop_stays_the_last_line_with_tasks_in_flight(monkeypatch, caplog):
   # the stop's line, which then is no longer the last).
   monkeypatch.setattr(signal, 'signal', lambda *args: None)  # keep pytest's handlers
   asyncio_log = logging.getLogger('asyncio')
-  monkeypatch.setattr(asyncio_log, 'level', asyncio_log.level)
+  monkeypatch.setattr(asyncio_log, 'filters', list(asyncio_log.filters))
   loop = asyncio.new_event_loop()
   loop.create_task(asyncio.sleep(60))
   loop.run_until_complete(asyncio.sleep(0))  # the task starts: in flight, never finished
@@ -135,6 +135,9 @@ def test_a_stop_stays_the_last_line_with_tasks_in_flight(monkeypatch, caplog):
   loop.close()  # drops the task: destroyed while pending
   gc.collect()
   assert not [r for r in caplog.records if r.name == 'asyncio'], caplog.text
+  asyncio_log.error('another asyncio error')  # still reported after a stop
+  assert [r.getMessage() for r in caplog.records if r.name == 'asyncio'] == [
+      'another asyncio error']
 
 
 @pytest.mark.parametrize('algorithm', ['fedadam', 'fedgbo', 'scaffold'])

@@ -220,15 +220,22 @@ def restore_signal_handlers(previous: dict) -> None:
       signal.signal(s, handler)
 
 
+def _drop_abandoned_tasks(record) -> bool:
+  return not record.getMessage().startswith('Task was destroyed but it is pending!')
+
+
 def _stopped(signum: int, out, progress) -> errors.Stopped:
   """The error of SIGINT/SIGTERM: one line, exit status 128 + signal number (130, 143)."""
   # A second signal now ends the process at once, without a traceback.
   for s in _SIGNALS:
     signal.signal(s, signal.SIG_DFL)
   # The stop abandons what TFF had in flight (a value being materialised);
-  # asyncio would report each such task when it is destroyed at teardown,
-  # after this one line.
-  std_logging.getLogger('asyncio').setLevel(std_logging.CRITICAL)
+  # asyncio would report each such task when it is destroyed (at teardown,
+  # after this one line). Only that report is dropped: a process that goes on
+  # keeps asyncio's other errors.
+  asyncio_log = std_logging.getLogger('asyncio')
+  if _drop_abandoned_tasks not in asyncio_log.filters:
+    asyncio_log.addFilter(_drop_abandoned_tasks)
   from workflow import run_files  # pylint: disable=g-import-not-at-top
   if out is not None:
     run_files.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))

@@ -50,11 +50,13 @@ def _start(argv: Sequence[str], log_file: str) -> subprocess.Popen:
   with open(log_file, 'ab') as out:
     out.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} {" ".join(argv)}\n'.encode())
     out.flush()
+    # SIGTERM when the sweep dies: bin/train stops cleanly.
+    args, preexec_fn = parent_death.popen_args(argv, signal.SIGTERM)
     try:
       return subprocess.Popen(  # pylint: disable=consider-using-with
-          argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
+          args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
           start_new_session=True,  # Ctrl-C reaches the sweep only; it stops trials itself
-          preexec_fn=parent_death.preexec_fn(signal.SIGTERM))  # bin/train stops cleanly
+          preexec_fn=preexec_fn)
     except OSError as e:  # The trial program itself cannot start.
       out.write(f'error: cannot start {argv[0]}: {e}\n'.encode())
       raise
