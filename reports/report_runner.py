@@ -56,6 +56,7 @@ def _train(args: Sequence[str]):
   from workflow import errors  # pylint: disable=g-import-not-at-top
   _FLAGS.unparse_flags()
   _FLAGS(['bin/train.py', *args])
+  first = checkpoint_round(args)
   started, cpu = time.monotonic(), time.process_time()
   try:  # what bin/train's main() does: presets and algorithm defaults, then the run
     settings, notes = cli.resolve_flags(_FLAGS)
@@ -64,7 +65,7 @@ def _train(args: Sequence[str]):
   except errors.RunError as e:  # exit status 1: diverged or failed; 2: bad flags or files
     errors.report(e)
     status = 'diverged' if e.exit_code == 1 else f'exit {e.exit_code}'
-  return tuple(args), status, time.monotonic() - started, time.process_time() - cpu
+  return tuple(args), status, time.monotonic() - started, time.process_time() - cpu, first
 
 
 def command_line(args: Sequence[str]) -> str:
@@ -96,30 +97,57 @@ def run_all(jobs: Sequence[Sequence[str]], processes: int = 2) -> dict[tuple, st
   with ctx.Pool(processes, initializer=_init_worker, initargs=(os.getpid(),),
                 maxtasksperchild=8) as pool:
     # CPU seconds are this process's only; TFF's C++ worker runs in a child process.
-    for args, status, seconds, cpu in pool.imap_unordered(_train, todo):
-      print(f'  [{status}, {seconds:.0f}s wall, {cpu:.0f}s CPU] {command_line(args)}', flush=True)
-      log_attempt(args, status, seconds, cpu)
+    for args, status, seconds, cpu, first in pool.imap_unordered(_train, todo):
+      print(f'  [{status}, {seconds:.0f}s wall, {cpu:.0f}s CPU, from round {first}] '
+            f'{command_line(args)}', flush=True)
+      log_attempt(args, status, seconds, cpu, first)
       results[args] = status
   return results
 
 
 WALL_CLOCK = 'wall_clock.csv'
+_WALL_CLOCK_HEAD = ['ended_utc', 'status', 'wall_seconds', 'cpu_seconds', 'first_round']
 
 
-def log_attempt(args: Sequence[str], status: str, seconds: float, cpu: float) -> None:
+def checkpoint_round(args: Sequence[str]) -> int:
+  """The round of the run's last checkpoint (0: none), where bin/train resumes."""
+  try:
+    names = os.listdir(os.path.join(run_dir(args), 'checkpoints'))
+  except FileNotFoundError:
+    return 0
+  rounds = [int(n.rsplit('_', 1)[1]) for n in names
+            if n.startswith('program_state_') and n.rsplit('_', 1)[1].isdigit()]
+  return max(rounds, default=0)
+
+
+def log_attempt(args: Sequence[str], status: str, seconds: float, cpu: float,
+                first_round: Optional[int] = None) -> None:
   """Appends one attempt of a run (a start of bin/train that returned) to its
   directory's wall_clock.csv: the report's wall-clock per run, evaluation and
-  start-up included. An attempt killed with its pool is not there."""
+  start-up included, and the round it resumed from, so that its CPU seconds
+  can be read per round. An attempt killed with its pool is not there. A file
+  written before `first_round` was logged gets the column, empty in its rows."""
   path = os.path.join(run_dir(args), WALL_CLOCK)
   if not os.path.isdir(os.path.dirname(path)):
     return  # refused before it made its directory
-  fresh = not os.path.exists(path)
-  with open(path, 'a', newline='') as f:
-    writer = csv.writer(f)
-    if fresh:
-      writer.writerow(['ended_utc', 'status', 'wall_seconds', 'cpu_seconds'])
-    writer.writerow([time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), status,
-                     f'{seconds:.1f}', f'{cpu:.1f}'])
+  rows = read_attempts(path)
+  rows.append({'ended_utc': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
+               'status': status, 'wall_seconds': f'{seconds:.1f}', 'cpu_seconds': f'{cpu:.1f}',
+               'first_round': '' if first_round is None else str(first_round)})
+  with open(path + '.tmp', 'w', newline='') as f:
+    writer = csv.DictWriter(f, _WALL_CLOCK_HEAD)
+    writer.writeheader()
+    writer.writerows({k: row.get(k) or '' for k in _WALL_CLOCK_HEAD} for row in rows)
+  os.replace(path + '.tmp', path)
+
+
+def read_attempts(path: str) -> list[dict]:
+  """The rows of a wall_clock.csv ([] if there is none)."""
+  try:
+    with open(path, newline='') as f:
+      return list(csv.DictReader(f))
+  except FileNotFoundError:
+    return []
 
 
 def wall_minutes(args: Sequence[str]) -> Optional[float]:
@@ -129,6 +157,20 @@ def wall_minutes(args: Sequence[str]) -> Optional[float]:
       return sum(float(row['wall_seconds']) for row in csv.DictReader(f)) / 60
   except FileNotFoundError:
     return None
+
+
+def cpu_seconds_per_run(args: Sequence[str]) -> Optional[float]:
+  """CPU seconds of the whole run, read from the logged attempt that finished it
+  (status ok) and the round it resumed from: its CPU seconds × total rounds /
+  the rounds it ran (an attempt stopped with its pool is not logged, so a
+  resumed run is scaled from its last attempt); None if no such attempt."""
+  rows = read_attempts(os.path.join(run_dir(args), WALL_CLOCK))
+  done = [r for r in rows if r['status'] == 'ok' and (r.get('first_round') or '').isdigit()]
+  if not done:
+    return None
+  total = int(flag(args, 'total_rounds'))
+  ran = total - int(done[-1]['first_round'])
+  return float(done[-1]['cpu_seconds']) * total / ran if ran > 0 else None
 
 
 def flag(args: Sequence[str], name: str) -> str:

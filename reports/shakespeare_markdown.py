@@ -95,10 +95,8 @@ def _time_lines(runs_dir, data_dir, grid):
       f'{done} finished runs of {planned} took {sum(hours.values()):.1f} hours of training time '
       f'({per_part}). "Wall-clock per run" is what bin/train took from start to return, '
       'evaluation, start-up and checkpoints included, summed over the attempts the runner '
-      'logged (`wall_clock.csv` beside its metrics.csv; the runs of parts fedgbo and decayk '
-      'started before the runner wrote it, so their rows were copied from the runner\'s '
-      'printed lines, matched by their exact command; an attempt stopped with its pool is not '
-      'logged). **The budget these runs were sized for (about 6 hours of this machine) was '
+      'logged (`wall_clock.csv` beside its metrics.csv; an attempt stopped with its pool is '
+      'not logged). **The budget these runs were sized for (about 6 hours of this machine) was '
       'not met**: a part-fedopt run takes about twice its training time in wall-clock '
       '(FedAdam η_s = 0.01: 1,567 s wall, of which 775 s rounds; the rest is mostly the '
       f'evaluation of the whole test split every {sf.FEDOPT_EVAL_EVERY} rounds), and part '
@@ -106,11 +104,69 @@ def _time_lines(runs_dir, data_dir, grid):
       f'{sf.SELECT_LAST} rounds, the window the table averages '
       f'(`--first_eval_round={sf.FEDOPT_ROUNDS - sf.SELECT_LAST + 1}`; the figure shows seed 0): '
       '689 s and 737 s wall for FedAvg\'s seeds 1 and 2 against 1,747 s and 1,821 s for '
-      'SCAFFOLD\'s grid runs, which evaluate every 5 rounds. Parts fedgbo and decayk were then '
-      f'sized to fit 3 hours: {len(sc.FEDGBO_SEEDS)} and {len(sc.DECAYK_SEEDS)} seeds of '
-      f'{sc.FEDGBO_ROUNDS} and {sc.DECAYK_ROUNDS} rounds. Mimelite runs TFF\'s per-client '
-      'template, not the cohort: '
-      'its training time per run in part fedgbo\'s table is the cost of that.', '']
+      'SCAFFOLD\'s grid runs, which evaluate every 5 rounds. "CPU per run" is the CPU '
+      'seconds of the bin/train process (all its threads) over the attempt that finished the '
+      'run, scaled to the whole run by the rounds it ran when it resumed from a checkpoint '
+      '(`wall_clock.csv` logs the round each attempt started from; for part decayk\'s eight '
+      'runs logged before that column existed, it was read from their TensorBoard event files, '
+      'which show the rounds each process wrote: two of them resumed, from rounds 60 and 10).',
+      '',
+      *_budget_lines(runs_dir), '']
+
+
+# New compute allowed for the 300-round runs of parts decayk and fedgbo and
+# for extending part fedopt's chosen rates to 300 rounds.
+BUDGET_CORE_HOURS = 12
+
+
+def _budget_lines(runs_dir):
+  """What the 300-round runs cost, measured, against BUDGET_CORE_HOURS, and
+  what did not fit, with the measured cost it would take."""
+  parts = sc.jobs(runs_dir)
+  cost = {part: [c for c in map(rr.cpu_seconds_per_run, jobs.values()) if c is not None]
+          for part, jobs in parts.items()}
+  spent = sum(sum(c) for c in cost.values()) / 3600
+  per_run = {part: (min(c) / 60, max(c) / 60) for part, c in cost.items() if c}
+  missing = {part: sum(not rr.finished(j) for j in jobs.values()) for part, jobs in parts.items()}
+  ranges = '; '.join(f'part {part}: {len(cost[part])} finished runs, {lo:.0f}–{hi:.0f} core-min '
+                     'each' for part, (lo, hi) in per_run.items())
+  source = 'fedgbo' if cost['fedgbo'] else 'decayk'
+  fedgbo_each = sum(cost[source]) / max(len(cost[source]), 1) / 3600
+  extension = _fedopt_extension_hours(runs_dir)
+  remaining = (missing['fedgbo'] + missing['decayk']) * fedgbo_each
+  return [
+      f'**The 300-round runs** (parts fedgbo and decayk) were given {BUDGET_CORE_HOURS} '
+      f'core-hours of new compute, with part fedopt\'s extension. Measured ({ranges}): the '
+      f'finished runs took {spent:.1f} core-hours. Not finished: {missing["fedgbo"]} of part fedgbo\'s '
+      f'{len(parts["fedgbo"])} runs and {missing["decayk"]} of part decayk\'s '
+      f'{len(parts["decayk"])}, about {remaining:.1f} core-hours more at '
+      f'{60 * fedgbo_each:.0f} core-min a run (part {source}\'s mean per finished run). '
+      '**Part fedopt\'s extension to 300 rounds does not fit** beside them '
+      f'({spent:.1f} + {remaining:.1f} = {spent + remaining:.1f} of {BUDGET_CORE_HOURS} '
+      'core-hours) and was not run: its runs kept no '
+      'checkpoints, so each would start again from round 0; at the median round of its seeds 1 '
+      f'and 2 (two runs at a time, evaluation excluded) the {len(sf.FEDOPT_METHODS)} methods × '
+      f'{len(sf.FEDOPT_SEEDS)} seeds at 300 rounds take about {extension:.1f} core-hours, '
+      'before the wider grids its edge choices call for.']
+
+
+def _fedopt_extension_hours(runs_dir):
+  """Core-hours for part fedopt's chosen rates × seeds at 300 rounds, from the
+  median round of its finished seed-1 and seed-2 runs."""
+  seconds = sorted(v for path in _fedopt_seed_runs(runs_dir)
+                   for v in rr.read_csv_columns(path).get('round_seconds', []) if v == v)
+  if not seconds:
+    return float('nan')
+  median = seconds[len(seconds) // 2]
+  return len(sf.FEDOPT_METHODS) * len(sf.FEDOPT_SEEDS) * 300 * median / 3600
+
+
+def _fedopt_seed_runs(runs_dir):
+  root = os.path.join(runs_dir, 'fedopt')
+  names = os.listdir(root) if os.path.isdir(root) else []
+  return [os.path.join(root, n, 'metrics.csv') for n in sorted(names)
+          if n.endswith(('_seed1', '_seed2')) and
+          os.path.exists(os.path.join(root, n, 'metrics.csv'))]
 
 
 def _grid_rows(grid):

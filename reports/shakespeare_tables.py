@@ -71,7 +71,7 @@ def config_rows(part_jobs, configs, extra=None):
   head = ['configuration', 'seeds finished', 'mean validation accuracy over the run',
           'highest validation accuracy', 'lowest training loss',
           f'training loss, last {sv.LOSS_WINDOW} rounds', 'training time per run (min)',
-          'wall-clock per run (min)']
+          'wall-clock per run (min)', 'CPU per run (core-min)']
   if extra:
     head.append(extra[0])
   rows = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
@@ -82,7 +82,7 @@ def config_rows(part_jobs, configs, extra=None):
     cells = [label, f'{len(done)} of {sum(n == name for n, _ in part_jobs)}',
              fmt(mean(sc.mean_accuracy)), fmt(mean(sc.max_accuracy)),
              fmt(mean(sc.min_train_loss)), fmt(mean(last_loss)),
-             fmt(mean(training_minutes), 1), wall_cell(done)]
+             fmt(mean(training_minutes), 1), wall_cell(done), cpu_cell(done)]
     if extra:
       cells.append(extra[1](name, cols))
     rows.append('| ' + ' | '.join(cells) + ' |')
@@ -96,6 +96,15 @@ def wall_cell(jobs) -> str:
     return '–'
   note = '' if len(walls) == len(jobs) else f' ({len(walls)} of {len(jobs)} logged)'
   return f'{sum(walls) / len(walls):.1f}{note}'
+
+
+def cpu_cell(jobs) -> str:
+  """Mean CPU minutes per whole run (`report_runner.cpu_seconds_per_run`)."""
+  cpus = [c for c in map(rr.cpu_seconds_per_run, jobs) if c is not None]
+  if not cpus:
+    return '–'
+  note = '' if len(cpus) == len(jobs) else f' ({len(cpus)} of {len(jobs)} logged)'
+  return f'{sum(cpus) / len(cpus) / 60:.1f}{note}'
 
 
 def commands(part_jobs):
