@@ -133,11 +133,22 @@ def _budget_lines(runs_dir):
   source = 'fedgbo' if cost['fedgbo'] else 'decayk'
   fedgbo_each = sum(cost[source]) / max(len(cost[source]), 1) / 3600
   extension = _fedopt_extension_hours(runs_dir)
+  shares = [share for jobs in parts.values() for share in map(_overhead_share, jobs.values())
+            if share is not None]
+  overhead = (f'Evaluation (every {sc.DECAYK_EVAL_EVERY} rounds, every {sc.EVAL_STRIDE}th test '
+              'sequence), start-up and checkpoints together took '
+              f'{100 * min(shares):.0f}–{100 * max(shares):.0f} % of the wall-clock of the '
+              f'{len(shares)} runs that ran whole in one logged attempt. ' if shares else '')
+  evals = [e for jobs in parts.values() for e in map(_eval_share, jobs.values()) if e is not None]
+  if evals:
+    overhead += (f'Evaluation alone (`eval_seconds`, logged from this version on) took '
+                 f'{100 * min(evals):.1f}–{100 * max(evals):.1f} % of rounds plus evaluations in '
+                 f'the {len(evals)} finished runs that logged it at every evaluation. ')
   remaining = (missing['fedgbo'] + missing['decayk']) * fedgbo_each
   return [
       f'**The 300-round runs** (parts fedgbo and decayk) were given {BUDGET_CORE_HOURS} '
       f'core-hours of new compute, with part fedopt\'s extension. Measured ({ranges}): the '
-      f'finished runs took {spent:.1f} core-hours. Not finished: {missing["fedgbo"]} of part fedgbo\'s '
+      f'finished runs took {spent:.1f} core-hours. {overhead}Not finished: {missing["fedgbo"]} of part fedgbo\'s '
       f'{len(parts["fedgbo"])} runs and {missing["decayk"]} of part decayk\'s '
       f'{len(parts["decayk"])}, about {remaining:.1f} core-hours more at '
       f'{60 * fedgbo_each:.0f} core-min a run (part {source}\'s mean per finished run). '
@@ -148,6 +159,28 @@ def _budget_lines(runs_dir):
       f'and 2 (two runs at a time, evaluation excluded) the {len(sf.FEDOPT_METHODS)} methods × '
       f'{len(sf.FEDOPT_SEEDS)} seeds at 300 rounds take about {extension:.1f} core-hours, '
       'before the wider grids its edge choices call for.']
+
+
+def _overhead_share(job):
+  """1 − training time / wall-clock of a run whose one logged attempt ran it
+  whole (what is not rounds: evaluation, start-up, checkpoints); else None."""
+  rows = rr.read_attempts(os.path.join(rr.run_dir(job), rr.WALL_CLOCK))
+  if not rr.finished(job) or len(rows) != 1 or rows[0].get('first_round') != '0':
+    return None
+  return 1 - 60 * st.training_minutes(rr.read_columns(job)) / float(rows[0]['wall_seconds'])
+
+
+def _eval_share(job):
+  """Σ eval_seconds / (Σ round_seconds + Σ eval_seconds) of a finished run
+  that logged eval_seconds at every evaluation; else None."""
+  if not rr.finished(job):
+    return None
+  columns = rr.read_columns(job)
+  evals = [e for a, e in zip(columns.get(sv.ACCURACY, []), columns.get('eval_seconds', []))
+           if a == a]
+  if not evals or any(e != e for e in evals):
+    return None
+  return sum(evals) / (60 * st.training_minutes(columns) + sum(evals))
 
 
 def _fedopt_extension_hours(runs_dir):

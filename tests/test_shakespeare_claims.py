@@ -243,6 +243,27 @@ def test_cpu_per_run_is_scaled_from_the_round_its_finishing_attempt_resumed_from
   assert rr.wall_minutes(job) == pytest.approx(170.0 / 60)
 
 
+def test_evaluation_share_reads_eval_seconds_only_when_every_evaluation_logged_it(part):
+  import shakespeare_markdown as sm  # pylint: disable=g-import-not-at-top
+  job = part['decayk'][('constant', 0)]
+  write_run(job, 0.3, 2.0, rounds=4)
+  assert sm._eval_share(job) is None  # pylint: disable=protected-access  # unfinished
+  path = os.path.join(rr.run_dir(job), 'metrics.csv')
+
+  def write(eval_seconds):
+    with open(path, 'w', newline='') as f:
+      writer = csv.writer(f)
+      writer.writerow(['round', sv.LOSS, sv.ACCURACY, 'round_seconds', 'eval_seconds'])
+      for r in range(1, int(rr.flag(job, 'total_rounds')) + 1):
+        evaluated = r % 10 == 0
+        writer.writerow([r, 2.0, 0.3 if evaluated else '', 3.0,
+                         eval_seconds(r) if evaluated else ''])
+  write(lambda r: 6.0)  # 30 evaluations of 6 s beside 300 rounds of 3 s
+  assert sm._eval_share(job) == pytest.approx(180 / (900 + 180))  # pylint: disable=protected-access
+  write(lambda r: '' if r <= 100 else 6.0)  # resumed by a version that did not log it
+  assert sm._eval_share(job) is None  # pylint: disable=protected-access
+
+
 # ---- the committed report -------------------------------------------------------
 def _verdict_cells():
   """Every verdict cell of reports/shakespeare.md's claim tables (their last columns)."""

@@ -341,12 +341,17 @@ def test_report_figure_bands_from_three_seeds_and_regenerate_line(tmp_path, monk
 
 
 def test_first_eval_round_evaluates_only_the_last_window(tmp_path):
-  """--first_eval_round=4 with --rounds_per_eval=2 over 7 rounds: rounds 4, 6 and the last."""
+  """--first_eval_round=4 with --rounds_per_eval=2 over 7 rounds: rounds 4, 6 and the
+  last, each with its eval_seconds."""
   settings, _, _ = _run(tmp_path, '--algorithm=fedavg', '--total_rounds=7', '--rounds_per_eval=2',
                         '--first_eval_round=4')
   with open(os.path.join(experiment.experiment_dir(settings), 'metrics.csv'), newline='') as f:
-    evaluated = [r['round'] for r in csv.DictReader(f) if r.get('eval/loss')]
+    rows = list(csv.DictReader(f))
+  evaluated = [r['round'] for r in rows if r.get('eval/loss')]
   assert evaluated == ['4', '6', '7']
+  # What each evaluation took, on its rows only (round_seconds leaves it out).
+  assert [r['round'] for r in rows if r.get('eval_seconds')] == evaluated
+  assert all(float(r['eval_seconds']) > 0 for r in rows if r.get('eval_seconds'))
 
 
 def test_first_eval_round_refuses_a_schedule_that_watches_evaluations():

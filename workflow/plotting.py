@@ -29,6 +29,7 @@ EXACT_LABELS = {
     'eval/recall_at_5': 'test recall@5',
     'eval/mse': 'test mean squared error',
     'round_seconds': 'wall time per round (s)',
+    'eval_seconds': 'wall time per evaluation (s)',
     'sim/round_seconds': 'simulated time per round (s)',
     'sim/cumulative_minutes': 'simulated time (minutes)',
     'dp/epsilon': 'privacy budget ε spent',

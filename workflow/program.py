@@ -368,8 +368,11 @@ class _Loop:
   def evaluate_if_due(self, round_num: int, weights, row):
     if not self.config.is_eval_round(round_num):
       return
+    started = time.monotonic()
     self.last_eval = {f'eval/{k}': v for k, v in self.evaluate(weights).items()}
     row.update(self.last_eval)
+    # Beside round_seconds (which excludes it): what evaluation costs a run.
+    row['eval_seconds'] = time.monotonic() - started
     self.warned_non_finite_eval = divergence.warn_non_finite_eval(
         self.last_eval, round_num, self.warned_non_finite_eval)
 
