@@ -89,22 +89,26 @@ def config_rows(part_jobs, configs, extra=None):
   return rows
 
 
+def logged_mean_cell(jobs, minutes_of) -> str:
+  """Mean over the runs of `minutes_of(job)` (None: not logged), noting how
+  many of them logged it: the wall-clock and CPU columns."""
+  values = [v for v in map(minutes_of, jobs) if v is not None]
+  if not values:
+    return '–'
+  note = '' if len(values) == len(jobs) else f' ({len(values)} of {len(jobs)} logged)'
+  return f'{sum(values) / len(values):.1f}{note}'
+
+
 def wall_cell(jobs) -> str:
   """Mean wall-clock of the runs' logged attempts (`report_runner.log_attempt`)."""
-  walls = [w for w in map(rr.wall_minutes, jobs) if w is not None]
-  if not walls:
-    return '–'
-  note = '' if len(walls) == len(jobs) else f' ({len(walls)} of {len(jobs)} logged)'
-  return f'{sum(walls) / len(walls):.1f}{note}'
+  return logged_mean_cell(jobs, rr.wall_minutes)
 
 
 def cpu_cell(jobs) -> str:
   """Mean CPU minutes per whole run (`report_runner.cpu_seconds_per_run`)."""
-  cpus = [c for c in map(rr.cpu_seconds_per_run, jobs) if c is not None]
-  if not cpus:
-    return '–'
-  note = '' if len(cpus) == len(jobs) else f' ({len(cpus)} of {len(jobs)} logged)'
-  return f'{sum(cpus) / len(cpus) / 60:.1f}{note}'
+  return logged_mean_cell(
+      jobs, lambda job: None if rr.cpu_seconds_per_run(job) is None else
+      rr.cpu_seconds_per_run(job) / 60)
 
 
 def commands(part_jobs):
