@@ -153,6 +153,8 @@ def _budget_lines(runs_dir):
       f'{len(parts["fedgbo"])} runs and {missing["decayk"]} of part decayk\'s '
       f'{len(parts["decayk"])}, about {remaining:.1f} core-hours more at '
       f'{60 * fedgbo_each:.0f} core-min a run (part {source}\'s mean per finished run). '
+      f'Part fedgbo runs {len(sc.FEDGBO_SEEDS)} seeds: a third would add about '
+      f'{len(sc.FEDGBO_CONFIGS) * fedgbo_each:.1f} core-hours. '
       '**Part fedopt\'s extension to 300 rounds does not fit** beside them '
       f'({spent:.1f} + {remaining:.1f} = {spent + remaining:.1f} of {BUDGET_CORE_HOURS} '
       'core-hours) and was not run: its runs kept no '
