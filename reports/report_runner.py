@@ -150,27 +150,19 @@ def read_attempts(path: str) -> list[dict]:
     return []
 
 
-def wall_minutes(args: Sequence[str]) -> Optional[float]:
-  """Σ wall-clock of the run's logged attempts (minutes), or None if none was logged."""
-  try:
-    with open(os.path.join(run_dir(args), WALL_CLOCK), newline='') as f:
-      return sum(float(row['wall_seconds']) for row in csv.DictReader(f)) / 60
-  except FileNotFoundError:
-    return None
-
-
-def cpu_seconds_per_run(args: Sequence[str]) -> Optional[float]:
-  """CPU seconds of the whole run, read from the logged attempt that finished it
-  (status ok) and the round it resumed from: its CPU seconds × total rounds /
-  the rounds it ran (an attempt stopped with its pool is not logged, so a
-  resumed run is scaled from its last attempt); None if no such attempt."""
+def seconds_per_run(args: Sequence[str], field: str = 'cpu_seconds') -> Optional[float]:
+  """`field` ('cpu_seconds' or 'wall_seconds') of the whole run, read from the
+  logged attempt that finished it (status ok) and the round it resumed from:
+  its value × total rounds / the rounds it ran (an attempt stopped with its
+  pool is not logged, so a resumed run is scaled from its last attempt);
+  None if no such attempt was logged."""
   rows = read_attempts(os.path.join(run_dir(args), WALL_CLOCK))
   done = [r for r in rows if r['status'] == 'ok' and (r.get('first_round') or '').isdigit()]
   if not done:
     return None
   total = int(flag(args, 'total_rounds'))
   ran = total - int(done[-1]['first_round'])
-  return float(done[-1]['cpu_seconds']) * total / ran if ran > 0 else None
+  return float(done[-1][field]) * total / ran if ran > 0 else None
 
 
 def flag(args: Sequence[str], name: str) -> str:

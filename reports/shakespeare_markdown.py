@@ -94,9 +94,13 @@ def _time_lines(runs_dir, data_dir, grid):
       'on the 2 cores beside other work, so an upper bound of an idle machine\'s. The '
       f'{done} finished runs of {planned} took {sum(hours.values()):.1f} hours of training time '
       f'({per_part}). "Wall-clock per run" is what bin/train took from start to return, '
-      'evaluation, start-up and checkpoints included, summed over the attempts the runner '
-      'logged (`wall_clock.csv` beside its metrics.csv; an attempt stopped with its pool is '
-      'not logged). **The budget these runs were sized for (about 6 hours of this machine) was '
+      'evaluation, start-up and checkpoints included (`wall_clock.csv` beside its metrics.csv), '
+      'and "CPU per run" the CPU seconds of the bin/train process (all its threads) over the '
+      'same time: both of the attempt that finished the run, scaled to the whole run by the '
+      'rounds it ran when it resumed from a checkpoint (an attempt stopped with its pool is '
+      'not logged; `wall_clock.csv` logs the round each attempt started from). A scaled value '
+      'carries the load of that attempt only, so it can come out below the training time, '
+      'which sums rounds run under other loads. **The budget these runs were sized for (about 6 hours of this machine) was '
       'not met**: a part-fedopt run takes about twice its training time in wall-clock '
       '(FedAdam η_s = 0.01: 1,567 s wall, of which 775 s rounds; the rest is mostly the '
       f'evaluation of the whole test split every {sf.FEDOPT_EVAL_EVERY} rounds), and part '
@@ -104,12 +108,9 @@ def _time_lines(runs_dir, data_dir, grid):
       f'{sf.SELECT_LAST} rounds, the window the table averages '
       f'(`--first_eval_round={sf.FEDOPT_ROUNDS - sf.SELECT_LAST + 1}`; the figure shows seed 0): '
       '689 s and 737 s wall for FedAvg\'s seeds 1 and 2 against 1,747 s and 1,821 s for '
-      'SCAFFOLD\'s grid runs, which evaluate every 5 rounds. "CPU per run" is the CPU '
-      'seconds of the bin/train process (all its threads) over the attempt that finished the '
-      'run, scaled to the whole run by the rounds it ran when it resumed from a checkpoint '
-      '(`wall_clock.csv` logs the round each attempt started from; for part decayk\'s eight '
-      'runs logged before that column existed, it was read from their TensorBoard event files, '
-      'which show the rounds each process wrote: two of them resumed, from rounds 60 and 10).',
+      'SCAFFOLD\'s grid runs, which evaluate every 5 rounds. Part decayk\'s eight runs logged '
+      'before `first_round` existed have it from their TensorBoard event files, which show the '
+      'rounds each process wrote: two of them resumed, from rounds 60 and 10.',
       '',
       *_budget_lines(runs_dir), '']
 
@@ -123,7 +124,7 @@ def _budget_lines(runs_dir):
   """What the 300-round runs cost, measured, against BUDGET_CORE_HOURS, and
   what did not fit, with the measured cost it would take."""
   parts = sc.jobs(runs_dir)
-  cost = {part: [c for c in map(rr.cpu_seconds_per_run, jobs.values()) if c is not None]
+  cost = {part: [c for c in map(rr.seconds_per_run, jobs.values()) if c is not None]
           for part, jobs in parts.items()}
   spent = sum(sum(c) for c in cost.values()) / 3600
   per_run = {part: (min(c) / 60, max(c) / 60) for part, c in cost.items() if c}

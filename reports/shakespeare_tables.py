@@ -100,15 +100,17 @@ def logged_mean_cell(jobs, minutes_of) -> str:
 
 
 def wall_cell(jobs) -> str:
-  """Mean wall-clock of the runs' logged attempts (`report_runner.log_attempt`)."""
-  return logged_mean_cell(jobs, rr.wall_minutes)
+  """Mean wall-clock minutes per whole run (`report_runner.seconds_per_run`)."""
+  return logged_mean_cell(jobs, lambda job: _minutes(rr.seconds_per_run(job, 'wall_seconds')))
 
 
 def cpu_cell(jobs) -> str:
-  """Mean CPU minutes per whole run (`report_runner.cpu_seconds_per_run`)."""
-  return logged_mean_cell(
-      jobs, lambda job: None if rr.cpu_seconds_per_run(job) is None else
-      rr.cpu_seconds_per_run(job) / 60)
+  """Mean CPU minutes per whole run (`report_runner.seconds_per_run`)."""
+  return logged_mean_cell(jobs, lambda job: _minutes(rr.seconds_per_run(job, 'cpu_seconds')))
+
+
+def _minutes(seconds):
+  return None if seconds is None else seconds / 60
 
 
 def commands(part_jobs):

@@ -213,34 +213,26 @@ def test_measures_skip_rounds_without_evaluation(part):
   assert math.isnan(sc.mean_accuracy({'round': [1.0], sc.ACCURACY: [math.nan]}))
 
 
-def test_wall_clock_sums_the_logged_attempts(part):
-  job = part['decayk'][('constant', 0)]
-  rr.log_attempt(job, 'ok', 60.0, 5.0)  # no run directory (refused early): nothing written
-  assert rr.wall_minutes(job) is None
-  write_run(job, 0.3, 2.0, rounds=10)
-  rr.log_attempt(job, 'diverged', 90.0, 5.0)
-  rr.log_attempt(job, 'ok', 150.0, 5.0)
-  assert rr.wall_minutes(job) == pytest.approx(4.0)
-
-
-def test_cpu_per_run_is_scaled_from_the_round_its_finishing_attempt_resumed_from(part):
+def test_cost_per_run_is_scaled_from_the_round_its_finishing_attempt_resumed_from(part):
   job = part['decayk'][('constant', 0)]  # 300 rounds
+  rr.log_attempt(job, 'ok', 60.0, 5.0, 0)  # no run directory (refused early): nothing written
+  assert rr.seconds_per_run(job) is None
   write_run(job, 0.3, 2.0, rounds=10)
-  assert rr.checkpoint_round(job) == 0 and rr.cpu_seconds_per_run(job) is None
+  assert rr.checkpoint_round(job) == 0
   for r in (90, 100, 110):  # where bin/train resumes: the highest round, not the last name
     os.makedirs(os.path.join(rr.run_dir(job), 'checkpoints', f'program_state_{r}'))
   assert rr.checkpoint_round(job) == 110
   path = os.path.join(rr.run_dir(job), 'wall_clock.csv')
   with open(path, 'w') as f:  # a file from before first_round was logged
     f.write('ended_utc,status,wall_seconds,cpu_seconds\n2026-01-01T00:00:00Z,ok,60.0,30.0\n')
-  assert rr.cpu_seconds_per_run(job) is None  # its start round is unknown: no cost is guessed
+  assert rr.seconds_per_run(job) is None  # its start round is unknown: no cost is guessed
   rr.log_attempt(job, 'diverged', 10.0, 99.0, 0)
   rr.log_attempt(job, 'ok', 100.0, 380.0, rr.checkpoint_round(job))
   with open(path, newline='') as f:
     rows = list(csv.DictReader(f))
   assert [r['first_round'] for r in rows] == ['', '0', '110']  # old row kept, column added
-  assert rr.cpu_seconds_per_run(job) == pytest.approx(380.0 * 300 / 190)
-  assert rr.wall_minutes(job) == pytest.approx(170.0 / 60)
+  assert rr.seconds_per_run(job) == pytest.approx(380.0 * 300 / 190)
+  assert rr.seconds_per_run(job, 'wall_seconds') == pytest.approx(100.0 * 300 / 190)
 
 
 def test_evaluation_share_reads_eval_seconds_only_when_every_evaluation_logged_it(part):
