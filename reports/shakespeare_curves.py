@@ -15,7 +15,8 @@ import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
 
 ACCURACY, LOSS = sv.ACCURACY, sv.LOSS
 FEDGBO_PAPER = 'Mills et al., "Accelerating Federated Learning with a Global Biased Optimiser"'
-DECAYK_PAPER = '"Faster Federated Learning with Decaying Number of Local SGD Steps"'
+DECAYK_PAPER = ('Mills, Hu and Min, "Faster Federated Learning with Decaying Number of Local '
+                'SGD Steps" (arXiv:2305.09628, 2023)')
 # LEAF's Shakespeare vocabulary as the FedGBO code has it (tasks/leaf.py
 # SHAKESPEARE_VOCAB): the uniform guess of the plateau rule is ln 79.
 VOCAB_SIZE = 79
