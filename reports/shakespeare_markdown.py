@@ -134,17 +134,19 @@ def _budget_lines(runs_dir):
   source = 'fedgbo' if cost['fedgbo'] else 'decayk'
   fedgbo_each = sum(cost[source]) / max(len(cost[source]), 1) / 3600
   extension = _fedopt_extension_hours(runs_dir)
-  shares = [share for jobs in parts.values() for share in map(_overhead_share, jobs.values())
-            if share is not None]
+  jobs = [job for part_jobs in parts.values() for job in part_jobs.values()]
+  evals = [e for e in map(_eval_share, jobs) if e is not None]
+  # Runs from before eval_seconds: evaluation bounded by all that is not rounds.
+  shares = [share for job in jobs if _eval_share(job) is None
+            for share in [_overhead_share(job)] if share is not None]
   overhead = (f'Evaluation (every {sc.DECAYK_EVAL_EVERY} rounds, every {sc.EVAL_STRIDE}th test '
-              'sequence), start-up and checkpoints together took '
-              f'{100 * min(shares):.0f}–{100 * max(shares):.0f} % of the wall-clock of the '
-              f'{len(shares)} runs that ran whole in one logged attempt. ' if shares else '')
-  evals = [e for jobs in parts.values() for e in map(_eval_share, jobs.values()) if e is not None]
-  if evals:
-    overhead += (f'Evaluation alone (`eval_seconds`, logged from this version on) took '
-                 f'{100 * min(evals):.1f}–{100 * max(evals):.1f} % of rounds plus evaluations in '
-                 f'the {len(evals)} finished runs that logged it at every evaluation. ')
+              f'sequence) took {100 * min(evals):.1f}–{100 * max(evals):.1f} % of rounds plus '
+              f'evaluations in the {len(evals)} finished runs that logged `eval_seconds` at '
+              'every evaluation. ' if evals else '')
+  if shares:
+    overhead += ('In the runs from before `eval_seconds`, evaluation, start-up and checkpoints '
+                 f'together took {100 * min(shares):.0f}–{100 * max(shares):.0f} % of the '
+                 f'wall-clock ({len(shares)} runs that ran whole in one logged attempt). ')
   remaining = (missing['fedgbo'] + missing['decayk']) * fedgbo_each
   return [
       f'**The 300-round runs** (parts fedgbo and decayk) were given {BUDGET_CORE_HOURS} '
@@ -155,7 +157,8 @@ def _budget_lines(runs_dir):
       f'{len(parts["decayk"])}, about {remaining:.1f} core-hours more at '
       f'{60 * fedgbo_each:.0f} core-min a run (part {source}\'s mean per finished run). '
       f'Part fedgbo runs {len(sc.FEDGBO_SEEDS)} seeds: a third would add about '
-      f'{len(sc.FEDGBO_CONFIGS) * fedgbo_each:.1f} core-hours. '
+      f'{len(sc.FEDGBO_CONFIGS) * fedgbo_each:.1f} core-hours '
+      f'({spent + remaining + len(sc.FEDGBO_CONFIGS) * fedgbo_each:.1f} in all). '
       '**Part fedopt\'s extension to 300 rounds does not fit** beside them '
       f'({spent:.1f} + {remaining:.1f} = {spent + remaining:.1f} of {BUDGET_CORE_HOURS} '
       'core-hours) and was not run: its runs kept no '
