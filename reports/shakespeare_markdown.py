@@ -4,6 +4,7 @@ Every number comes from the runs' metrics.csv, except the data build's counts
 below; a run that has not finished is listed as missing, never estimated.
 """
 
+import math
 import os
 
 import report_runner as rr  # pylint: disable=g-import-not-at-top
@@ -313,8 +314,11 @@ def _fedopt_section(runs_dir, data_dir, grid, figures):
 def _unigram_note(part_jobs, configs):
   """The configurations whose training loss left its plateau in every seed but
   whose accuracy never rose: what their loss verdicts compare."""
+  # Below the uniform guess in every seed: a loss that rose above it (a run
+  # coming apart) is not a frequency model; falling_note says so.
   names = [n for n in st.never_rose(part_jobs, configs)
-           if n not in st.on_plateau(part_jobs, configs, sv.LOSS, any_seed=True)]
+           if n not in st.on_plateau(part_jobs, configs, sv.LOSS, any_seed=True) and
+           all(st.last_loss(c) < math.log(sc.VOCAB_SIZE) for c in sc.runs(part_jobs, n).values())]
   ends = [st.last_loss(c) for n in names for c in sc.runs(part_jobs, n).values()]
   if not ends:
     return []
@@ -322,7 +326,7 @@ def _unigram_note(part_jobs, configs):
           f'its frequency alone, without context, is {UNIGRAM_ENTROPY:.2f} nats on this build '
           '(the entropy of the training characters). '
           f'{", ".join(sc.short_label(n, configs) for n in names)} left the uniform guess\'s '
-          f'loss but end at {min(ends):.2f}–{max(ends):.2f} (last {sv.LOSS_WINDOW} rounds), '
+          f'loss but end at {st.span(ends)} (last {sv.LOSS_WINDOW} rounds), '
           'about that entropy, and their accuracy never rose above its first evaluation by '
           f'more than {100 * sv.ACCURACY_PLATEAU:.1f} points: their training-loss '
           'verdicts compare how fast the character frequencies were learnt, not the model of '

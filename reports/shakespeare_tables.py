@@ -157,6 +157,12 @@ def plateau_note(part_jobs, configs):
           'curve are "no verdict (plateau)".', '']
 
 
+def span(values, scale=1, digits=2):
+  """'a–b' of the values (one value when they agree to the digits shown)."""
+  low, high = (f'{scale * v:.{digits}f}' for v in (min(values), max(values)))
+  return low if low == high else f'{low}–{high}'
+
+
 def falling_note(part_jobs, configs):
   """The configurations whose last evaluation fell more than ACCURACY_PLATEAU
   below their first in every finished seed, with their curves' ends."""
@@ -167,11 +173,11 @@ def falling_note(part_jobs, configs):
     if not runs or not all(e and e[0] - e[-1] > sv.ACCURACY_PLATEAU for e in evals):
       continue
     last = int(rr.points(runs[0], 'round', sv.ACCURACY)[-1][0])
-    span = lambda xs, scale=1, d=2: f'{scale * min(xs):.{d}f}–{scale * max(xs):.{d}f}'
+    seeds = f'in all {len(runs)} seeds' if len(runs) > 1 else 'in its one finished seed'
     lines.append(
         f'**{sc.short_label(name, configs)} falls.** Its validation accuracy drops from '
         f'{span([e[-2] for e in evals], 100, 1)} % to {span([e[-1] for e in evals], 100, 1)} % '
-        f'at round {last} in all {len(runs)} seeds, while its training loss rises from its '
+        f'at round {last} {seeds}, while its training loss rises from its '
         f'lowest, {span([sc.min_train_loss(c) for c in runs])}, to '
         f'{span([c[sv.LOSS][-1] for c in runs])} at round {last}: a verdict on its accuracy '
         'that holds only with that last evaluation is flagged in the table below.')

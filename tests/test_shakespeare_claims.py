@@ -256,6 +256,19 @@ def test_evaluation_share_reads_eval_seconds_only_when_every_evaluation_logged_i
   assert sm._eval_share(job) is None  # pylint: disable=protected-access
 
 
+def test_a_loss_that_rises_past_the_uniform_guess_is_not_read_as_a_frequency_model(part):
+  import shakespeare_markdown as sm  # pylint: disable=g-import-not-at-top
+  jobs = part['fedgbo']
+  for seed in (0, 1):  # flat accuracy; loss near the unigram entropy, or coming apart
+    write_run(jobs[('fedgbo_adam', seed)], 0.188, 3.15)
+    write_run(jobs[('mimelite_sgdm', seed)], lambda r: 0.19 - 0.0005 * r,
+              lambda r: 3.2 + 0.1 * r)
+  note = ' '.join(sm._unigram_note(jobs, sc.FEDGBO_CONFIGS))  # pylint: disable=protected-access
+  assert 'FedGBO-Adam' in note and 'Mimelite-SGDm' not in note, note
+  falls = ' '.join(sm.st.falling_note(jobs, sc.FEDGBO_CONFIGS))
+  assert 'Mimelite-SGDm falls' in falls and 'in all 2 seeds' in falls, falls
+
+
 # ---- the committed report -------------------------------------------------------
 def _verdict_cells():
   """Every verdict cell of reports/shakespeare.md's claim tables (their last columns)."""
