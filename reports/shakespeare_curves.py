@@ -32,9 +32,9 @@ FEDGBO_ROUNDS = 300
 FEDGBO_EVAL_EVERY = 10
 # Two seeds, the fewest a paired verdict reads: the 300-round parts had 12
 # core-hours of new compute, part decayk's nine runs took 3.5 of them, and
-# part fedgbo's 20 runs at about 25 core-min each take most of the rest; a third
-# seed (10 runs more) does not fit (the report's Time section prints the
-# measured costs).
+# part fedgbo's runs take 18-20 core-min each, Mimelite's 35 (its full-gradient
+# pass), so its 20 runs take most of the rest; a third seed (10 runs more) does
+# not fit (the report's Time section prints the measured costs).
 FEDGBO_SEEDS = (0, 1)
 # Mimelite's full-batch gradient reads a client's whole data set every round
 # (3,910 sequences on average), 30-50 s per round with clients capped at 640
