@@ -207,8 +207,9 @@ def check(name, fn, reference):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--variants', default='scan,scan_xla,unrolled')
-  parser.add_argument('--reps', type=int, default=5)
+  parser.add_argument('--reps', type=int, default=7)
   parser.add_argument('--out', default=OUT)
+  parser.add_argument('--breakdown', action=argparse.BooleanOptionalAction, default=True)
   args = parser.parse_args(argv)
   load_before = os.getloadavg()
   setting = bench.Setting(*bench.SETTINGS['gru'])
@@ -234,7 +235,7 @@ def main(argv=None):
           f"{rows[name]['ratio_to_raw']:.2f}x raw", flush=True)
   best = min((n for n in times if n != 'raw'), key=lambda n: rows[n]['round_s'], default=None)
   pieces = None
-  if best:
+  if best and args.breakdown:
     pieces = dict(variant=best, **breakdown(setting, weights, x, y, *VARIANTS[best], args.reps))
     print('breakdown', json.dumps(pieces, indent=1), flush=True)
   result = dict(setting='gru_10x10', clients=setting.clients, steps=setting.steps,
