@@ -56,7 +56,8 @@ def _train(args: Sequence[str]):
   from workflow import errors  # pylint: disable=g-import-not-at-top
   _FLAGS.unparse_flags()
   _FLAGS(['bin/train.py', *args])
-  first = checkpoint_round(args)
+  from workflow import run_files  # pylint: disable=g-import-not-at-top
+  first = run_files.newest_checkpoint(run_dir(args))  # where bin/train resumes
   started, cpu = time.monotonic(), time.process_time()
   try:  # what bin/train's main() does: presets and algorithm defaults, then the run
     settings, notes = cli.resolve_flags(_FLAGS)
@@ -107,17 +108,6 @@ def run_all(jobs: Sequence[Sequence[str]], processes: int = 2) -> dict[tuple, st
 
 WALL_CLOCK = 'wall_clock.csv'
 _WALL_CLOCK_HEAD = ['ended_utc', 'status', 'wall_seconds', 'cpu_seconds', 'first_round']
-
-
-def checkpoint_round(args: Sequence[str]) -> int:
-  """The round of the run's last checkpoint (0: none), where bin/train resumes."""
-  try:
-    names = os.listdir(os.path.join(run_dir(args), 'checkpoints'))
-  except FileNotFoundError:
-    return 0
-  rounds = [int(n.rsplit('_', 1)[1]) for n in names
-            if n.startswith('program_state_') and n.rsplit('_', 1)[1].isdigit()]
-  return max(rounds, default=0)
 
 
 def log_attempt(args: Sequence[str], status: str, seconds: float, cpu: float,

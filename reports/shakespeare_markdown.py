@@ -80,8 +80,9 @@ def _time_lines(runs_dir, data_dir, grid):
   chosen = sf.choose(grid, {tuple(j): 'ok' for j in grid.values() if rr.finished(j)})
   seeds = [sf.fedopt_job(runs_dir, data_dir, name, value, seed)
            for name, value in chosen.items() for seed in sf.FEDOPT_SEEDS[1:]]
+  curves = sc.jobs(runs_dir)
   parts = {'fedopt': list(grid.values()) + seeds, **{
-      part: list(jobs.values()) for part, jobs in sc.jobs(runs_dir).items()}}
+      part: list(jobs.values()) for part, jobs in curves.items()}}
   planned = (sum(len(values) for *_, values in sf.FEDOPT_METHODS.values()) +
              len(sf.FEDOPT_METHODS) * (len(sf.FEDOPT_SEEDS) - 1) +
              sum(len(jobs) for part, jobs in parts.items() if part != 'fedopt'))
@@ -113,7 +114,7 @@ def _time_lines(runs_dir, data_dir, grid):
       'before `first_round` existed have it from their TensorBoard event files, which show the '
       'rounds each process wrote: two of them resumed, from rounds 60 and 10.',
       '',
-      *_budget_lines(runs_dir), '']
+      *_budget_lines(curves, seeds), '']
 
 
 # New compute allowed for the 300-round runs of parts decayk and fedgbo and
@@ -121,10 +122,10 @@ def _time_lines(runs_dir, data_dir, grid):
 BUDGET_CORE_HOURS = 12
 
 
-def _budget_lines(runs_dir):
-  """What the 300-round runs cost, measured, against BUDGET_CORE_HOURS, and
-  what did not fit, with the measured cost it would take."""
-  parts = sc.jobs(runs_dir)
+def _budget_lines(parts, fedopt_seed_jobs):
+  """What the 300-round runs of `parts` ({part: {(config, seed): job}}) cost,
+  measured, against BUDGET_CORE_HOURS, and what did not fit, with the measured
+  cost it would take (part fedopt's from its seed-1 and seed-2 jobs)."""
   cost = {part: [c for c in map(rr.seconds_per_run, jobs.values()) if c is not None]
           for part, jobs in parts.items()}
   spent = sum(sum(c) for c in cost.values()) / 3600
@@ -134,11 +135,11 @@ def _budget_lines(runs_dir):
                      'each' for part, (lo, hi) in per_run.items())
   source = 'fedgbo' if cost['fedgbo'] else 'decayk'
   fedgbo_each = sum(cost[source]) / max(len(cost[source]), 1) / 3600
-  extension = _fedopt_extension_hours(runs_dir)
-  jobs = [job for part_jobs in parts.values() for job in part_jobs.values()]
-  evals = [e for e in map(_eval_share, jobs) if e is not None]
+  extension = _fedopt_extension_hours(fedopt_seed_jobs)
+  eval_shares = [(job, _eval_share(job)) for jobs in parts.values() for job in jobs.values()]
+  evals = [e for _, e in eval_shares if e is not None]
   # Runs from before eval_seconds: evaluation bounded by all that is not rounds.
-  shares = [share for job in jobs if _eval_share(job) is None
+  shares = [share for job, e in eval_shares if e is None
             for share in [_overhead_share(job)] if share is not None]
   overhead = (f'Evaluation (every {sc.DECAYK_EVAL_EVERY} rounds, every {sc.EVAL_STRIDE}th test '
               f'sequence) took {100 * min(evals):.1f}–{100 * max(evals):.1f} % of rounds plus '
@@ -191,23 +192,15 @@ def _eval_share(job):
   return sum(evals) / (60 * st.training_minutes(columns) + sum(evals))
 
 
-def _fedopt_extension_hours(runs_dir):
+def _fedopt_extension_hours(seed_jobs):
   """Core-hours for part fedopt's chosen rates × seeds at 300 rounds, from the
-  median round of its finished seed-1 and seed-2 runs."""
-  seconds = sorted(v for path in _fedopt_seed_runs(runs_dir)
-                   for v in rr.read_csv_columns(path).get('round_seconds', []) if v == v)
+  median round of its finished seed-1 and seed-2 runs (`seed_jobs`)."""
+  seconds = sorted(v for job in seed_jobs if rr.finished(job)
+                   for v in rr.read_columns(job).get('round_seconds', []) if v == v)
   if not seconds:
     return float('nan')
   median = seconds[len(seconds) // 2]
   return len(sf.FEDOPT_METHODS) * len(sf.FEDOPT_SEEDS) * 300 * median / 3600
-
-
-def _fedopt_seed_runs(runs_dir):
-  root = os.path.join(runs_dir, 'fedopt')
-  names = os.listdir(root) if os.path.isdir(root) else []
-  return [os.path.join(root, n, 'metrics.csv') for n in sorted(names)
-          if n.endswith(('_seed1', '_seed2')) and
-          os.path.exists(os.path.join(root, n, 'metrics.csv'))]
 
 
 def _grid_rows(grid):

@@ -21,6 +21,7 @@ sys.path.insert(0, REPORTS)
 import report_runner as rr
 import shakespeare_curves as sc
 import shakespeare_verdicts as sv
+from workflow import run_files
 
 UNIFORM = math.log(sc.VOCAB_SIZE)
 RISING = lambda start: (lambda r: start + 0.002 * r)  # +4 points over 20 rounds
@@ -218,16 +219,16 @@ def test_cost_per_run_is_scaled_from_the_round_its_finishing_attempt_resumed_fro
   rr.log_attempt(job, 'ok', 60.0, 5.0, 0)  # no run directory (refused early): nothing written
   assert rr.seconds_per_run(job) is None
   write_run(job, 0.3, 2.0, rounds=10)
-  assert rr.checkpoint_round(job) == 0
+  assert run_files.newest_checkpoint(rr.run_dir(job)) == 0
   for r in (90, 100, 110):  # where bin/train resumes: the highest round, not the last name
     os.makedirs(os.path.join(rr.run_dir(job), 'checkpoints', f'program_state_{r}'))
-  assert rr.checkpoint_round(job) == 110
+  assert run_files.newest_checkpoint(rr.run_dir(job)) == 110
   path = os.path.join(rr.run_dir(job), 'wall_clock.csv')
   with open(path, 'w') as f:  # a file from before first_round was logged
     f.write('ended_utc,status,wall_seconds,cpu_seconds\n2026-01-01T00:00:00Z,ok,60.0,30.0\n')
   assert rr.seconds_per_run(job) is None  # its start round is unknown: no cost is guessed
   rr.log_attempt(job, 'diverged', 10.0, 99.0, 0)
-  rr.log_attempt(job, 'ok', 100.0, 380.0, rr.checkpoint_round(job))
+  rr.log_attempt(job, 'ok', 100.0, 380.0, run_files.newest_checkpoint(rr.run_dir(job)))
   with open(path, newline='') as f:
     rows = list(csv.DictReader(f))
   assert [r['first_round'] for r in rows] == ['', '0', '110']  # old row kept, column added
