@@ -315,15 +315,16 @@ def _unigram_note(part_jobs, configs):
   ends = [st.last_loss(c) for n in names for c in sc.runs(part_jobs, n).values()]
   if not ends:
     return []
+  one = len(names) == 1
   return [f'**What their training loss measures.** The loss of predicting each character by '
           f'its frequency alone, without context, is {UNIGRAM_ENTROPY:.2f} nats on this build '
           '(the entropy of the training characters). '
           f'{", ".join(sc.short_label(n, configs) for n in names)} left the uniform guess\'s '
-          f'loss but end at {st.span(ends)} (last {sv.LOSS_WINDOW} rounds), '
-          'about that entropy, and their accuracy never rose above its first evaluation by '
-          f'more than {100 * sv.ACCURACY_PLATEAU:.1f} points: their training-loss '
-          'verdicts compare how fast the character frequencies were learnt, not the model of '
-          'the text the papers\' claims are about.', '']
+          f'loss but {"ends" if one else "end"} at {st.span(ends)} (last {sv.LOSS_WINDOW} '
+          f'rounds), about that entropy, and {"its" if one else "their"} accuracy never rose '
+          f'above its first evaluation by more than {100 * sv.ACCURACY_PLATEAU:.1f} points: '
+          f'{"its" if one else "their"} training-loss verdicts compare how fast the character '
+          'frequencies were learnt, not the model of the text the papers\' claims are about.', '']
 
 
 def _fedgbo_section(part_jobs, figures):

@@ -1,7 +1,9 @@
 """Tables, notes and figures of reports/shakespeare.md (shakespeare_markdown.py
 writes the text around them). Every number is read from the runs' metrics.csv."""
 
+import json
 import math
+import os
 
 import matplotlib
 
@@ -180,5 +182,42 @@ def falling_note(part_jobs, configs):
         f'at round {last} {seeds}, while its training loss rises from its '
         f'lowest, {span([sc.min_train_loss(c) for c in runs])}, to '
         f'{span([c[sv.LOSS][-1] for c in runs])} at round {last}: a verdict on its accuracy '
-        'that holds only with that last evaluation is flagged in the table below.')
+        'that holds only with that last evaluation is flagged in the table below.'
+        + _divergence_rule_sentence(part_jobs, name))
   return [line for text in lines for line in (text, '')]
+
+
+def _divergence_rule_sentence(part_jobs, name):
+  """Why bin/train's divergence rule did not stop the configuration's finished
+  runs, from each run's flags.json ('' when a run has none).
+
+  The rule stops a run after --divergence_rounds rounds in a row above
+  --divergence_factor x the initial model's loss. That loss is not in
+  metrics.csv; the uniform guess's ln V stands for it (an untrained model's loss
+  is about ln V)."""
+  jobs = [job for (n, _), job in part_jobs.items() if n == name and rr.finished(job)]
+  paths = [os.path.join(rr.run_dir(job), 'flags.json') for job in jobs]
+  if not jobs or not all(os.path.exists(p) for p in paths):
+    return ''
+  flags = []
+  for path in paths:
+    with open(path) as f:
+      flags.append(json.load(f))
+  settings = {(f['divergence_factor'], f['divergence_rounds']) for f in flags}
+  if len(settings) != 1 or not next(iter(settings))[0]:
+    return ''  # runs under different rules, or the rule turned off
+  factor, rounds = settings.pop()
+  limit = factor * math.log(sc.VOCAB_SIZE)
+  peaks, longest = [], 0
+  for job in jobs:
+    points = rr.points(rr.read_columns(job), 'round', sv.LOSS)
+    peaks.append(max(points, key=lambda p: p[1]))
+    streak = 0
+    for _, loss in points:
+      streak = streak + 1 if loss > limit else 0
+      longest = max(longest, streak)
+  where = ', '.join(f'{loss:.2f} at round {int(r)}' for r, loss in peaks)
+  return (f' Its training loss peaks at {where}. bin/train\'s divergence rule stops a run after '
+          f'{rounds} rounds in a row above {factor:g} × the initial model\'s loss (about '
+          f'{limit:.1f} = {factor:g} × ln {sc.VOCAB_SIZE}); this loss stayed above {limit:.1f} '
+          f'for at most {longest} rounds in a row, so the rule let the run go on.')

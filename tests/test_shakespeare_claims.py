@@ -7,6 +7,7 @@ the checks read them the way the report does (reports/report_runner.py).
 
 import ast
 import csv
+import json
 import math
 import os
 import re
@@ -268,6 +269,23 @@ def test_a_loss_that_rises_past_the_uniform_guess_is_not_read_as_a_frequency_mod
   assert 'FedGBO-Adam' in note and 'Mimelite-SGDm' not in note, note
   falls = ' '.join(sm.st.falling_note(jobs, sc.FEDGBO_CONFIGS))
   assert 'Mimelite-SGDm falls' in falls and 'in all 2 seeds' in falls, falls
+
+
+def test_the_falling_note_says_why_the_divergence_rule_let_the_run_go_on(part):
+  import shakespeare_markdown as sm  # pylint: disable=g-import-not-at-top
+  jobs = part['fedgbo']
+  peaks = {0: {100: 48.0, 101: 45.0}, 1: {200: 44.0, 201: 50.0, 202: 39.0, 250: 47.0}}
+  for seed, peak in peaks.items():  # above 10 x ln 79 = 43.7 for at most 2 rounds in a row
+    job = jobs[('mimelite_sgdm', seed)]
+    write_run(job, lambda r: 0.19 - 0.0005 * r, lambda r, p=peak: p.get(r, 3.2 + 0.1 * (r % 50)))
+    assert 'Its training loss peaks' not in ' '.join(  # no flags.json: the rule is unknown
+        sm.st.falling_note(jobs, sc.FEDGBO_CONFIGS))
+    with open(os.path.join(rr.run_dir(job), 'flags.json'), 'w') as f:
+      json.dump({'divergence_factor': 10.0, 'divergence_rounds': 3}, f)
+  falls = ' '.join(sm.st.falling_note(jobs, sc.FEDGBO_CONFIGS))
+  assert 'peaks at 48.00 at round 100, 50.00 at round 201' in falls, falls
+  assert 'above 43.7 for at most 2 rounds in a row' in falls, falls
+  assert '3 rounds in a row above 10 × the initial model' in falls, falls
 
 
 # ---- the committed report -------------------------------------------------------
