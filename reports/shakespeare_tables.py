@@ -167,35 +167,59 @@ def span(values, scale=1, digits=2):
 
 def falling_note(part_jobs, configs):
   """The configurations whose last evaluation fell more than ACCURACY_PLATEAU
-  below their first in every finished seed, with their curves' ends."""
+  below their first in some finished seed, with those curves' ends (and the
+  other seeds', which did not fall)."""
   lines = []
   for name in configs:
-    runs = list(sc.runs(part_jobs, name).values())
-    evals = [[v for _, v in rr.points(c, 'round', sv.ACCURACY)] for c in runs]
-    if not runs or not all(e and e[0] - e[-1] > sv.ACCURACY_PLATEAU for e in evals):
+    by_seed = sc.runs(part_jobs, name)
+    evals = {seed: [v for _, v in rr.points(c, 'round', sv.ACCURACY)]
+             for seed, c in by_seed.items()}
+    fell = [seed for seed, e in evals.items() if e and e[0] - e[-1] > sv.ACCURACY_PLATEAU]
+    if not fell:
       continue
+    runs, falls = [by_seed[seed] for seed in fell], [evals[seed] for seed in fell]
     last = int(rr.points(runs[0], 'round', sv.ACCURACY)[-1][0])
-    seeds = f'in all {len(runs)} seeds' if len(runs) > 1 else 'in its one finished seed'
     lines.append(
-        f'**{sc.short_label(name, configs)} falls.** Its validation accuracy drops from '
-        f'{span([e[-2] for e in evals], 100, 1)} % to {span([e[-1] for e in evals], 100, 1)} % '
-        f'at round {last} {seeds}, while its training loss rises from its '
-        f'lowest, {span([sc.min_train_loss(c) for c in runs])}, to '
+        f'**{sc.short_label(name, configs)} falls{_which_seeds(fell, by_seed)}.** Its '
+        f'validation accuracy drops from {span([e[-2] for e in falls], 100, 1)} % to '
+        f'{span([e[-1] for e in falls], 100, 1)} % at round {last}, while its training loss '
+        f'rises from its lowest, {span([sc.min_train_loss(c) for c in runs])}, to '
         f'{span([c[sv.LOSS][-1] for c in runs])} at round {last}: a verdict on its accuracy '
         'that holds only with that last evaluation is flagged in the table below.'
-        + _divergence_rule_sentence(part_jobs, name))
+        + _divergence_rule_sentence(part_jobs, name, fell)
+        + _other_seeds(fell, by_seed, evals, last))
   return [line for text in lines for line in (text, '')]
 
 
-def _divergence_rule_sentence(part_jobs, name):
+def _which_seeds(fell, by_seed):
+  if len(by_seed) == 1:
+    return ' in its one finished seed'
+  if len(fell) == len(by_seed):
+    return f' in all {len(by_seed)} seeds'
+  return f' in seed {", ".join(map(str, fell))} of {len(by_seed)} finished seeds'
+
+
+def _other_seeds(fell, by_seed, evals, last):
+  """What the configuration's seeds that did not fall end at."""
+  others = [seed for seed in by_seed if seed not in fell]
+  if not others:
+    return ''
+  return (f' Seed {", ".join(map(str, others))} does not fall: its validation accuracy '
+          f'ends at {span([evals[s][-1] for s in others], 100, 1)} % and its training loss at '
+          f'{span([by_seed[s][sv.LOSS][-1] for s in others])} at round {last}: at these settings '
+          'the configuration trains in some seeds and comes apart in others.')
+
+
+def _divergence_rule_sentence(part_jobs, name, seeds):
   """Why bin/train's divergence rule did not stop the configuration's finished
-  runs, from each run's flags.json ('' when a run has none).
+  runs of `seeds`, from each run's flags.json ('' when a run has none).
 
   The rule stops a run after --divergence_rounds rounds in a row above
   --divergence_factor x the initial model's loss. That loss is not in
   metrics.csv; the uniform guess's ln V stands for it (an untrained model's loss
   is about ln V)."""
-  jobs = [job for (n, _), job in part_jobs.items() if n == name and rr.finished(job)]
+  jobs = [job for (n, seed), job in part_jobs.items()
+          if n == name and seed in seeds and rr.finished(job)]
   paths = [os.path.join(rr.run_dir(job), 'flags.json') for job in jobs]
   if not jobs or not all(os.path.exists(p) for p in paths):
     return ''

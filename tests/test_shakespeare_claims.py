@@ -271,6 +271,19 @@ def test_a_loss_that_rises_past_the_uniform_guess_is_not_read_as_a_frequency_mod
   assert 'Mimelite-SGDm falls' in falls and 'in all 2 seeds' in falls, falls
 
 
+def test_a_fall_in_one_seed_is_named_with_the_seed_that_did_not_fall(part):
+  import shakespeare_markdown as sm  # pylint: disable=g-import-not-at-top
+  jobs = part['fedgbo']
+  write_run(jobs[('mimelite_sgdm', 0)], lambda r: 0.19 - 0.0005 * r, lambda r: 3.2 + 0.1 * r)
+  write_run(jobs[('mimelite_sgdm', 1)], lambda r: 0.19 + 0.001 * r, 1.88)
+  falls = ' '.join(sm.st.falling_note(jobs, sc.FEDGBO_CONFIGS))
+  assert 'Mimelite-SGDm falls in seed 0 of 2 finished seeds' in falls, falls
+  assert 'drops from 4.3 % to 4.0 %' in falls and 'to 33.20 at round 300' in falls, falls
+  assert 'Seed 1 does not fall: its validation accuracy ends at 49.0 %' in falls, falls
+  assert 'training loss at 1.88' in falls, falls
+  write_run(jobs[('mimelite_sgdm', 0)], lambda r: 0.19 + 0.001 * r, 1.88)
+  assert not sm.st.falling_note(jobs, sc.FEDGBO_CONFIGS)  # no seed falls: no note
+
 def test_the_falling_note_says_why_the_divergence_rule_let_the_run_go_on(part):
   import shakespeare_markdown as sm  # pylint: disable=g-import-not-at-top
   jobs = part['fedgbo']
