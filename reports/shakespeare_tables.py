@@ -155,8 +155,8 @@ def plateau_note(part_jobs, configs):
       lines.append(f'{names}: {sv.plateau_text(metric, sc.VOCAB_SIZE)} in every seed')
   if not lines:
     return []
-  return ['**Still on the plateau.** ' + '; '.join(lines) + '. Their comparisons on that '
-          'curve are "no verdict (plateau)".', '']
+  return ['**Still on the plateau.** ' + '; '.join(lines) + '. Any comparison with '
+          'them on that curve gets "no verdict (plateau)".', '']
 
 
 def span(values, scale=1, digits=2):
