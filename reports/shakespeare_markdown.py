@@ -150,20 +150,21 @@ def _budget_lines(parts, fedopt_seed_jobs):
                  f'together took {100 * min(shares):.0f}–{100 * max(shares):.0f} % of the '
                  f'wall-clock ({len(shares)} runs that ran whole in one logged attempt). ')
   remaining = (missing['fedgbo'] + missing['decayk']) * fedgbo_each
+  pending = (f'Not finished: {missing["fedgbo"]} of part fedgbo\'s {len(parts["fedgbo"])} runs '
+             f'and {missing["decayk"]} of part decayk\'s {len(parts["decayk"])}, about '
+             f'{remaining:.1f} core-hours more at {60 * fedgbo_each:.0f} core-min a run (part '
+             f'{source}\'s mean per finished run). ' if remaining else 'Every run finished. ')
+  used = (f'{spent:.1f} + {remaining:.1f} = {spent + remaining:.1f}' if remaining
+          else f'{spent:.1f} used, {BUDGET_CORE_HOURS - spent:.1f} left')
   return [
       f'**The 300-round runs** (parts fedgbo and decayk) were given {BUDGET_CORE_HOURS} '
       f'core-hours of new compute, with part fedopt\'s extension. Measured ({ranges}): the '
-      f'finished runs took {spent:.1f} core-hours. {overhead}Not finished: '
-      f'{missing["fedgbo"]} of part fedgbo\'s '
-      f'{len(parts["fedgbo"])} runs and {missing["decayk"]} of part decayk\'s '
-      f'{len(parts["decayk"])}, about {remaining:.1f} core-hours more at '
-      f'{60 * fedgbo_each:.0f} core-min a run (part {source}\'s mean per finished run). '
+      f'finished runs took {spent:.1f} core-hours. {overhead}{pending}'
       f'Part fedgbo runs {len(sc.FEDGBO_SEEDS)} seeds: a third would add about '
       f'{len(sc.FEDGBO_CONFIGS) * fedgbo_each:.1f} core-hours '
       f'({spent + remaining + len(sc.FEDGBO_CONFIGS) * fedgbo_each:.1f} in all). '
       '**Part fedopt\'s extension to 300 rounds does not fit** beside them '
-      f'({spent:.1f} + {remaining:.1f} = {spent + remaining:.1f} of {BUDGET_CORE_HOURS} '
-      'core-hours) and was not run: its runs kept no '
+      f'({used} of {BUDGET_CORE_HOURS} core-hours) and was not run: its runs kept no '
       'checkpoints, so each would start again from round 0; at the median round of its seeds 1 '
       f'and 2 (two runs at a time, evaluation excluded) the {len(sf.FEDOPT_METHODS)} methods × '
       f'{len(sf.FEDOPT_SEEDS)} seeds at 300 rounds take about {extension:.1f} core-hours, '
