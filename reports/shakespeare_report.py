@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # workflow
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report_runner as rr  # pylint: disable=g-import-not-at-top
 import shakespeare_curves  # pylint: disable=g-import-not-at-top

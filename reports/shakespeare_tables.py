@@ -1,9 +1,7 @@
 """Tables, notes and figures of reports/shakespeare.md (shakespeare_markdown.py
 writes the text around them). Every number is read from the runs' metrics.csv."""
 
-import json
 import math
-import os
 
 import matplotlib
 
@@ -13,6 +11,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import report_runner as rr  # pylint: disable=g-import-not-at-top
 import shakespeare_curves as sc  # pylint: disable=g-import-not-at-top
 import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
+from workflow import plotting  # pylint: disable=g-import-not-at-top
 
 STEPS = 'cost/cumulative_client_steps'
 
@@ -186,7 +185,7 @@ def falling_note(part_jobs, configs):
         f'rises from its lowest, {span([sc.min_train_loss(c) for c in runs])}, to '
         f'{span([c[sv.LOSS][-1] for c in runs])} at round {last}: a verdict on its accuracy '
         'that holds only with that last evaluation is flagged in the table below.'
-        + _divergence_rule_sentence(part_jobs, name, fell)
+        + _divergence_rule_sentence([part_jobs[(name, seed)] for seed in fell], runs)
         + _other_seeds(fell, by_seed, evals, last))
   return [line for text in lines for line in (text, '')]
 
@@ -210,31 +209,26 @@ def _other_seeds(fell, by_seed, evals, last):
           'the configuration trains in some seeds and comes apart in others.')
 
 
-def _divergence_rule_sentence(part_jobs, name, seeds):
-  """Why bin/train's divergence rule did not stop the configuration's finished
-  runs of `seeds`, from each run's flags.json ('' when a run has none).
+def _divergence_rule_sentence(jobs, runs):
+  """Why bin/train's divergence rule did not stop these finished runs (`jobs`,
+  their metrics.csv columns `runs`), from each run's flags.json ('' when a run
+  has none).
 
   The rule stops a run after --divergence_rounds rounds in a row above
   --divergence_factor x the initial model's loss. That loss is not in
   metrics.csv; the uniform guess's ln V stands for it (an untrained model's loss
   is about ln V)."""
-  jobs = [job for (n, seed), job in part_jobs.items()
-          if n == name and seed in seeds and rr.finished(job)]
-  paths = [os.path.join(rr.run_dir(job), 'flags.json') for job in jobs]
-  if not jobs or not all(os.path.exists(p) for p in paths):
+  flags = [plotting.read_flags(rr.run_dir(job)) for job in jobs]
+  if not flags or None in flags:
     return ''
-  flags = []
-  for path in paths:
-    with open(path) as f:
-      flags.append(json.load(f))
   settings = {(f['divergence_factor'], f['divergence_rounds']) for f in flags}
   if len(settings) != 1 or not next(iter(settings))[0]:
     return ''  # runs under different rules, or the rule turned off
   factor, rounds = settings.pop()
   limit = factor * math.log(sc.VOCAB_SIZE)
   peaks, longest = [], 0
-  for job in jobs:
-    points = rr.points(rr.read_columns(job), 'round', sv.LOSS)
+  for columns in runs:
+    points = rr.points(columns, 'round', sv.LOSS)
     peaks.append(max(points, key=lambda p: p[1]))
     streak = 0
     for _, loss in points:
