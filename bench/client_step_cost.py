@@ -81,8 +81,7 @@ def local_steps_fn(recipe, weights, steps: int):
   @tf.function
   def k_steps():
     local = recipe.initial_local(recipe.broadcast(stats), list(weights),
-                                 recipe.init_client_state(specs) if recipe.has_client_state
-                                 else ())
+                                 recipe.initial_client_state(specs))
     y = list(weights)
     for k in tf.range(steps):
       local, y = recipe.local_step(local, y, grads, tf.constant(0.02), k)

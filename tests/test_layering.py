@@ -98,7 +98,7 @@ def _find_cycle(graph):
 # tff_adaptive's subpackages, lowest first: each imports only those before it (and the
 # top-level package). The round engine (rounds/) is below the algorithms that use it.
 LIBRARY_ORDER = ('accounting', 'compression', 'optimizers', 'aggregators', 'rounds',
-                 'personalization', 'algorithms', 'execution', 'schedules')
+                 'extensions', 'personalization', 'algorithms', 'execution', 'schedules')
 
 
 def _upward_library_edges(graph) -> list:

@@ -170,11 +170,8 @@ COMPUTED = '<computed>'  # an ArgumentError whose argument is not a literal
 # (owner, argument) → why no flag sets it (owner None: an owner computed at run time). These
 # stay plain ValueErrors: bin/train never passes a value the library refuses here.
 NO_FLAG = {
-    (None, 'init_client_state'): "an algorithm module's recipe, not a setting of bin/train",
-    (None, 'uses_first_gradient'): "a Recipe's field, not a setting of bin/train",
-    (None, 'batches_per_step'): "a Recipe's field, not a setting of bin/train",
-    (None, 'full_gradient'): "a Recipe's field, not a setting of bin/train",
-    (None, 'personalize'): "a Recipe's field, not a setting of bin/train",
+    ('more_gradients', 'batches_per_step'): "an algorithm module's extension, not a setting "
+                                            'of bin/train',
     ('mime', 'gradient'): "mimelite.mime_recipe's, chosen by --algorithm (mimelite, mimexlite)",
     ('scaffold', 'total_clients'): "the task's number of clients (algorithm_builders passes it)",
     (None, 'client_weighting'): ('the builders derive it from --client_weighting and --dp and never '

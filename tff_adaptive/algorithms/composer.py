@@ -111,9 +111,9 @@ def build_process(
                                option_keywords.get('upload_compression'), recipe.name)
   options = _round_options(options, option_keywords, recipe.name)
   model_fn = variable_model_fn(model_fn, recipe.name)
-  if local_steps < 0 or (recipe.equal_local_steps and local_steps < 1):
+  if local_steps < recipe.min_local_steps:
     raise errors.ArgumentError(recipe.name, 'local_steps', 'must be at least '
-                               f'{1 if recipe.equal_local_steps else 0}; got {local_steps}')
+                               f'{recipe.min_local_steps}; got {local_steps}')
   info = model_info.ModelInfo(model_fn, recipe, options.fb_flops_per_example)
   kwargs = dict(client_learning_rate=client_learning_rate, local_steps=local_steps,
                 options=options, info=info)

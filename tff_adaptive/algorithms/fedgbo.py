@@ -16,7 +16,7 @@ Optimiser", IEEE Trans. Computers 2022 (also thesis ch. 6); docs/algorithms.md#f
 
 The inverse step I recovers exactly the mean of all |S|·K minibatch
 gradients of the round when aggregation is unweighted and every client runs
-the same K (tested); `equal_local_steps` makes a round with unequal K fail.
+the same K (tested); `extensions.equal_local_steps` makes a round with unequal K fail.
 The tracking is the server step of the recipe; clients' Δ go through any
 `tff.aggregators` factory (`model_aggregator`).
 """
@@ -28,6 +28,7 @@ import tensorflow_federated as tff
 
 from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
+from tff_adaptive.extensions import equal_local_steps
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
 
@@ -73,7 +74,8 @@ def fedgbo_recipe(optimizer: biased_optimizers.BiasedOptimizer,
       name='fedgbo', init_stats=optimizer.init, broadcast=lambda s: s, init_local=init_local,
       local_step=local_step, server_update=server_update,
       upload=upload_fn if average_gradient else None,
-      optimizer_ops_per_param=optimizer.ops_fixed, equal_local_steps=True,
+      optimizer_ops_per_param=optimizer.ops_fixed,
+      extensions=(equal_local_steps.EqualLocalSteps(),),
       weighting=tff.learning.ClientWeighting.UNIFORM)
 
 

@@ -7,7 +7,7 @@ federated learning" (Mime), NeurIPS 2021; a baseline of the FedGBO paper
   server → clients: x_t and the base optimiser state s_t.
   client:           ∇f_i(x_t) = Σ_b n_b g_b / Σ_b n_b, the example-weighted
                     gradient at x_t over the batches the client trains on
-                    (`Recipe.full_gradient`: a pass before training);
+                    (`extensions.full_gradient`: a pass before training);
                     K steps y_k = BaseOpt_{s_t}(y_{k−1}, g_k) with s_t FIXED
                     (the optimiser's new state is discarded); Δ_i = x_t − y_K.
   clients → server: Δ_i and ∇f_i(x_t) (2|x|).
@@ -38,6 +38,8 @@ import tensorflow_federated as tff
 from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.extensions import first_gradient
+from tff_adaptive.extensions import full_gradient
 from tff_adaptive.optimizers import adapters
 
 GRADIENTS = ('full', 'first')
@@ -83,7 +85,8 @@ def mime_recipe(base_optimizer: tff.learning.optimizers.Optimizer,
       init_stats=init_stats, broadcast=lambda stats: stats['base'],
       init_local=lambda s, y0: s, local_step=local_step, server_update=server_update,
       upload=lambda s, g: list(g), optimizer_ops_per_param=ops_per_param,
-      uses_first_gradient=gradient == 'first', full_gradient=gradient == 'full',
+      extensions=(full_gradient.FullGradient() if gradient == 'full'
+                  else first_gradient.FirstGradient(),),
       get_server_hparams=lambda stats: collections.OrderedDict(
           server_optimizer.get_hparams(stats['server'])),
       set_server_hparams=lambda stats, hparams: collections.OrderedDict(

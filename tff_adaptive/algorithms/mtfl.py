@@ -24,12 +24,12 @@ step counter is shared. Shared moving statistics are averaged (as FL averages
 every model value); the server optimiser acts on trainable weights only.
 
 A `composer.Recipe` of the package's round engine: the patches are the
-recipe's private weights (`Recipe.private_trainable`, `private_non_trainable`),
+recipe's private weights (`extensions.private_weights.split`),
 kept by each client in its state like SCAFFOLD's c_i (with FedAvg-Adam also
 the private moments, the recipe's own client state), patched over the global
 model before UA and training, and left out of Δ, of the aggregate and of the
 server step; shared moving statistics are averaged
-(`Recipe.average_non_trainable`); UA is `Recipe.user_accuracy`. The process is
+(its `average_non_trainable`); UA is `extensions.user_accuracy`. The process is
 the engine's `rounds.stateful.PersonalizedClientsProcess`: per client,
 `process.client_input(train, stored state, test=test)`; `output.clients[i]` is
 OrderedDict(ua=..., private=the new state under the store's names). With
@@ -59,6 +59,9 @@ import tensorflow_federated as tff
 from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.extensions import client_state
+from tff_adaptive.extensions import private_weights
+from tff_adaptive.extensions import user_accuracy
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.rounds import layout as round_layout
@@ -207,7 +210,11 @@ def mtfl_recipe(layout: PatchLayout, strategy: str,
     client_optimizer = mean_extra if adam else s['client_optimizer']
     return new_x, collections.OrderedDict(server=server, client_optimizer=client_optimizer)
 
-  keeps_moments = adam and bool(private)
+  # Adam's moments of the private weights stay with the client, beside them.
+  own = (client_state.ClientState(
+      lambda specs: own_part(optimizer.init(specs)), own_part,
+      tuple(f'optimizer_{key}_{i}' for key in ('m', 'v') for i in private))
+         if adam and private else None)
   return composer.Recipe(
       name=f'mtfl_{strategy}', init_stats=init_stats, broadcast=lambda s: s['client_optimizer'],
       init_local=init_local, local_step=local_step, server_update=server_update,
@@ -217,13 +224,8 @@ def mtfl_recipe(layout: PatchLayout, strategy: str,
       set_server_hparams=lambda s, h: collections.OrderedDict(
           server=server_optimizer.set_hparams(s['server'], h),
           client_optimizer=s['client_optimizer']),
-      init_client_state=((lambda specs: own_part(optimizer.init(specs))) if keeps_moments
-                         else None),
-      client_state_update=own_part if keeps_moments else None,
-      client_state_names=(tuple(f'optimizer_{key}_{i}' for key in ('m', 'v') for i in private)
-                          if keeps_moments else ()),
-      user_accuracy=True, private_trainable=private,
-      private_non_trainable=layout.private_non_trainable, average_non_trainable=True)
+      extensions=(user_accuracy.UserAccuracy(),) + private_weights.split(
+          private, layout.private_non_trainable, average_non_trainable=True, own=own))
 
 
 def _client_optimizer(client_optimizer_fn, strategy: str, bias_correction: bool):
@@ -256,7 +258,7 @@ def _check_same_models(model_fn, keras_model_fn) -> None:
                      'batch-norm patches in the Keras model')
 
 
-def upload_type(process, recipe: composer.Recipe) -> tff.Type:
+def upload_type(process, layout: PatchLayout) -> tff.Type:
   """What one client uploads: OrderedDict(trainable=Δ shared, non_trainable=Δ shared
   moving statistics[, optimizer=shared Adam m, v, step]), as TFF types."""
   state = process.initialize()
@@ -264,9 +266,9 @@ def upload_type(process, recipe: composer.Recipe) -> tff.Type:
   spec = lambda t: tff.types.tensorflow_to_type(tf.TensorSpec(t.shape, t.dtype))
   t, n = list(weights.trainable), list(weights.non_trainable)
   fields = [('trainable', tff.StructWithPythonType(
-                [spec(t[i]) for i in _shared(recipe.private_trainable, len(t))], tuple)),
+                [spec(t[i]) for i in _shared(layout.private_trainable, len(t))], tuple)),
             ('non_trainable', tff.StructWithPythonType(
-                [spec(n[i]) for i in _shared(recipe.private_non_trainable, len(n))], tuple))]
+                [spec(n[i]) for i in _shared(layout.private_non_trainable, len(n))], tuple))]
   optimizer = state.finalizer['client_optimizer']
   if optimizer:  # FedAvg-Adam: the shared m, v (tuples) and the step
     fields.append(('optimizer', tff.StructWithPythonType(
@@ -325,7 +327,7 @@ def build_mtfl(model_fn: Callable[[], tff.learning.models.VariableModel],
       model_fn, recipe, client_learning_rate=client_learning_rate, local_steps=local_steps,
       client_weighting=client_weighting, fb_flops_per_example=fb_flops_per_example,
       execution=execution)
-  process.upload_type = upload_type(process, recipe)
+  process.upload_type = upload_type(process, layout)
   process.upload_bits = round_layout.num_bits(process.upload_type)
   process.fingerprint.update(patches=list(layout.description), choice=private, strategy=strategy)
   return process

@@ -15,8 +15,8 @@ first-order variant (FO, the paper's §5 (i)), as in the thesis's experiments.
 network per client: down |x|, up |x| (no private state).
 
 A `composer.Recipe` of the package's round engine: a meta-step takes two
-batches (`Recipe.batches_per_step`), ∇f(ỹ; D') comes from the engine's
-`grad_at` (`Recipe.gradient_fn`) and UA from its `Recipe.user_accuracy`, so
+batches and ∇f(ỹ; D') comes from the engine's `grad_at`
+(`extensions.more_gradients`), UA from `extensions.user_accuracy`, so
 it runs per client and as a cohort.
 """
 
@@ -29,6 +29,8 @@ import tensorflow_federated as tff
 from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.extensions import more_gradients
+from tff_adaptive.extensions import user_accuracy
 from tff_adaptive.optimizers import adapters
 
 
@@ -53,9 +55,10 @@ def perfedavg_recipe(beta: float,
   return dataclasses.replace(
       fedopt.fedopt_recipe(server_optimizer or fedopt.build_server_optimizer('sgd', 1.0),
                            name='perfedavg'), local_step=local_step,
-      batches_per_step=2, gradient_fn=True, user_accuracy=True, personalize=personalize,
       # Two SGD updates per meta-step.
-      optimizer_ops_per_param=4.0)
+      optimizer_ops_per_param=4.0,
+      extensions=(more_gradients.MoreGradients(batches_per_step=2),
+                  user_accuracy.UserAccuracy(personalize)))
 
 
 def build_perfedavg(model_fn: Callable[[], tff.learning.models.VariableModel],

@@ -21,8 +21,8 @@ optional weight decay (μ) is not part of Algorithm 1 and is left out.
 network per client: down |x|, up |x|.
 
 A `composer.Recipe` of the package's round engine: the engine's g of each
-step is taken at θ (`Recipe.gradient_at`), the other inner steps' through
-`grad_at` (`Recipe.gradient_fn`), UA through `Recipe.user_accuracy`; so it runs
+step is taken at θ and the other inner steps' through `grad_at`
+(`extensions.more_gradients`), UA through `extensions.user_accuracy`; so it runs
 per client and as a cohort.
 """
 
@@ -36,6 +36,8 @@ import tensorflow_federated as tff
 from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
+from tff_adaptive.extensions import more_gradients
+from tff_adaptive.extensions import user_accuracy
 from tff_adaptive.optimizers import adapters
 
 
@@ -82,10 +84,12 @@ def pfedme_recipe(lam: float, personal_learning_rate: float, inner_steps: int = 
                                 name='pfedme')
   return dataclasses.replace(
       recipe, init_local=init_local, local_step=local_step,
-      gradient_at=lambda local, y: list(local['theta']), gradient_fn=True,
-      passes_per_example=float(inner_steps), user_accuracy=True, personalize=personalize,
       # Per inner step ~4 ops per parameter, plus the w update.
-      optimizer_ops_per_param=4.0 * inner_steps + 3.0)
+      optimizer_ops_per_param=4.0 * inner_steps + 3.0,
+      extensions=(more_gradients.MoreGradients(
+                      gradient_at=lambda local, y: list(local['theta']),
+                      passes_per_example=float(inner_steps)),
+                  user_accuracy.UserAccuracy(personalize)))
 
 
 def build_pfedme(model_fn: Callable[[], tff.learning.models.VariableModel],

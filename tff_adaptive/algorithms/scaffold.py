@@ -40,6 +40,7 @@ import tensorflow_federated as tff
 
 from tff_adaptive import errors
 from tff_adaptive.algorithms import composer
+from tff_adaptive.extensions import client_state
 from tff_adaptive.optimizers import adapters
 
 # Per parameter and step: g − c_i + c (1 add with c − c_i kept), y − η·(...)
@@ -95,7 +96,7 @@ def scaffold_recipe(server_optimizer: tff.learning.optimizers.Optimizer,
       get_server_hparams=lambda s: server_optimizer.get_hparams(s['server']),
       set_server_hparams=lambda s, h: collections.OrderedDict(
           server=server_optimizer.set_hparams(s['server'], h), control=s['control']),
-      init_client_state=_zeros, client_state_update=new_control, sum_extra=True)
+      sum_extra=True, extensions=(client_state.ClientState(_zeros, new_control),))
 
 
 def build_scaffold(

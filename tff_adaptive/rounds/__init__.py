@@ -2,10 +2,13 @@
 
   recipe.py             an algorithm's math (`Recipe`): the only place it is written
                         (the equations of each: docs/algorithms.md)
+  extension.py          `Extension`: the hooks through which a client behaviour beyond
+                        the core recipe runs in every execution (the behaviours:
+                        tff_adaptive/extensions/)
   skeleton.py           the round, written once: broadcast → client phase → aggregation
                         → server step → output (TFF intrinsics, or calls in process)
-  client.py             one client's round: init / step / final (+ the sums sent up,
-                        and user accuracy for personalised recipes)
+  client.py             one client's round: init / before the steps / step / final
+                        (+ the sums sent up), calling the extensions' hooks
   server.py             the server step, costs and metrics of a round
   layout.py             the state layout (TFF's `LearningAlgorithmState`) and hparams
   model_info.py         `ModelInfo`: the model and the recipe's types a round needs

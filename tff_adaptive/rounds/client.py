@@ -1,21 +1,24 @@
 """One client's round as three pure functions (FedJAX's client_init/step/final).
 
-  carry  = loop.init(x_t, broadcast(s_t)[, c_i])    y_0 = x_t, local = init_local(…)
-  carry  = loop.anchor(carry, ∇f(x_t; b), n_b)     `Recipe.full_gradient` only: each batch
-                                                   at x_t, before training (Σ_b n_b g_b)
+  carry  = loop.init(x_t, broadcast(s_t)[, state])  y_0 = x_t (as the extensions start
+                                                   it), local = init_local(…)
+  carry  = loop.before_steps(carry, passes)        the extensions' work before training
+                                                   (a pass at x_t, user accuracy)
   carry  = loop.step(carry, g_k, loss_k, n_k, η)   one step: the recipe's local_step, g_k at
                                                    loop.gradient_point(carry) (y) on its
-                                                   (first) batch; `grad_at` for more
-                                                   gradients (`Recipe.gradient_fn`)
-  result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i[, c_i⁺]
-  output = loop.client_output(result)              what goes back to the client: its new
-                                                   state[, its user accuracy]
+                                                   (first) batch, the extensions' keywords
+  result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i, and
+                                                   what goes back to the client (its new
+                                                   state, what it measured)
+  output = loop.client_output(result)              that, in the process's form
   sums   = client_sums(result, metrics, …)         what is summed over clients
 
-Executions differ only in how they get g_k: the per-client TFF computation
-reads it from the model's variables, the cohort program from a functional
-view of the model (`functional.py`), over many clients at once. Nothing of an
-algorithm is written here: `recipe.init_local`, `local_step` and `upload` are.
+Executions differ only in how they get g_k (and in the `extension.ClientPasses`
+they hand the extensions): the per-client TFF computation reads it from the
+model's variables, the cohort program from a functional view of the model
+(`functional.py`), over many clients at once. Nothing of an algorithm is
+written here: `recipe.init_local`, `local_step` and `upload` are, and its
+extensions' hooks (`extension.py`).
 """
 
 import collections
@@ -25,6 +28,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.accounting import drift
+from tff_adaptive.rounds import extension as extension_lib
 from tff_adaptive.rounds import recipe as recipe_lib
 
 DRIFT_KEYS = ('drift_delta_sum', 'drift_delta_n', 'drift_model_sum', 'drift_model_n')
@@ -35,8 +39,9 @@ class ClientResult(NamedTuple):
   extra: Any           # the recipe's extra upload, float32
   weight: tf.Tensor    # the client's aggregation weight (0 when Δ_i is non-finite)
   stats: Any           # OrderedDict of counters (first_minibatch_loss, local_steps, ...)
-  client_state: Any = ()  # the client's new state (recipes whose clients keep one)
-  user_accuracy: Any = ()  # `Recipe.user_accuracy`: its counts, measured before training
+  # What goes back to the client, by name: 'private' (its new state, from the
+  # recipe's state keeper), and what extensions measured ('ua', ...).
+  outputs: Any = ()
 
 
 def tuples(structure):
@@ -64,144 +69,137 @@ def client_weight(num_examples, non_finite, weighting: tff.learning.ClientWeight
 
 
 class ClientLoop:
-  """The recipe's client side, as functions of tensors only."""
+  """The recipe's client side, as functions of tensors only; the recipe's
+  extensions' hooks (`rounds.extension`) run at their points."""
 
   def __init__(self, recipe: recipe_lib.Recipe, weighting: tff.learning.ClientWeighting,
                measure_client_drift: bool = False, branchless: bool = False):
     self.recipe = recipe
+    self.extensions = recipe.extensions
+    self.keeper = recipe.state_keeper
+    self.split = recipe.weights_split
     self.weighting = weighting
     self.measure_client_drift = measure_client_drift
     # Under tf.vectorized_map a per-client tf.cond becomes a DynamicStitch,
-    # which XLA cannot compile (MimeXlite's first gradient under
-    # jit_compile='program'): the cohort's vectorised program selects instead.
+    # which XLA cannot compile (jit_compile='program'): hooks that branch per
+    # client select instead when the cohort's vectorised program asks.
     self.branchless = branchless
 
   def start_weights(self, x_t, n_t=(), client_state=()):
-    """(y_0, n_0): x_t and the non-trainable weights with the client's private
-    weights patched in (`Recipe.private_trainable`, `private_non_trainable`)."""
+    """(y_0, n_0): x_t and the non-trainable weights as the extensions start the
+    client (e.g. with its private weights patched in)."""
     y0, n0 = list(x_t), list(n_t)
-    if self.recipe.has_private_weights:
-      private = client_state['weights']
-      for i, value in zip(self.recipe.private_trainable, private['trainable']):
-        y0[i] = value
-      for i, value in zip(self.recipe.private_non_trainable, private['non_trainable']):
-        n0[i] = value
-    return y0, n0
+    for ext in self.extensions:
+      y0, n0 = ext.start_weights(y0, n0, client_state)
+    return list(y0), list(n0)
 
   def init(self, x_t, broadcast_value, client_state=(), n_t=()):
-    """`n_t`: the non-trainable weights, for recipes that split the weights
-    (`Recipe.splits_weights`); the execution updates them (`with_non_trainable`)."""
+    """`n_t`: the non-trainable weights, kept in the carry when the weights are
+    split (`extension.WeightsSplit`); the execution updates them (`with_non_trainable`)."""
     y0, n0 = self.start_weights(x_t, n_t, client_state)
     y0 = tuple(y0)
     carry = collections.OrderedDict(
         y=y0,
-        local=tuples(self.recipe.initial_local(broadcast_value, list(y0),
-                                               self.recipe.own_state(client_state))),
+        local=tuples(self.recipe.initial_local(broadcast_value, list(y0), client_state)),
         client_state=client_state,
-        n=tuple(n0) if self.recipe.splits_weights else (),
-        g0=tuple(tf.zeros_like(v) for v in x_t) if self.recipe.uses_first_gradient else (),
+        n=tuple(n0) if self.split is not None else (),
         first_loss=tf.constant(0.0),
         num_examples=tf.constant(0, tf.int64),
         step=tf.constant(0, tf.int32))
-    if self.recipe.full_gradient:
-      carry['full_sum'] = tuple(tf.zeros_like(v) for v in x_t)
-      carry['full_examples'] = tf.constant(0, tf.int64)
+    for ext in self.extensions:
+      carry.update(ext.init_carry(x_t))
     return carry
 
-  def anchor(self, carry, grads, num_examples):
-    """One batch of the pass at x_t (`Recipe.full_gradient`), before any `step`.
-
-    Sums n_b·g_b and n_b in the order of TFF's Mime Lite client (g_sum + g·n),
-    so that the mean `final` hands `upload` is bit-identical to TFF's.
-    """
-    n = tf.cast(num_examples, tf.int64)
-    carry = collections.OrderedDict(carry)
-    carry['full_sum'] = tuple(s + g * tf.cast(n, g.dtype)
-                              for s, g in zip(carry['full_sum'], grads))
-    carry['full_examples'] = carry['full_examples'] + n
+  def before_steps(self, carry, passes):
+    """The extensions' work before the first step (`passes`: `extension.ClientPasses`)."""
+    for ext in self.extensions:
+      carry = ext.before_steps(carry, passes)
     return carry
+
+  def measure(self, passes):
+    """An evaluation without training: what the extensions measure, by name."""
+    measured = collections.OrderedDict()
+    for ext in self.extensions:
+      measured.update(ext.measure(passes))
+    return measured
 
   def step(self, carry, grads, loss, num_examples, lr, grad_at=None):
     """`num_examples`: of every batch the step consumes; `grad_at(weights, j)`:
-    the execution's gradient on the step's batch j (`Recipe.gradient_fn`)."""
+    the execution's gradient on the step's batch j (for `step_context`)."""
     grads = tuple(grads)
     is_first = tf.equal(carry['step'], 0)
-    g0 = carry['g0']
-    if self.recipe.uses_first_gradient and self.branchless:
-      g0 = tuple(tf.where(is_first, g, old) for g, old in zip(grads, g0))
-    elif self.recipe.uses_first_gradient:
-      # A cond, not tf.where: no copy of the model-sized gradient per step.
-      g0 = tf.cond(is_first, lambda: grads, lambda: g0)
+    context = {}
+    for ext in self.extensions:
+      context.update(ext.step_context(carry, grad_at))
     # Tuples throughout: TFF optimisers insist that weights and state have the
     # same structure.
-    context = {'grad_at': grad_at} if self.recipe.gradient_fn else {}
     local, y = self.recipe.local_step(carry['local'], carry['y'], grads, lr, carry['step'],
                                       **context)
-    stepped = collections.OrderedDict(carry)  # the full-gradient sums pass through
+    stepped = collections.OrderedDict(carry)  # the extensions' entries pass through
     stepped.update(
-        y=tuple(y), local=tuples(local), g0=g0,
+        y=tuple(y), local=tuples(local),
         first_loss=tf.where(is_first, tf.cast(loss, tf.float32), carry['first_loss']),
         num_examples=carry['num_examples'] + tf.cast(num_examples, tf.int64),
         step=carry['step'] + 1)
+    for ext in self.extensions:
+      stepped = ext.after_step(carry, stepped,
+                               extension_lib.Step(grads, is_first, self.branchless))
     return stepped
 
   def with_non_trainable(self, carry, non_trainable):
     """`carry` with the model's non-trainable weights after its training passes."""
-    if not self.recipe.splits_weights:
+    if self.split is None:
       return carry
     carry = collections.OrderedDict(carry)
     carry['n'] = tuple(non_trainable)
     return carry
 
-  def gradient_point(self, carry):
-    """Where the step's g is taken: y, or `Recipe.gradient_at`'s point."""
-    if self.recipe.gradient_at is None:
-      return carry['y']
-    return tuple(self.recipe.gradient_at(carry['local'], list(carry['y'])))
+  def statistics(self, carry, n_t):
+    """The non-trainable weights a training pass uses: the carry's when the
+    weights are split (they are kept and moved), else the round's."""
+    return carry['n'] if self.split is not None else n_t
 
-  def first_gradient(self, carry):
-    """What `upload` receives as g_0: the first step's gradient, or with
-    `Recipe.full_gradient` the example-weighted mean of the pass at x_t."""
-    if not self.recipe.full_gradient:
-      return carry['g0']
-    n = carry['full_examples']
-    return tuple(tf.math.divide_no_nan(s, tf.cast(n, s.dtype)) for s in carry['full_sum'])
+  def gradient_point(self, carry):
+    """Where the step's g is taken: y, or an extension's point."""
+    for ext in self.extensions:
+      point = ext.gradient_point(carry)
+      if point is not None:
+        return tuple(point)
+    return carry['y']
+
+  def upload_gradient(self, carry):
+    """What `upload` receives as its gradient: an extension's, or ()."""
+    for ext in self.extensions:
+      g = ext.upload_gradient(carry)
+      if g is not None:
+        return g
+    return ()
 
   def _delta(self, carry, x_t, n_t):
-    """(Δ flat, the values whose finiteness decides the drop): Δ of the shared
-    weights, and with private weights also their new values."""
-    recipe = self.recipe
-    if not recipe.splits_weights:
-      delta = [a - b for a, b in zip(x_t, carry['y'])]
+    """(Δ flat, the values whose finiteness decides the drop)."""
+    delta = [a - b for a, b in zip(x_t, carry['y'])]
+    if self.split is None:
       return delta, delta
     # Δ at `delta_structure`'s positions, flattened as it flattens (tf.nest sorts the keys).
-    delta = tf.nest.flatten(delta_structure(
-        recipe, [a - b for a, b in zip(x_t, carry['y'])],
-        [a - b for a, b in zip(list(n_t), carry['n'])]))
-    kept = ([carry['y'][i] for i in recipe.private_trainable] +
-            [carry['n'][i] for i in recipe.private_non_trainable])
-    return delta, delta + kept
-
-  def _new_client_state(self, carry):
-    own = (self.recipe.client_state_update(carry['local'])
-           if self.recipe.init_client_state is not None else ())
-    if not self.recipe.has_private_weights:
-      return own
-    return self.recipe.private_state(carry['y'], carry['n'], own)
+    delta = tf.nest.flatten(self.split.delta_structure(
+        delta, [a - b for a, b in zip(list(n_t), carry['n'])]))
+    return delta, delta + list(self.split.kept(carry))
 
   def final(self, carry, x_t, n_t=()) -> ClientResult:
     delta, checked = self._delta(carry, list(x_t), n_t)
     non_finite = zero_if_non_finite(checked)[1]
     delta = [tf.where(non_finite, tf.zeros_like(t), t) for t in delta]
     weight = client_weight(carry['num_examples'], non_finite, self.weighting)
-    extra = (_as_float32(self.recipe.upload(carry['local'], self.first_gradient(carry)))
+    extra = (_as_float32(self.recipe.upload(carry['local'], self.upload_gradient(carry)))
              if self.recipe.upload is not None else ())
     if self.recipe.sum_extra:  # summed, not weighted: a dropped client adds zeros
       extra = tf.nest.map_structure(lambda t: tf.where(non_finite, tf.zeros_like(t), t), extra)
-    client_state = ()
-    if self.recipe.has_client_state:
-      client_state = tf.nest.map_structure(  # a dropped client keeps its state
-          lambda new, old: tf.where(non_finite, old, new), self._new_client_state(carry),
+    outputs = collections.OrderedDict()
+    for ext in self.extensions:
+      outputs.update(ext.outputs(carry))
+    if self.keeper is not None:
+      outputs['private'] = tf.nest.map_structure(  # a dropped client keeps its state
+          lambda new, old: tf.where(non_finite, old, new), self.keeper.new_state(carry),
           carry['client_state'])
     stats = collections.OrderedDict(
         first_minibatch_loss=carry['first_loss'], local_steps=carry['step'],
@@ -211,37 +209,23 @@ class ClientLoop:
       # cosine (accounting/drift.py), so no per-client upload is collected.
       stats['drift_delta_sum'], stats['drift_delta_n'] = drift.unit_vector(delta)
       stats['drift_model_sum'], stats['drift_model_n'] = drift.unit_vector(list(carry['y']))
-    return ClientResult(delta, extra, weight, stats, client_state)
-
-  def personalized_weights(self, x_t, lr, grad_at):
-    """What user accuracy measures: `Recipe.personalize`'s weights (`grad_at` on
-    the client's first training batch), or x_t."""
-    if self.recipe.personalize is None:
-      return list(x_t)
-    return list(self.recipe.personalize(list(x_t), lr, grad_at))
+    return ClientResult(delta, extra, weight, stats, outputs)
 
   def client_output(self, result: ClientResult):
-    """What goes back to the client, never summed: its new state, or with
-    `Recipe.user_accuracy` OrderedDict(ua=counts[, private=new state])."""
-    if not self.recipe.user_accuracy:
-      return result.client_state
-    output = collections.OrderedDict(ua=result.user_accuracy)
-    if self.recipe.has_client_state:
-      output['private'] = result.client_state
-    return output
+    """What goes back to the client, never summed: its new state alone (the
+    `StatefulClientsProcess` form), or OrderedDict of every output."""
+    if list(result.outputs) == ['private']:
+      return result.outputs['private']
+    return result.outputs
 
 
 def delta_structure(recipe: recipe_lib.Recipe, trainable, non_trainable):
-  """The structure Δ is aggregated in: the trainable weights', or for recipes
-  that split the weights OrderedDict(trainable=shared, non_trainable=averaged shared)."""
-  if not recipe.splits_weights:
+  """The structure Δ is aggregated in: the trainable weights', or the weights
+  split's (`extension.WeightsSplit.delta_structure`)."""
+  split = recipe.weights_split
+  if split is None:
     return trainable
-  t, n = tf.nest.flatten(trainable), tf.nest.flatten(non_trainable)
-  averaged = (recipe_lib.shared(recipe.private_non_trainable, len(n))
-              if recipe.average_non_trainable else [])
-  return collections.OrderedDict(
-      trainable=tuple(t[i] for i in recipe_lib.shared(recipe.private_trainable, len(t))),
-      non_trainable=tuple(n[i] for i in averaged))
+  return split.delta_structure(tf.nest.flatten(trainable), tf.nest.flatten(non_trainable))
 
 
 def zero_user_accuracy():

@@ -6,8 +6,7 @@
     per shard, one TF program (cohort_program.py; the clients in sequence with
     tf.map_fn, or vectorised, each phase one tf.vectorized_map over the clients):
       for each client:
-        carry = loop.init(x_t, broadcast)                       client.ClientLoop
-        [Recipe.full_gradient: for each step, at x_t: carry = loop.anchor(carry, g, n)]
+        carry = loop.before_steps(loop.init(x_t, broadcast), passes)  client.ClientLoop
         for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
                                        carry = loop.step(carry, g, loss, n, η)
         result = loop.final(carry, x_t)
@@ -57,6 +56,7 @@ from tff_adaptive.rounds import cohort_aggregation
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import cohort_next
 from tff_adaptive.rounds import cohort_program
+from tff_adaptive.rounds import extension
 from tff_adaptive.rounds import functional
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
@@ -143,15 +143,15 @@ def unsupported_reason(options: options_lib.RoundOptions, model_fn) -> Optional[
 
 
 def _unsupported_for(recipe: recipe_lib.Recipe, model_fn) -> Optional[str]:
-  """Training passes whose moved batch-norm statistics the program does not thread
-  through: a personalisation before UA (which tests with the moved ones), or the
-  extra passes of a recipe that keeps or averages the statistics."""
-  extra_passes = recipe.gradient_fn or recipe.full_gradient
-  if not (recipe.personalize or (recipe.splits_weights and extra_passes)):
-    return None
-  if functional.FunctionalView(model_fn).has_non_trainable:
-    return ('the batch-norm statistics moved by its personalisation or extra gradient '
-            'passes would be lost')
+  """Why the recipe's extensions keep the round from the cohort program (None: they don't)."""
+  view = None
+  for i, ext in enumerate(recipe.extensions):
+    if type(ext).cohort_unsupported is extension.Extension.cohort_unsupported:
+      continue
+    view = view or functional.FunctionalView(model_fn)
+    reason = ext.cohort_unsupported(view, recipe.extensions[:i] + recipe.extensions[i + 1:])
+    if reason is not None:
+      return reason
   return None
 
 
@@ -165,18 +165,18 @@ def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kw
   return build(model_fn, recipe, info=info, options=options, **kwargs)
 
 
-def shard_type(element_type, client_state=None, test: bool = False) -> tff.Type:
+def shard_type(element_type, client_state=None, inputs=()) -> tff.Type:
   """The TFF type of one shard: each batch leaf gains [clients, steps]
   dimensions; each leaf of the clients' state (a structure of tensors, for
-  recipes whose clients keep one) a [clients] dimension. With `test`
-  (`Recipe.user_accuracy`), the clients' test batches, padded alike."""
+  recipes whose clients keep one) a [clients] dimension. `inputs`: the names
+  of the clients' other datasets (their test splits), padded alike."""
   batches = tff.types.type_to_tf_tensor_specs(element_type)
   batches = tf.nest.map_structure(
       lambda s: tf.TensorSpec([None, None, None] + list(s.shape[1:]), s.dtype), batches)
   fields = [('batches', tff.types.tensorflow_to_type(batches)),
             ('mask', tff.TensorType(np.float32, [None, None, None]))]
-  if test:
-    fields.append(('test', tff.StructWithPythonType(fields[:2], collections.OrderedDict)))
+  fields += [(name, tff.StructWithPythonType(fields[:2], collections.OrderedDict))
+             for name in inputs]
   if client_state is not None:
     stacked = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + list(t.shape), t.dtype),
                                     client_state)
@@ -261,9 +261,9 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   stateful_clients = recipe.has_client_output
   client_state_arguments = (per_client.client_state_arguments(recipe, info)
                             if stateful_clients else {})
-  data_type = shard_type(info.element_type,
-                         client_state_arguments.get('client_state_structure')
-                         if recipe.has_client_state else None, recipe.user_accuracy)
+  inputs = [name for ext in recipe.extensions for name, _ in ext.input_fields(info)]
+  data_type = shard_type(info.element_type, client_state_arguments.get('client_state_structure')
+                         if recipe.has_client_state else None, inputs)
   message_type = program_message_type(info.message_type, aggregation)
   traced = _traced(program, jit_compile == 'program', message_type, data_type)
 
@@ -306,7 +306,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
       next_fn, functools.partial(program_message, recipe, aggregation), program, traced,
       unfinalized, info, sums_type, steps)
   process_class = StatefulCohortProcess if stateful_clients else CohortProcess
-  if recipe.user_accuracy:
+  if recipe.evaluates_clients:
     process_class = PersonalizedCohortProcess
     # Evaluations take every client: per client, as TFF's evaluation runs.
     client_state_arguments['evaluate_fn'] = per_client.evaluate_computation(

@@ -204,7 +204,7 @@ def with_test_batches(shards: Shards, tests: Sequence[ClientBatches]) -> Shards:
   """`shards`, each with its clients' test batches padded as 'test' (batches, mask).
 
   `tests[i]`: the test batches of the cohort's i-th client (user accuracy,
-  `Recipe.user_accuracy`). Copied, as `with_client_states`.
+  `extensions/user_accuracy.py`). Copied, as `with_client_states`.
   """
   held = sum(len(g) for g in getattr(shards, 'groups', []))
   if not isinstance(shards, Shards) or held != len(tests):

@@ -5,8 +5,8 @@ In sequence (`tf.map_fn`), and vectorised for feed-forward models (one
 each client's round runs whole:
 
   for each client:
-    carry = loop.init(x_t, broadcast[, c_i])                    client.ClientLoop
-    [Recipe.full_gradient: for each step, at x_t: carry = loop.anchor(carry, g, n)]
+    carry = loop.init(x_t, broadcast[, state])                  client.ClientLoop
+    carry = loop.before_steps(carry, passes)       the extensions' passes (_ProgramPasses)
     for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
                                    carry = loop.step(carry, g, loss, n, η)
     result = loop.final(carry, x_t)
@@ -17,7 +17,8 @@ with the nesting swapped: the steps are the
 outer loop and each phase is one `tf.vectorized_map` over the clients,
 
   carries = vectorized_map(loop.init)                    (the clients' states stacked)
-  [full gradient: while step < S: carries = vectorized_map(anchor at x_t, step s)]
+  carries = loop.before_steps(carries, passes)           (each pass: while step < S,
+                                                          vectorized_map over the clients)
   while step < S:  carries = vectorized_map(loss_and_grads, loop.step, metrics; step s)
   sums = vectorized_map(loop.final, client_sums)
 
@@ -39,6 +40,7 @@ import tensorflow as tf
 
 from tff_adaptive.rounds import client as client_lib
 from tff_adaptive.rounds import cohort_aggregation
+from tff_adaptive.rounds import extension
 from tff_adaptive.rounds import functional
 
 
@@ -58,7 +60,7 @@ class CohortProgram:
 
   @property
   def stateful(self) -> bool:
-    """Its clients take back an output (`Recipe.has_client_output`)."""
+    """Its clients take back an output (their state, what they measured)."""
     return self.loop.recipe.has_client_output
 
   def __call__(self, message, shard):
@@ -75,12 +77,9 @@ class CohortProgram:
     return (sums, states) if self.stateful else sums
 
   def _client_elems(self, shard):
-    keys = ['batches', 'mask']
-    if self.loop.recipe.user_accuracy:
-      keys.append('test')
-    if self.loop.recipe.has_client_state:
-      keys.append('client_state')
-    return collections.OrderedDict((key, shard[key]) for key in keys)
+    """A shard's per-client parts: its batches and mask, and what the recipe's
+    clients take besides (their test batches, their states)."""
+    return collections.OrderedDict((key, shard[key]) for key in shard)
 
   # The phases of one client's round, shared by both nestings.
 
@@ -88,34 +87,19 @@ class CohortProgram:
     carry = self.loop.init(x_t, message['broadcast'], client_state, _non_trainable(message))
     return carry, self.view.zero_metrics()
 
-  def _anchor_step(self, message, x_t):
-    """One batch of `Recipe.full_gradient`'s pass at x_t: `loop.anchor`; no metrics."""
-    y0, n_t = tuple(x_t), _non_trainable(message)
-
-    def anchor(state, group):
-      carry, metrics = state
-      batch, rows = group[0]
-      grads, _, _, _ = self.view.loss_and_grads(y0, batch, rows, n_t)
-      return self.loop.anchor(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64)), metrics
-
-    return anchor
-
   def _train_step(self, message):
     lr, n_t = message['hparams']['learning_rate'], _non_trainable(message)
-    splits = self.loop.recipe.splits_weights
 
     def step(state, group):
       carry, metrics = state
       batch, rows = group[0]
-      # The moving statistics only matter to recipes that keep or average them.
-      statistics = carry['n'] if splits else n_t
+      statistics = self.loop.statistics(carry, n_t)
       grads, loss, data_loss, predictions, moved = self.view.train_pass(
           self.loop.gradient_point(carry), batch, rows, statistics)
       metrics = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
       n = tf.add_n([tf.reduce_sum(r) for _, r in group])
       passes = []  # `grad_at`'s forward passes, counted in the metrics after the step
-      grad_at = (functools.partial(self._grad_at, group, passes, statistics)
-                 if self.loop.recipe.gradient_fn else None)
+      grad_at = functools.partial(self._grad_at, group, passes, statistics)
       stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr, grad_at)
       for args in passes:
         metrics = self.view.add_metrics(metrics, *args)
@@ -123,36 +107,21 @@ class CohortProgram:
 
     return step
 
-  def _final(self, message, x_t, state, ua=()):
+  def _final(self, message, x_t, state):
     carry, metrics = state
-    result = self.loop.final(carry, x_t, _non_trainable(message))._replace(user_accuracy=ua)
+    result = self.loop.final(carry, x_t, _non_trainable(message))
     sums = self.aggregation.client_sums(result, metrics, self._trainable_structure,
                                         message.get('aggregator'))
     return (sums, self.loop.client_output(result)) if self.stateful else sums
 
   def _grad_at(self, group, passes, statistics, weights, j):
-    """`Recipe.gradient_fn`'s grad_at from the functional view; records the pass."""
+    """`grad_at` of the extensions' step context, from the functional view;
+    records the pass."""
     batch, rows = group[j]
     grads, loss, data_loss, predictions = self.view.loss_and_grads(weights, batch, rows,
                                                                    statistics)
     passes.append((batch, predictions, rows, data_loss))
     return grads, loss
-
-  def _user_accuracy(self, x_t, n_t, lr, client):
-    """`Recipe.user_accuracy`: the personalised weights (from the client's first
-    training batch) on its padded test batches, in inference mode; no metrics."""
-    first = ((tf.nest.map_structure(lambda t: t[0], client['batches']), client['mask'][0]),)
-    weights = self.loop.personalized_weights(
-        x_t, lr, functools.partial(self._grad_at, first, [], n_t))
-
-    def test_batch(ua, group):
-      batch, rows = group[0]
-      labels, logits, loss = self.view.evaluate(weights, batch, rows, n_t)
-      return client_lib.add_user_accuracy(ua, labels, logits, loss, rows)
-
-    test = client['test']
-    return self._over_steps(test_batch, test['batches'], test['mask'],
-                            client_lib.zero_user_accuracy())
 
   # Each client's whole round: in sequence (map_fn), or vectorised whole.
 
@@ -169,30 +138,23 @@ class CohortProgram:
                                  graph.structured_outputs)
 
   def _one_client(self, message, x_t, client):
-    batches, mask = client['batches'], client['mask']
-    lr = message['hparams']['learning_rate']
-    ua = ()
-    if self.loop.recipe.user_accuracy:  # from x_t with the client's private weights
-      start, statistics = self.loop.start_weights(x_t, _non_trainable(message),
-                                                  client.get('client_state', ()))
-      ua = self._user_accuracy(start, statistics, lr, client)
-    state = self._init(message, x_t, client.get('client_state', ()))
-    if self.loop.recipe.full_gradient:
-      state = self._over_steps(self._anchor_step(message, x_t), batches, mask, state)
-    state = self._over_steps(self._train_step(message), batches, mask, state,
-                             self.loop.recipe.batches_per_step)
-    return self._final(message, x_t, state, ua)
+    client_state = client.get('client_state', ())
+    start = self.loop.start_weights(x_t, _non_trainable(message), client_state)
+    carry, metrics = self._init(message, x_t, client_state)
+    carry = self.loop.before_steps(carry, _ProgramPasses(self, message, client, start))
+    state = self._over_steps(self._train_step(message), client['batches'], client['mask'],
+                             (carry, metrics), self.loop.recipe.batches_per_step)
+    return self._final(message, x_t, state)
 
   # Vectorised with the steps outside: each phase one vectorized_map over the clients.
 
   def _clients_in_parallel(self, message, x_t, shard):
-    if self.loop.recipe.user_accuracy:
-      # Its evaluation loop over the test batches would be the while loop
-      # inside vectorized_map that this nesting exists to avoid.
-      raise ValueError(f"CohortExecution: {self.loop.recipe.name} measures user accuracy, which "
-                       "the vectorised recurrent cohort does not run; use mode='sequential'")
+    for ext in self.loop.extensions:
+      if ext.steps_outside_unsupported:
+        raise ValueError(f'CohortExecution: {self.loop.recipe.name} '
+                         f'{ext.steps_outside_unsupported}')
     batches, mask = shard['batches'], shard['mask']
-    if self.loop.recipe.has_client_state:
+    if 'client_state' in shard:
       state = _over_clients(lambda c: self._init(message, x_t, c), (shard['client_state'],))
     else:
       # The same start for every client, computed once and repeated: a
@@ -201,9 +163,11 @@ class CohortProgram:
       clients = tf.shape(mask)[0]
       state = tf.nest.map_structure(lambda t: tf.repeat(t[tf.newaxis], clients, axis=0),
                                     self._init(message, x_t))
-    if self.loop.recipe.full_gradient:
-      state = self._over_steps(self._anchor_step(message, x_t), batches, mask, state,
-                               clients_axis=True)
+    carry, metrics = state
+    # The passes before the steps start at x_t: this nesting patches no client's weights.
+    passes = _ProgramPasses(self, message, shard, (x_t, _non_trainable(message)),
+                            clients_axis=True)
+    state = (self.loop.before_steps(carry, passes), metrics)
     state = self._over_steps(self._train_step(message), batches, mask, state,
                              self.loop.recipe.batches_per_step, clients_axis=True)
     return _over_clients(lambda *s: self._final(message, x_t, s), state)
@@ -238,6 +202,45 @@ class CohortProgram:
     _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[axis] // per_step, body,
                              (tf.constant(0), state))
     return state
+
+
+class _ProgramPasses(extension.ClientPasses):
+  """`extension.ClientPasses` in the shard program: over the client's padded
+  batches (`clients_axis`: every client's at once, the steps-outside nesting)."""
+
+  def __init__(self, program: CohortProgram, message, client, start, clients_axis=False):
+    self.program, self.client, self.clients_axis = program, client, clients_axis
+    self.start = start
+    self.learning_rate = message['hparams']['learning_rate']
+
+  def over_batches(self, fn, carry):
+    y0, n0 = tuple(self.start[0]), self.start[1]
+    view = self.program.view
+
+    def one(carry, group):
+      batch, rows = group[0]
+      grads, _, _, _ = view.loss_and_grads(y0, batch, rows, n0)
+      return fn(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64))
+
+    return self.program._over_steps(one, self.client['batches'], self.client['mask'], carry,
+                                    clients_axis=self.clients_axis)
+
+  def evaluate(self, personalize=None):
+    y0, n0 = self.start
+    client, program = self.client, self.program
+    weights = list(y0)
+    if personalize is not None:
+      first = ((tf.nest.map_structure(lambda t: t[0], client['batches']), client['mask'][0]),)
+      weights = list(personalize(functools.partial(program._grad_at, first, [], n0)))
+
+    def test_batch(ua, group):
+      batch, rows = group[0]
+      labels, logits, loss = program.view.evaluate(weights, batch, rows, n0)
+      return client_lib.add_user_accuracy(ua, labels, logits, loss, rows)
+
+    test = client['test']
+    return program._over_steps(test_batch, test['batches'], test['mask'],
+                               client_lib.zero_user_accuracy())
 
 
 def steps_outside(view: functional.FunctionalView) -> bool:

@@ -46,12 +46,13 @@ class ModelInfo:
     self.non_trainable_specs = list(tf.nest.flatten(
         tff.types.type_to_tf_tensor_specs(self.weights_type.non_trainable)))
     self._recipe = recipe
-    # Private weights start where the server's model starts (the model's seeded
-    # initialisers build the same one): its values, read once, eagerly.
+    # A state of private weights starts where the server's model starts (the
+    # model's seeded initialisers build the same one): its values, read once, eagerly.
+    keeper = recipe.state_keeper
     self._initial_weights = (
         tf.nest.map_structure(lambda v: np.asarray(v.numpy()),
                               tff.learning.models.ModelWeights.from_model(model_fn()))
-        if recipe.has_private_weights else None)
+        if keeper is not None and keeper.needs_initial_weights else None)
 
     @tff.tensorflow.computation
     def init_stats():

@@ -7,7 +7,7 @@ The round is `skeleton.run_round`; this module gives it its steps:
     `skeleton.Summed`), or Δ through `model_aggregator` / `upload_compression`
     (`_Aggregation`)
   server: `server.ServerRound`
-A recipe whose clients keep state (`Recipe.init_client_state`) takes, per
+A recipe whose clients keep state (`Recipe.state_keeper`) takes, per
 client, OrderedDict(train=dataset, private=state) and returns the new states
 per client: a `stateful.StatefulClientsProcess`.
 """
@@ -21,6 +21,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive.rounds import client as client_lib
+from tff_adaptive.rounds import extension
 from tff_adaptive.rounds import cohort_aggregation
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
@@ -34,7 +35,7 @@ from tff_adaptive.rounds import stateful
 def _batches(dataset, steps, per_step: int = 1):
   """K > 0: exactly K steps, cycling the data; K <= 0: the dataset as given.
 
-  With `per_step` > 1 (`Recipe.batches_per_step`) each element is a tuple of
+  With `per_step` > 1 (`Recipe.batches_per_step`, an extension's) each element is a tuple of
   consecutive batches, (b0, b1), (b2, b3), ...; a last incomplete tuple is
   left out.
   """
@@ -47,36 +48,27 @@ def _batches(dataset, steps, per_step: int = 1):
 
 
 def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate: bool,
-                  client_state=(), test=None):
-  """One client's round on the model's variables: Δ_i, extra_i, weight, stats[, state][, UA]."""
+                  client_state=(), inputs=None):
+  """One client's round on the model's variables: its `ClientResult`, and Δ's structure."""
   variables = tff.learning.models.ModelWeights.from_model(model)
   trainable = list(tf.nest.flatten(variables.trainable))
   non_trainable = list(tf.nest.flatten(variables.non_trainable))
   x_t = list(tf.nest.flatten(message['model_weights'].trainable))
   n_t = list(tf.nest.flatten(message['model_weights'].non_trainable))
-  # x_t with the client's private weights (if any) patched in: UA and training start there.
-  for v, t in zip(trainable + non_trainable, sum(loop.start_weights(x_t, n_t, client_state), [])):
+  start = loop.start_weights(x_t, n_t, client_state)
+  # The extensions' passes and the training start from the client's start weights.
+  for v, t in zip(trainable + non_trainable, start[0] + start[1]):
     v.assign(t)
   lr = message['hparams']['learning_rate']
-  ua = (user_accuracy(model, loop, x_t, lr, dataset, test, iterate)
-        if loop.recipe.user_accuracy else ())
-  carry = loop.init(x_t, message['broadcast'], client_state, n_t)
   per_step = loop.recipe.batches_per_step
-  batches = _batches(dataset, message['hparams']['local_steps'], per_step)
-  if loop.recipe.full_gradient:
-    # Cached: a dataset that reshuffles at each iteration would otherwise give
-    # the training loop other batches than the pass (TFF's Mime Lite iterates
-    # its data twice). The variables hold x_t; the pass's metrics are not the
-    # round's training metrics: reset after it, as TFF's Mime Lite does.
-    batches = batches.cache()
-    for batch in (iter(batches) if iterate else batches):
-      output, grads = _loss_and_grads(model, trainable, batch)
-      carry = loop.anchor(carry, grads, _num_examples(output))
-    model.reset_metrics()
+  passes = _ModelPasses(model, variables, start, lr, iterate,
+                        inputs if inputs is not None else collections.OrderedDict(train=dataset),
+                        _batches(dataset, message['hparams']['local_steps'], per_step))
+  carry = loop.before_steps(loop.init(x_t, message['broadcast'], client_state, n_t), passes)
   # An iterator loop, not `for batch in dataset` (which autograph lowers to
   # `dataset.reduce`): in TFF's C++ executor the reduce form costs ~3x more per
   # client (bench/results, docs/performance.md).
-  for batch in (iter(batches) if iterate else batches):
+  for batch in (iter(passes.batches) if iterate else passes.batches):
     group = batch if per_step > 1 else (batch,)
     for v, w in zip(trainable, loop.gradient_point(carry)):
       v.assign(w)
@@ -84,48 +76,64 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
     num_examples = tf.cast(_num_examples(output), tf.int64)
     for other in group[1:]:
       num_examples += tf.shape(tf.nest.flatten(other)[0], out_type=tf.int64)[0]
-    grad_at = (functools.partial(_grad_at, model, trainable, group)
-               if loop.recipe.gradient_fn else None)
-    carry = loop.step(carry, grads, output.loss, num_examples, lr, grad_at)
+    carry = loop.step(carry, grads, output.loss, num_examples, lr,
+                      functools.partial(_grad_at, model, trainable, group))
   # The forward passes in training mode moved the non-trainable weights (batch-norm statistics).
   carry = loop.with_non_trainable(carry, [tf.identity(v) for v in non_trainable])
-  return (loop.final(carry, x_t, n_t)._replace(user_accuracy=ua),
+  return (loop.final(carry, x_t, n_t),
           client_lib.delta_structure(loop.recipe, variables.trainable, variables.non_trainable))
 
 
-def user_accuracy(model, loop: client_lib.ClientLoop, x_t, lr, train, test, iterate: bool):
-  """UA before training (`Recipe.user_accuracy`): the personalised weights on the
-  client's test split in inference mode. Every variable is restored after it
-  (personalisation steps run in training mode and may move batch-norm
-  statistics, which the test then uses), and the model's metrics are reset:
-  these passes are not training."""
-  variables = tff.learning.models.ModelWeights.from_model(model)
-  trainable = list(tf.nest.flatten(variables.trainable))
-  every = trainable + list(tf.nest.flatten(variables.non_trainable))
-  saved = [tf.identity(v) for v in every]
-  if loop.recipe.personalize is not None:
-    # The iterator form, as in `client_update`: the dataset form (a reduce) cost
-    # ~60 ms per client per round in TFF's executor on the bench's digits MLP.
-    first = train.take(1)
-    for batch in (iter(first) if iterate else first):
-      weights = loop.personalized_weights(
-          x_t, lr, functools.partial(_grad_at, model, trainable, (batch,)))
-      for v, w in zip(trainable, weights):
-        v.assign(w)
-  ua = client_lib.zero_user_accuracy()
-  for batch in (iter(test) if iterate else test):
-    output = model.forward_pass(batch, training=False)
-    labels = batch['y'] if isinstance(batch, collections.abc.Mapping) else batch[1]
-    ua = client_lib.add_user_accuracy(ua, labels, output.predictions, output.loss,
-                                      tf.ones([tf.size(labels)]))
-  for v, t in zip(every, saved):
-    v.assign(t)
-  model.reset_metrics()
-  return ua
+class _ModelPasses(extension.ClientPasses):
+  """`extension.ClientPasses` on the model's variables, which hold the start weights."""
+
+  def __init__(self, model, variables, start, learning_rate, iterate: bool, inputs, batches):
+    self.model, self.start, self.learning_rate, self.iterate = model, start, learning_rate, iterate
+    self.trainable = list(tf.nest.flatten(variables.trainable))
+    self.every = self.trainable + list(tf.nest.flatten(variables.non_trainable))
+    self.inputs = inputs  # the client's datasets by name: 'train'[, 'test']
+    self.batches = batches  # what the steps read
+
+  def over_batches(self, fn, carry):
+    # Cached: a dataset that reshuffles at each iteration would otherwise give
+    # the training loop other batches than the pass (TFF's Mime Lite iterates
+    # its data twice). The pass's metrics are not the round's training
+    # metrics: reset after it, as TFF's Mime Lite does.
+    self.batches = self.batches.cache()
+    for batch in (iter(self.batches) if self.iterate else self.batches):
+      output, grads = _loss_and_grads(self.model, self.trainable, batch)
+      carry = fn(carry, grads, _num_examples(output))
+    self.model.reset_metrics()
+    return carry
+
+  def evaluate(self, personalize=None):
+    """Every variable is restored after it (personalisation runs in training
+    mode and may move batch-norm statistics, which the test then uses), and
+    the model's metrics are reset: these passes are not training."""
+    saved = [tf.identity(v) for v in self.every]
+    if personalize is not None:
+      # The iterator form, as in `client_update`: the dataset form (a reduce) cost
+      # ~60 ms per client per round in TFF's executor on the bench's digits MLP.
+      first = self.inputs['train'].take(1)
+      for batch in (iter(first) if self.iterate else first):
+        weights = personalize(functools.partial(_grad_at, self.model, self.trainable, (batch,)))
+        for v, w in zip(self.trainable, weights):
+          v.assign(w)
+    ua = client_lib.zero_user_accuracy()
+    test = self.inputs['test']
+    for batch in (iter(test) if self.iterate else test):
+      output = self.model.forward_pass(batch, training=False)
+      labels = batch['y'] if isinstance(batch, collections.abc.Mapping) else batch[1]
+      ua = client_lib.add_user_accuracy(ua, labels, output.predictions, output.loss,
+                                        tf.ones([tf.size(labels)]))
+    for v, t in zip(self.every, saved):
+      v.assign(t)
+    self.model.reset_metrics()
+    return ua
 
 
 def _grad_at(model, trainable, group, weights, j):
-  """`Recipe.gradient_fn`'s grad_at on the model's variables (the next step
+  """`grad_at` of the extensions' step context, on the model's variables (the next step
   assigns y again): its forward pass counts in the model's metrics."""
   for v, w in zip(trainable, weights):
     v.assign(w)
@@ -172,7 +180,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
       stateful_clients=shape.stateful_clients,
       measure_client_drift=options.measure_client_drift)
   next_fn = skeleton.federated_next(state_type, shape.data_type, steps)
-  if recipe.user_accuracy:
+  if recipe.evaluates_clients:
     return finish_process(
         initialize_fn, next_fn, state_type, info, recipe,
         process_class=stateful.PersonalizedClientsProcess,
@@ -201,10 +209,11 @@ def evaluate_computation(info, loop: client_lib.ClientLoop, data_type, state_typ
     def evaluate(message, data):
       variables = tff.learning.models.ModelWeights.from_model(model)
       tf.nest.map_structure(lambda v, t: v.assign(t), variables, message['model_weights'])
-      x_t = [tf.identity(v) for v in tf.nest.flatten(variables.trainable)]
-      return collections.OrderedDict(ua=user_accuracy(
-          model, loop, x_t, message['hparams']['learning_rate'], data['train'], data['test'],
-          iterate))
+      start = tuple([tf.identity(v) for v in tf.nest.flatten(weights)]
+                    for weights in (variables.trainable, variables.non_trainable))
+      return loop.measure(_ModelPasses(model, variables, start,
+                                       message['hparams']['learning_rate'], iterate, data,
+                                       batches=None))
 
     return evaluate(message, data)
 
@@ -232,11 +241,10 @@ class _RoundShape:
     self.data_type = client_data_type(recipe, info)
 
   def split_data(self, data):
-    """One client's input → (training dataset, test dataset or None, state or ())."""
+    """One client's input → (training dataset, all its inputs, its state or ())."""
     if not self.stateful_clients:
-      return data, None, ()
-    return (data['train'], data['test'] if self.recipe.user_accuracy else None,
-            data['private'] if self.recipe.has_client_state else ())
+      return data, collections.OrderedDict(train=data), ()
+    return data['train'], data, data['private'] if self.recipe.has_client_state else ()
 
 
 def iterates(options: options_lib.RoundOptions) -> bool:
@@ -251,8 +259,8 @@ def client_data_type(recipe, info) -> tff.Type:
   if not recipe.has_client_output:
     return dataset_type
   fields = [('train', dataset_type)]
-  if recipe.user_accuracy:
-    fields.append(('test', dataset_type))
+  for ext in recipe.extensions:
+    fields += ext.input_fields(info)
   if recipe.has_client_state:
     fields.append(('private', tff.tensorflow.computation(
         info.initial_client_state).type_signature.result))
@@ -265,9 +273,9 @@ def _client_round_computation(shape: _RoundShape) -> tff.Computation:
   metrics_aggregator, stateful_clients = shape.metrics_aggregator, shape.stateful_clients
 
   def client_round(model, message, data):
-    dataset, test, client_state = shape.split_data(data)
+    dataset, inputs, client_state = shape.split_data(data)
     result, structure = client_update(model, loop, message, dataset, shape.iterate,
-                                      client_state, test)
+                                      client_state, inputs)
     local_metrics = model.report_local_unfinalized_metrics()
     sums, delta = client_lib.client_sums(
         result, local_metrics if metrics_aggregator is None else (),

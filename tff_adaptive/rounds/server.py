@@ -30,45 +30,41 @@ class RoundCosts:
   client_state_floats: int
   optimizer_flops_per_step: float
   fb_flops_per_example: Optional[float]
-  # Forward/backward passes per trained example (`Recipe.passes_per_example`, and one
-  # more for `Recipe.full_gradient`'s pass at x_t).
+  # Forward/backward passes per trained example (`Recipe.fb_passes`: 1 and the
+  # extensions' extra passes).
   fb_passes: float = 1.0
-  # Floats each client keeps between rounds (recipes with private weights: MTFL's patches).
+  # Floats each client keeps between rounds, when its state keeper reports them
+  # (private weights: MTFL's patches).
   private_state_floats: Optional[int] = None
 
   @classmethod
   def from_types(cls, recipe: recipe_lib.Recipe, *, weights_type, broadcast_type, delta_type,
                  extra_type, trainable_specs, fb_flops_per_example, non_trainable_specs=()):
-    private_specs = [specs[i] for specs, positions in (
-        (trainable_specs, recipe.private_trainable),
-        (non_trainable_specs, recipe.private_non_trainable)) for i in positions]
-    # Private weights (`Recipe.private_trainable`) are never read by a client (its
-    # own are patched over them): a deployment would not send them.
-    private_bits = sum(layout.num_bits(tff.types.tensorflow_to_type(s)) for s in private_specs)
+    split, keeper = recipe.weights_split, recipe.state_keeper
+    undownloaded = (split.undownloaded_specs(list(trainable_specs), list(non_trainable_specs))
+                    if split is not None else [])
+    private_bits = sum(layout.num_bits(tff.types.tensorflow_to_type(s)) for s in undownloaded)
     down = (layout.num_bits(weights_type) + layout.num_bits(broadcast_type) +
             layout.num_bits(layout.HPARAMS_TYPE) - private_bits)
     up = layout.num_bits(delta_type) + (
         layout.num_bits(extra_type) if recipe.upload is not None else 0)
     zeros = lambda type_spec: layout.zeros_like_specs(tff.types.type_to_tf_tensor_specs(type_spec))
-    local_state_type = tff.tensorflow.computation(
-        lambda: recipe.initial_local(
-            zeros(broadcast_type), layout.zeros_like_specs(list(trainable_specs)),
-            recipe.init_client_state(list(trainable_specs)) if recipe.init_client_state else ())
-    ).type_signature.result
+
+    def local_state():
+      own = keeper.own_state_specs(list(trainable_specs)) if keeper is not None else None
+      return recipe.init_local(zeros(broadcast_type),
+                               layout.zeros_like_specs(list(trainable_specs)),
+                               *(() if own is None else (own,)))
+
+    local_state_type = tff.tensorflow.computation(local_state).type_signature.result
     # Tensors only: scalar leaves are hyperparameters (η, β) or counters.
     state_floats = sum(int(np.prod(t.shape)) for t in layout.leaves(local_state_type)
                        if t.dtype in (np.float32, np.float64) and len(t.shape) >= 1)
     num_params = sum(int(np.prod(s.shape)) for s in trainable_specs)
-    private_floats = None
-    if recipe.has_private_weights:
-      own = (tff.tensorflow.computation(lambda: recipe.init_client_state(list(trainable_specs)))
-             .type_signature.result if recipe.init_client_state else None)
-      private_floats = sum(int(np.prod(s.shape)) for s in private_specs) + (
-          sum(int(np.prod(t.shape)) for t in layout.leaves(own)) if own is not None else 0)
+    private_floats = (keeper.private_state_floats(list(trainable_specs), list(non_trainable_specs))
+                      if keeper is not None else None)
     return cls(down, up, state_floats, recipe.optimizer_ops_per_param * num_params,
-               fb_flops_per_example,
-               recipe.passes_per_example + (1.0 if recipe.full_gradient else 0.0),
-               private_floats)
+               fb_flops_per_example, recipe.fb_passes, private_floats)
 
   def metrics(self, sums, measured_upload_bits):
     clients = tf.maximum(tf.cast(sums['clients'], tf.float64), 1.0)
@@ -94,12 +90,6 @@ class RoundCosts:
     return cost
 
 
-def _scattered(x, shared_delta, private):
-  """Δ̄ of the shared positions as a list over all of x, zeros at the private ones."""
-  values = iter(shared_delta)
-  return [tf.zeros_like(w) if i in private else next(values) for i, w in enumerate(x)]
-
-
 class ServerRound:
   """(x_t, s_t, hparams, client sums, Δ̄, mean extra) → (x_{t+1}, s_{t+1}, metrics)."""
 
@@ -115,32 +105,21 @@ class ServerRound:
                measured_upload_bits):
     with tf.control_dependencies(self._checks(sums)):
       x = [tf.identity(t) for t in tf.nest.flatten(model_weights.trainable)]
-    recipe = self.recipe
-    delta = (_scattered(x, mean_delta['trainable'], recipe.private_trainable)
-             if recipe.splits_weights else list(tf.nest.flatten(mean_delta)))
+    recipe, split = self.recipe, self.recipe.weights_split
+    delta = (split.server_delta(x, mean_delta) if split is not None
+             else list(tf.nest.flatten(mean_delta)))
     new_x, new_stats = recipe.server_update(
         x, stats, delta, mean_extra, hparams['learning_rate'], hparams['local_steps'])
-    new_x = list(new_x)
-    for i in recipe.private_trainable:  # never the server's to move
-      new_x[i] = x[i]
+    non_trainable = model_weights.non_trainable
+    if split is not None:
+      new_x, non_trainable = split.server_weights(x, list(new_x), non_trainable, mean_delta)
     # The containers of s_0 (lists vs tuples): a checkpoint is restored into
     # the structure `initialize` returns and must match it exactly.
     new_stats = tf.nest.pack_sequence_as(stats, tf.nest.flatten(new_stats))
     new_weights = tff.learning.models.ModelWeights(
-        trainable=tf.nest.pack_sequence_as(model_weights.trainable, new_x),
-        non_trainable=self._non_trainable(model_weights.non_trainable, mean_delta))
+        trainable=tf.nest.pack_sequence_as(model_weights.trainable, list(new_x)),
+        non_trainable=non_trainable)
     return new_weights, new_stats, self._metrics(sums, measured_upload_bits)
-
-  def _non_trainable(self, non_trainable, mean_delta):
-    """`Recipe.average_non_trainable`: the shared ones become the clients' weighted
-    average (x_nt − mean Δ_nt); otherwise they stay as they are."""
-    if not (self.recipe.splits_weights and self.recipe.average_non_trainable):
-      return non_trainable
-    n = [tf.identity(t) for t in tf.nest.flatten(non_trainable)]
-    positions = recipe_lib.shared(self.recipe.private_non_trainable, len(n))
-    for i, d in zip(positions, mean_delta['non_trainable']):
-      n[i] = n[i] - d
-    return tf.nest.pack_sequence_as(non_trainable, n)
 
   def from_weighted_sums(self, model_weights, stats, hparams, sums):
     """The fused example-weighted mean: Σ w·Δ / Σ w, as `tff.aggregators.MeanFactory`.
@@ -160,14 +139,8 @@ class ServerRound:
                                  sums['weighted_extra'])
 
   def _checks(self, sums):
-    if not self.recipe.equal_local_steps:
-      return []
-    # All K_i equal ⇔ n·ΣK_i² = (ΣK_i)² (Cauchy–Schwarz), exact in int64.
-    return [tf.debugging.assert_equal(
-        sums['clients'] * sums['local_steps_squared'], sums['local_steps'] ** 2,
-        message=f'{self.recipe.name} needs every client to run the same number of local '
-                'steps K (its server step inverts K identical steps); a client ran fewer: '
-                'check for clients with no data')]
+    return [check for ext in self.recipe.extensions
+            for check in ext.server_checks(self.recipe, sums)]
 
   def _metrics(self, sums, measured_upload_bits):
     clients = tf.maximum(tf.cast(sums['clients'], tf.float32), 1.0)

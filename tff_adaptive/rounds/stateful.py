@@ -1,4 +1,4 @@
-"""Processes whose clients keep state across rounds (`Recipe.init_client_state`).
+"""Processes whose clients keep state across rounds (`Recipe.state_keeper`).
 
 TFF's `LearningProcess` must return everything at SERVER, but a client's new
 state (SCAFFOLD's control variate c_i) goes back to that client, so such a
@@ -8,7 +8,7 @@ client, `OrderedDict(train=dataset, private=state)` and returns
 `StatefulClientsOutput(state, metrics, clients)`, `clients` being the new
 states in input order. The caller stores them between rounds (the training
 loop: `tff_adaptive.personalization.client_state.ClientStateStore`, as for
-MTFL's private weights, `Recipe.private_trainable`).
+MTFL's private weights, `extensions/private_weights.py`).
 """
 
 import collections
@@ -113,7 +113,7 @@ class StatefulClientsProcess(ClientStateProcess):
 
 
 class PersonalizedClientsProcess(StatefulClientsProcess):
-  """The process of a recipe whose clients measure user accuracy (`Recipe.user_accuracy`).
+  """The process of a recipe whose clients measure user accuracy (`extensions/user_accuracy.py`).
 
   `next(state, [process.client_input(train, client_state, test=test) ...])`:
   per client its training and test datasets (and its stored state, when its
