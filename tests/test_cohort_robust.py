@@ -1,7 +1,7 @@
 """The cohort program runs TFF's robust aggregator as the per-client round does.
 
 `aggregators.robust.robust_aggregator` (TFF's `tff.learning.robust_aggregator`,
-kept recognisable): adaptive zeroing (inf norm) around adaptive clipping (L2)
+with its norms known): adaptive zeroing (inf norm) around adaptive clipping (L2)
 around the (un)weighted mean. 3 rounds on clients of unequal sizes with
 partial batches, a softmax regression (a tanh layer would saturate and bound
 Δ), one client's features scaled x10 (clipped) and one x3000 (zeroed):
@@ -100,9 +100,8 @@ def _compare_robust(execution, zeroing=True, clipping=True, weighted=True, round
 def test_robust_equals_per_client(zeroing, clipping, weighted, execution):
   state = _compare_robust(cohort.CohortExecution(**execution), zeroing, clipping, weighted)
   # The norms moved from their initial estimates (10, 1).
-  estimates = cohort_aggregation.Robust(
-      robust.robust_aggregator(zeroing=zeroing, clipping=clipping, weighted=weighted),
-      False).query_states(state.aggregator)
+  estimates = robust.robust_aggregator(
+      zeroing=zeroing, clipping=clipping, weighted=weighted).query_states(state.aggregator)
   initial = [n.initial_estimate for n in robust.robust_aggregator(
       zeroing=zeroing, clipping=clipping).norms]
   assert all(float(s.current_estimate) != i for s, i in zip(estimates, initial))
