@@ -26,6 +26,7 @@ from tensorflow_federated.python.core.impl.context_stack import context_stack_im
 import test_cohort as tc
 from test_workers import live_pool, pool  # pylint: disable=unused-import
 from tff_adaptive.aggregators import robust
+from tff_adaptive.aggregators import secure
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.execution import remote_context
 from tff_adaptive.rounds import cohort
@@ -170,3 +171,23 @@ def test_tffs_own_robust_and_secure_aggregators_run_per_client(make):
   reason = cohort_aggregation.supported(
       cohort.options_lib.RoundOptions(model_aggregator=aggregator))
   assert reason == f'the aggregator {type(aggregator).__name__} runs per client'
+
+
+def test_the_package_secure_aggregator_is_tffs_and_runs_per_client():
+  for weighted in (True, False):
+    ours = secure.secure_aggregator(zeroing=False, clipping=False, weighted=weighted)
+    theirs = tff.learning.secure_aggregator(zeroing=False, clipping=False, weighted=weighted)
+    assert isinstance(ours, tff.aggregators.WeightedAggregationFactory) == weighted
+    assert type(ours.tff_factory) is type(theirs)
+    reason = cohort_aggregation.supported(
+        cohort.options_lib.RoundOptions(model_aggregator=ours))
+    assert reason == (f'the aggregator secure_aggregator(zeroing=False, clipping=False, '
+                      f'weighted={weighted}) runs per client')
+
+
+def test_an_aggregator_in_another_role_runs_per_client():
+  # The robust aggregator aggregates Δ; as an upload compression it aggregates
+  # (Δ, extra) together, which only its TFF factory does, per client.
+  reason = cohort_aggregation.supported(
+      cohort.options_lib.RoundOptions(upload_compression=robust.robust_aggregator()))
+  assert reason == 'the upload compression WeightedRobustFactory runs per client'

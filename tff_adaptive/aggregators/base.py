@@ -30,6 +30,7 @@ say which arithmetic they hold, so it runs per client, its reason naming it.
 """
 
 import collections
+import functools
 from typing import Optional
 
 import numpy as np
@@ -93,6 +94,33 @@ class PerClient(Aggregator):
 
   def per_client_reason(self) -> str:
     return f'the {self.role} {type(self.tff_factory).__name__} runs per client'
+
+
+class FromTffLearning(Aggregator):
+  """One of TFF's `tff.learning` aggregators, `tff_builder(zeroing=, clipping=,
+  weighted=)`, with the choices it was built with (TFF's factory keeps none)."""
+  tff_builder = None  # staticmethod(tff.learning.<name>_aggregator)
+
+  def __init__(self, zeroing: bool, clipping: bool, weighted: bool):
+    self.zeroing, self.clipping = zeroing, clipping  # (`weighted`: TFF's factory's kind)
+    self.tff_factory = self.tff_builder(zeroing=zeroing, clipping=clipping, weighted=weighted)
+
+  @classmethod
+  def of_kind(cls, zeroing: bool, clipping: bool, weighted: bool) -> 'FromTffLearning':
+    """An instance that is a weighted or unweighted `tff.aggregators` factory, as
+    TFF's is: builders choose the weighting by that kind."""
+    return _of_kind(cls, weighted)(zeroing, clipping, weighted)
+
+  def __repr__(self):
+    return (f'{self.tff_builder.__name__}(zeroing={self.zeroing}, clipping={self.clipping}, '
+            f'weighted={self.weighted})')
+
+
+@functools.lru_cache(maxsize=None)
+def _of_kind(cls, weighted: bool):
+  kind = (tff.aggregators.WeightedAggregationFactory if weighted
+          else tff.aggregators.UnweightedAggregationFactory)
+  return type(('Weighted' if weighted else 'Unweighted') + cls.__name__, (cls, kind), {})
 
 
 def ours(factory, role: str) -> Aggregator:

@@ -49,13 +49,9 @@ ZEROING = NormEstimate('zero', math.inf, 10.0, 0.98, math.log(10.0), multiplier=
 CLIPPING = NormEstimate('clipp', 2.0, 1.0, 0.8, 0.2)
 
 
-class RobustFactory(base.Aggregator):
+class RobustFactory(base.FromTffLearning):
   """What `robust_aggregator` built; `create` is TFF's factory's."""
-
-  def __init__(self, zeroing: bool, clipping: bool, weighted: bool):
-    self.zeroing, self.clipping = zeroing, clipping  # (`weighted`: TFF's factory's kind)
-    self.tff_factory = tff.learning.robust_aggregator(zeroing=zeroing, clipping=clipping,
-                                                      weighted=weighted)
+  tff_builder = staticmethod(tff.learning.robust_aggregator)
 
   @property
   def norms(self) -> tuple[NormEstimate, ...]:
@@ -73,24 +69,11 @@ class RobustFactory(base.Aggregator):
   def in_program(self, sum_extra: bool) -> base.InProgram:
     return InProgram(self, sum_extra)
 
-  def __repr__(self):
-    return (f'robust_aggregator(zeroing={self.zeroing}, clipping={self.clipping}, '
-            f'weighted={self.weighted})')
-
-
-class WeightedRobustAggregator(RobustFactory, tff.aggregators.WeightedAggregationFactory):
-  pass
-
-
-class UnweightedRobustAggregator(RobustFactory, tff.aggregators.UnweightedAggregationFactory):
-  pass
-
 
 def robust_aggregator(*, zeroing: bool = True, clipping: bool = True,
                       weighted: bool = True) -> RobustFactory:
   """`tff.learning.robust_aggregator(zeroing=, clipping=, weighted=)` (see module docstring)."""
-  cls = WeightedRobustAggregator if weighted else UnweightedRobustAggregator
-  return cls(zeroing, clipping, weighted)
+  return RobustFactory.of_kind(zeroing, clipping, weighted)
 
 
 class InProgram(base.InProgram):

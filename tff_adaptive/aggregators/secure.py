@@ -14,32 +14,15 @@ import tensorflow_federated as tff
 from tff_adaptive.aggregators import base
 
 
-class SecureAggregator(base.Aggregator):
+class SecureAggregator(base.FromTffLearning):
   """`tff.learning.secure_aggregator(zeroing=, clipping=, weighted=)`."""
-
-  def __init__(self, zeroing: bool, clipping: bool, weighted: bool):
-    self.zeroing, self.clipping = zeroing, clipping
-    self.tff_factory = tff.learning.secure_aggregator(zeroing=zeroing, clipping=clipping,
-                                                      weighted=weighted)
+  tff_builder = staticmethod(tff.learning.secure_aggregator)
 
   def per_client_reason(self) -> str:
     return f'the aggregator {self!r} runs per client'
-
-  def __repr__(self):
-    return (f'secure_aggregator(zeroing={self.zeroing}, clipping={self.clipping}, '
-            f'weighted={self.weighted})')
-
-
-class WeightedSecureAggregator(SecureAggregator, tff.aggregators.WeightedAggregationFactory):
-  pass
-
-
-class UnweightedSecureAggregator(SecureAggregator, tff.aggregators.UnweightedAggregationFactory):
-  pass
 
 
 def secure_aggregator(*, zeroing: bool = True, clipping: bool = True,
                       weighted: bool = True) -> SecureAggregator:
   """`tff.learning.secure_aggregator(zeroing=, clipping=, weighted=)`, per client only."""
-  cls = WeightedSecureAggregator if weighted else UnweightedSecureAggregator
-  return cls(zeroing, clipping, weighted)
+  return SecureAggregator.of_kind(zeroing, clipping, weighted)
