@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
+from tff_adaptive.aggregators import dp
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
@@ -195,7 +195,7 @@ def test_client_drift_and_uniform_weighting_equal():
 
 def _one_client_shard_options(what):
   return {'drift': dict(measure_client_drift=True),
-          'dp': dict(model_aggregator=privacy.dp_aggregator(0.0, 0.3, len(SIZES))),
+          'dp': dict(model_aggregator=dp.dp_aggregator(0.0, 0.3, len(SIZES))),
           'compression': dict(upload_compression=compression.SharedIndexCompressionFactory(
               0.5, quantize=True))}[what]
 

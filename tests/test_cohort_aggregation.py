@@ -23,8 +23,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import test_cohort as tc
-from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
+from tff_adaptive.aggregators import dp
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_aggregation
@@ -33,23 +33,34 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures('local_cpp_context')]
 
 
 def test_dp_aggregator_is_tff_gaussian_fixed_and_keeps_its_parameters():
-  factory = privacy.dp_aggregator(0.5, 0.1, 4)
-  assert isinstance(factory, tff.aggregators.DifferentiallyPrivateFactory)
-  assert (factory.noise_multiplier, factory.clip_norm, factory.clients_per_round) == (0.5, 0.1, 4.0)
+  aggregator = dp.dp_aggregator(0.5, 0.1, 4)
+  assert isinstance(aggregator, tff.aggregators.UnweightedAggregationFactory)
+  assert isinstance(aggregator.tff_factory, tff.aggregators.DifferentiallyPrivateFactory)
+  assert (aggregator.noise_multiplier, aggregator.clip_norm,
+          aggregator.clients_per_round) == (0.5, 0.1, 4.0)
+  theirs = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+      noise_multiplier=0.5, clients_per_round=4, clip=0.1)
+  value = tff.TensorType(np.float32, [3])
+  ours_process, their_process = aggregator.create(value), theirs.create(value)
+  # (as strings: TFF's `==` already tells apart the types of two processes built
+  # from the same `gaussian_fixed` arguments)
+  for computation in ('initialize', 'next'):
+    assert (str(getattr(ours_process, computation).type_signature) ==
+            str(getattr(their_process, computation).type_signature))
 
 
 @pytest.mark.parametrize('mode', ['vectorized', 'sequential'])
 def test_dp_without_noise_equals_per_client(mode):
   clients = len(tc.SIZES)
   # Round 1's ‖Δ_i‖ are 0.21, 0.31, 0.41, 0.46 (measured): clip 0.3 clips three of four.
-  dp = privacy.dp_aggregator(0.0, 0.3, clients + 1)  # not the cohort size: TFF's denominator
-  tc._compare('fedavg', 3, cohort.CohortExecution(mode=mode), model_aggregator=dp)
+  aggregator = dp.dp_aggregator(0.0, 0.3, clients + 1)  # not the cohort size: TFF's denominator
+  tc._compare('fedavg', 3, cohort.CohortExecution(mode=mode), model_aggregator=aggregator)
 
 
 def test_dp_through_tff_executor_keeps_the_dp_state():
-  dp = privacy.dp_aggregator(0.0, 0.1, len(tc.SIZES))
+  aggregator = dp.dp_aggregator(0.0, 0.1, len(tc.SIZES))
   tc._compare('fedadam', 2, cohort.CohortExecution(in_process=False, num_shards=2), rounds=2,
-              model_aggregator=dp)
+              model_aggregator=aggregator)
 
 
 def _wide_model_fn(hidden=600):
@@ -68,7 +79,7 @@ def test_dp_noise_has_tffs_distribution(execution):
   noise, clip, per_round = 2.0, 0.3, 3
   process = fedopt.build_fedavg(
       _wide_model_fn, tff.learning.optimizers.build_sgdm(0.0), local_steps=1,
-      model_aggregator=privacy.dp_aggregator(noise, clip, per_round), execution=execution)
+      model_aggregator=dp.dp_aggregator(noise, clip, per_round), execution=execution)
   datasets = tc.client_datasets()
   state = process.initialize()
   before = np.concatenate([np.ravel(w) for w in process.get_model_weights(state).trainable])
@@ -152,7 +163,7 @@ def test_other_aggregators_are_named_in_the_reason():
 
 @pytest.mark.parametrize('aggregation', ['dp', 'compression'])
 def test_aggregators_in_an_xla_compiled_shard_program(aggregation):
-  kwargs = (dict(model_aggregator=privacy.dp_aggregator(0.0, 0.3, len(tc.SIZES)))
+  kwargs = (dict(model_aggregator=dp.dp_aggregator(0.0, 0.3, len(tc.SIZES)))
             if aggregation == 'dp' else
             dict(upload_compression=compression.SharedIndexCompressionFactory(0.5, True)))
   tc._compare('mfl', 2, cohort.CohortExecution(mode='sequential', jit_compile='program'),

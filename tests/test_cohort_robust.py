@@ -1,7 +1,7 @@
 """The cohort program runs TFF's robust aggregator as the per-client round does.
 
 `aggregators.robust.robust_aggregator` (TFF's `tff.learning.robust_aggregator`,
-kept recognisable): adaptive zeroing (inf norm) around adaptive clipping (L2)
+with its norms known): adaptive zeroing (inf norm) around adaptive clipping (L2)
 around the (un)weighted mean. 3 rounds on clients of unequal sizes with
 partial batches, a softmax regression (a tanh layer would saturate and bound
 Δ), one client's features scaled x10 (clipped) and one x3000 (zeroed):
@@ -26,6 +26,7 @@ from tensorflow_federated.python.core.impl.context_stack import context_stack_im
 import test_cohort as tc
 from test_workers import live_pool, pool  # pylint: disable=unused-import
 from tff_adaptive.aggregators import robust
+from tff_adaptive.aggregators import secure
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.execution import remote_context
 from tff_adaptive.rounds import cohort
@@ -100,9 +101,8 @@ def _compare_robust(execution, zeroing=True, clipping=True, weighted=True, round
 def test_robust_equals_per_client(zeroing, clipping, weighted, execution):
   state = _compare_robust(cohort.CohortExecution(**execution), zeroing, clipping, weighted)
   # The norms moved from their initial estimates (10, 1).
-  estimates = cohort_aggregation.Robust(
-      robust.robust_aggregator(zeroing=zeroing, clipping=clipping, weighted=weighted),
-      False).query_states(state.aggregator)
+  estimates = robust.robust_aggregator(
+      zeroing=zeroing, clipping=clipping, weighted=weighted).query_states(state.aggregator)
   initial = [n.initial_estimate for n in robust.robust_aggregator(
       zeroing=zeroing, clipping=clipping).norms]
   assert all(float(s.current_estimate) != i for s, i in zip(estimates, initial))
@@ -171,3 +171,23 @@ def test_tffs_own_robust_and_secure_aggregators_run_per_client(make):
   reason = cohort_aggregation.supported(
       cohort.options_lib.RoundOptions(model_aggregator=aggregator))
   assert reason == f'the aggregator {type(aggregator).__name__} runs per client'
+
+
+def test_the_package_secure_aggregator_is_tffs_and_runs_per_client():
+  for weighted in (True, False):
+    ours = secure.secure_aggregator(zeroing=False, clipping=False, weighted=weighted)
+    theirs = tff.learning.secure_aggregator(zeroing=False, clipping=False, weighted=weighted)
+    assert isinstance(ours, tff.aggregators.WeightedAggregationFactory) == weighted
+    assert type(ours.tff_factory) is type(theirs)
+    reason = cohort_aggregation.supported(
+        cohort.options_lib.RoundOptions(model_aggregator=ours))
+    assert reason == (f'the aggregator secure_aggregator(zeroing=False, clipping=False, '
+                      f'weighted={weighted}) runs per client')
+
+
+def test_an_aggregator_in_another_role_runs_per_client():
+  # The robust aggregator aggregates Δ; as an upload compression it aggregates
+  # (Δ, extra) together, which only its TFF factory does, per client.
+  reason = cohort_aggregation.supported(
+      cohort.options_lib.RoundOptions(upload_compression=robust.robust_aggregator()))
+  assert reason == 'the upload compression WeightedRobustFactory runs per client'

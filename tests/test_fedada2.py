@@ -24,6 +24,7 @@ from workflow import errors
 from workflow import config
 from workflow import validation
 from tff_adaptive.accounting import privacy
+from tff_adaptive.aggregators import dp
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.optimizers import sm3
 
@@ -271,7 +272,7 @@ def _dp_process(client_lr, noise, clip, clients_per_round):
       _model_60_10,
       fedada2.build_client_optimizer('sm3_adam', client_lr, beta_2=C_BETA_2, epsilon=C_EPS),
       tff.learning.optimizers.build_sgdm(1.0), local_steps=K, preconditioner='none',
-      model_aggregator=privacy.dp_aggregator(noise, clip, clients_per_round))
+      model_aggregator=dp.dp_aggregator(noise, clip, clients_per_round))
 
 
 def test_dp_aggregate_is_the_mean_of_clipped_updates_within_the_clip_norm():
@@ -383,9 +384,9 @@ def test_builders_name_the_argument():
   with pytest.raises(ValueError, match='build_client_optimizer: delay must be ≥ 1'):
     fedada2.build_client_optimizer('sm3_adagrad', 0.1, delay=0)
   with pytest.raises(ValueError, match='dp_aggregator: clip_norm must be > 0'):
-    privacy.dp_aggregator(1.0, None, 10)
+    dp.dp_aggregator(1.0, None, 10)
   with pytest.raises(ValueError, match='dp_aggregator: noise_multiplier must be ≥ 0'):
-    privacy.dp_aggregator(None, 0.1, 10)
+    dp.dp_aggregator(None, 0.1, 10)
 
 
 def test_bin_train_bad_input_exits_2_with_one_line(tmp_path):

@@ -24,8 +24,8 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at
 from tff_adaptive import errors as library_errors
-from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
+from tff_adaptive.aggregators import dp
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedmax
@@ -384,9 +384,9 @@ LIBRARY_ERRORS = [
      '--client_beta_2'),
     (lambda: biased_optimizers.BiasedOptimizer('adam', epsilon=0.0), 'BiasedOptimizer: epsilon',
      '--client_epsilon'),
-    (lambda: privacy.dp_aggregator(-1.0, 1.0, 10), 'dp_aggregator: noise_multiplier',
+    (lambda: dp.dp_aggregator(-1.0, 1.0, 10), 'dp_aggregator: noise_multiplier',
      '--dp_noise_multiplier'),
-    (lambda: privacy.dp_aggregator(1.0, 0.0, 10), 'dp_aggregator: clip_norm', '--dp_clip_norm'),
+    (lambda: dp.dp_aggregator(1.0, 0.0, 10), 'dp_aggregator: clip_norm', '--dp_clip_norm'),
     (lambda: compression.SharedIndexCompressionFactory(1.0),
      'SharedIndexCompressionFactory: sparsity', '--sparsity'),
     (lambda: fedopt.build_server_optimizer('adam', 0.1, semantics='nope'),

@@ -25,9 +25,10 @@ import tensorflow_federated as tff
 
 from tasks import base as task_base
 from tff_adaptive.accounting import flops
-from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import compression
+from tff_adaptive.aggregators import dp
 from tff_adaptive.aggregators import robust
+from tff_adaptive.aggregators import secure
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
@@ -76,25 +77,26 @@ def upload_compression(settings: config.Settings):
 def model_aggregator(settings: config.Settings):
   """The aggregation factory of Δ: DP (--dp), --aggregator=robust|secure, or None (the mean).
 
-  robust and secure are TFF's `tff.learning.robust_aggregator` and
-  `secure_aggregator` with --aggregator_zeroing / --aggregator_clipping,
-  weighted unless --client_weighting=uniform. robust comes through
-  `aggregators.robust`, which the cohort program runs; secure runs per client,
-  on TFF's test execution context (`needs_secure_context`).
+  Each is the package's aggregator (`tff_adaptive.aggregators`): robust and
+  secure are TFF's `tff.learning.robust_aggregator` and `secure_aggregator`
+  with --aggregator_zeroing / --aggregator_clipping, weighted unless
+  --client_weighting=uniform. DP and robust also run in the cohort program;
+  secure runs per client, on TFF's test execution context
+  (`needs_secure_context`).
   """
   aggregation = settings.aggregation
   name = aggregation.aggregator or 'mean'
   if algorithms.uses_dp(settings):
-    return privacy.dp_aggregator(aggregation.dp_noise_multiplier, aggregation.dp_clip_norm,
-                                 settings.client.clients_per_round)
+    return dp.dp_aggregator(aggregation.dp_noise_multiplier, aggregation.dp_clip_norm,
+                            settings.client.clients_per_round)
   if name == 'mean':
     return None
   kwargs = dict(zeroing=bool(aggregation.aggregator_zeroing),
                 clipping=bool(aggregation.aggregator_clipping),
                 weighted=(settings.client.client_weighting or 'default') != 'uniform')
-  if name == 'robust':  # TFF's, recognisable: the cohort program runs it (aggregators/robust.py)
+  if name == 'robust':
     return robust.robust_aggregator(**kwargs)
-  return tff.learning.secure_aggregator(**kwargs)
+  return secure.secure_aggregator(**kwargs)
 
 
 def fb_flops_per_example(task: task_base.FederatedTask) -> float:

@@ -14,6 +14,13 @@ encoded together; tensor_encoding encoders see one tensor at a time. The
 single-tensor stages are still available for plain FedAvg compression in
 `tff_adaptive.compression.encoding_stages`.
 
+It is an upload compression (`base.UPLOAD`: `upload_compression=`): it
+aggregates Δ and the extra upload together and measures their bits. In the
+cohort program (`InProgram`) each client's encode-then-decode runs inside the
+compiled round with the same `encoder`; under `tf.vectorized_map` its TopKV2
+and ScatterNd have no vectorising converter, so pfor runs them in a while
+loop, client by client (same results, tests/test_cohort_aggregation.py).
+
 Value structure: either a list of weight deltas, or
 `OrderedDict(delta=[...], extra=...)` where the list-valued entries of `extra`
 that are parallel to `delta` (same length and shapes, e.g. Δm and Δv) share
@@ -22,12 +29,14 @@ dense as float32.
 """
 
 import collections
+import collections.abc
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_adaptive import errors
+from tff_adaptive.aggregators import base
 from tff_adaptive.compression import tf_ops
 
 
@@ -35,8 +44,9 @@ def _shapes(type_list):
   return [tuple(t.shape) for t in type_list]
 
 
-class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
+class SharedIndexCompressionFactory(base.Aggregator, tff.aggregators.WeightedAggregationFactory):
   """Weighted mean of what the server decodes from each client's encoding."""
+  role = base.UPLOAD
 
   def __init__(self, sparsity: float, quantize: bool = True):
     if not 0.0 <= sparsity < 1.0:
@@ -44,14 +54,18 @@ class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
                                  f'must be in [0, 1); got {sparsity}')
     self._sparsity = float(sparsity)
     self._quantize = bool(quantize)
+    self.tff_factory = self  # its `create` is the per-client process
+
+  def in_program(self, sum_extra: bool) -> base.InProgram:
+    return InProgram(self, sum_extra)
 
   def encoder(self, value_type):
     """One client's encode-then-decode as a TF function of a `value_type` value:
     value → (what the server decodes, float64 bits of the encoded message).
 
     `create` runs it per client through `federated_map`; the cohort program
-    calls it per client inside its compiled round (`rounds/cohort_aggregation.py`),
-    so both executions encode with the same code.
+    calls it per client inside its compiled round (`InProgram`), so both
+    executions encode with the same code.
     """
     joint = isinstance(value_type, tff.StructType) and _names(value_type) == ['delta', 'extra']
     delta_type = value_type['delta'] if joint else value_type
@@ -107,6 +121,41 @@ class SharedIndexCompressionFactory(tff.aggregators.WeightedAggregationFactory):
       return tff.templates.MeasuredProcessOutput(out.state, out.result, measurements)
 
     return tff.templates.AggregationProcess(initialize, next_fn)
+
+
+class InProgram(base.InProgram):
+  """Each client's (Δ, extra) encoded and decoded by the factory's own
+  `encoder` inside the program, then the client-weighted mean of the decoded
+  values (Δ and extra alike, as `create`'s MeanFactory does: a summed extra
+  upload is averaged too), and the encoded bits averaged over clients
+  (`upload_bits_per_client`)."""
+
+  def __init__(self, aggregator: SharedIndexCompressionFactory, sum_extra: bool):
+    del sum_extra  # averaged, as `create` averages it
+    super().__init__(aggregator, sum_extra=False)
+
+  def client_part(self, delta, extra, params):
+    del params
+    value = collections.OrderedDict(delta=delta, extra=extra)
+    value_type = tff.types.tensorflow_to_type(
+        tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), value))
+    decoded, bits = self.aggregator.encoder(value_type)(value)
+    if isinstance(extra, collections.abc.Mapping):
+      extra = type(extra)((name, decoded['extra'][name]) for name in extra)
+    return decoded['delta'], extra, {'upload_bits': bits}
+
+  def means(self, sums):
+    mean = lambda t: tf.math.divide_no_nan(t, sums['weight'])
+    bits = sums['upload_bits'] / tf.cast(sums['clients'], tf.float64)
+    return (tf.nest.map_structure(mean, sums['weighted_delta']),
+            tf.nest.map_structure(mean, sums['weighted_extra']), bits)
+
+  def measurements(self, placement, process, round_metrics):
+    no_mean_measurements = base.tensor_free_value(
+        process.next.type_signature.result.measurements.member.mean)
+    return placement.zip(collections.OrderedDict(
+        mean=placement.value(no_mean_measurements),
+        upload_bits_per_client=round_metrics['cost']['upload_bits_per_client']))
 
 
 def _members(type_spec):

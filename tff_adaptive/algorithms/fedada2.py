@@ -20,7 +20,8 @@ Lee, Sharma, Zaheer, Li, "Efficient Adaptive Federated Optimization", arXiv:2410
 
 FedAda2 itself is `preconditioner='none'` with an SM3 client optimiser: no
 preconditioner is communicated and the client's second-moment memory is
-sub-linear. DP: pass an unweighted DP factory as `model_aggregator` (see
+sub-linear. DP: pass an unweighted DP factory as `model_aggregator`
+(`tff_adaptive.aggregators.dp.dp_aggregator`; its (ε, δ):
 `tff_adaptive.accounting.privacy`).
 """
 

@@ -26,7 +26,8 @@
   cohort_next.py        the cohort process's `next`: client datasets or shards in,
                         the round in process or through TFF
   cohort_data.py        the cohort's client data as padded tensors, cached
-  cohort_aggregation.py the cohort program's aggregators: mean, DP, CE-FedAvg, robust
+  cohort_aggregation.py how the program runs an aggregator's program form (the
+                        aggregators themselves: tff_adaptive/aggregators/)
   recurrent.py          recurrent layers unrolled, so the cohort vectorises them
 
 `tff_adaptive.algorithms.composer` is the entry point algorithms use.

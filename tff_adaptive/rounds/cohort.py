@@ -26,16 +26,17 @@ machines: one shard per worker) run it. In one process, `in_process=True`
 serialising the data through TFF's executor (which costs more than the
 round's arithmetic for small models: docs/performance.md).
 
-Aggregation (`cohort_aggregation.py`): the example-weighted or uniform mean
-(fused, as per client), fixed-clip Gaussian DP (`privacy.dp_aggregator`),
-CE-FedAvg upload compression and TFF's robust aggregator
-(`aggregators.robust.robust_aggregator`: adaptive zeroing and clipping), each
-applied per client inside the program; their server parts (the noise, the
-mean, the robust norms' next estimates) run once per round at the server.
-Robust's round norms go to the clients with the model (the message's
-'aggregator'). Other aggregators (TFF's secure aggregator, factories not
-built by this package), metrics aggregators and models without a functional
-view run per client (`build_or_explain` warns once, naming the reason).
+Aggregation: each of the package's aggregators (`tff_adaptive.aggregators`:
+the example-weighted or uniform mean, fused as per client; fixed-clip
+Gaussian DP; CE-FedAvg upload compression; TFF's robust aggregator with
+adaptive zeroing and clipping) has its program form, run by
+`cohort_aggregation.py`: its client part per client inside the program, its
+server part (the noise, the mean, the robust norms' next estimates) once per
+round at the server. Robust's round norms go to the clients with the model
+(the message's 'aggregator'). Aggregators without a program form (secure
+aggregation, factories not built by this package), metrics aggregators and
+models without a functional view run per client (`build_or_explain` warns
+once, naming the reason).
 """
 
 import collections

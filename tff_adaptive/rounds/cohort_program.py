@@ -52,7 +52,7 @@ class CohortProgram:
                vectorized: bool, trainable_structure, jit_compile: bool = False,
                aggregation=None):
     self.view = view
-    self.aggregation = aggregation or cohort_aggregation.Mean(loop.recipe.sum_extra)
+    self.aggregation = aggregation or cohort_aggregation.mean(loop.recipe.sum_extra)
     self.loop = loop
     self.vectorized = vectorized
     self.jit_compile = jit_compile

@@ -45,16 +45,6 @@ def zeros_like_specs(specs):
   return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
 
 
-def tensor_free_value(type_spec: tff.Type):
-  """The value of a type without tensors (nested empty structures)."""
-  if isinstance(type_spec, tff.FederatedType):
-    type_spec = type_spec.member
-  elements = list(tff.structure.iter_elements(type_spec))
-  if all(name for name, _ in elements) and elements:
-    return collections.OrderedDict((name, tensor_free_value(t)) for name, t in elements)
-  return tuple(tensor_free_value(t) for _, t in elements)
-
-
 def _initial_weights(model_fn):
   return tff.learning.models.ModelWeights.from_model(model_fn())
 

@@ -10,6 +10,9 @@ from typing import Any, Optional, Union
 
 import tensorflow_federated as tff
 
+from tff_adaptive.aggregators import base as aggregator_base
+from tff_adaptive.aggregators import mean
+
 EXECUTIONS = ('per_client', 'cohort')
 
 
@@ -23,7 +26,10 @@ class RoundOptions:
       the clients' share of s_t and (η, K) as one message.
     model_aggregator: a `tff.aggregators` factory for Δ. Weighted factories
       get the client weights; unweighted ones (e.g. TFF's DP factories) imply
-      uniform weighting. Default: the example-weighted mean.
+      uniform weighting. Default: the example-weighted mean. The package's
+      aggregators (`tff_adaptive.aggregators`: dp, robust, secure) run in
+      both executions where they can; any other factory runs per client
+      (`aggregator`).
     metrics_aggregator: as in TFF's builders; None (or
       `tff.learning.metrics.sum_then_finalize`): summed in the round's single
       `federated_sum`, then finalized.
@@ -72,6 +78,17 @@ class RoundOptions:
     """Whether Δ is aggregated with client weights."""
     return self.model_aggregator is None or isinstance(
         self.model_aggregator, tff.aggregators.WeightedAggregationFactory)
+
+  @property
+  def aggregator(self) -> aggregator_base.Aggregator:
+    """Δ's aggregator: `upload_compression`, `model_aggregator` or the mean. A
+    factory that is not one of the package's aggregators for its role is
+    wrapped to run per client (`aggregators.base.PerClient`)."""
+    if self.upload_compression is not None:
+      return aggregator_base.ours(self.upload_compression, aggregator_base.UPLOAD)
+    if self.model_aggregator is not None:
+      return aggregator_base.ours(self.model_aggregator, aggregator_base.MODEL)
+    return mean.Mean()
 
   @property
   def fused_mean(self) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_adaptive.aggregators import base as aggregator_base
 from tff_adaptive.rounds import client as client_lib
 from tff_adaptive.rounds import extension
 from tff_adaptive.rounds import cohort_aggregation
@@ -175,7 +176,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
   state_type = initialize_fn.type_signature.result
   steps = skeleton.RoundSteps(
       message=info.server_message_fn, client_phase=client_round_fn, server=server_round_fn,
-      aggregation=(skeleton.Summed(cohort_aggregation.Mean(recipe.sum_extra), aggregation.delta)
+      aggregation=(skeleton.Summed(cohort_aggregation.mean(recipe.sum_extra), aggregation.delta)
                    if shape.fused_mean else aggregation),
       stateful_clients=shape.stateful_clients,
       measure_client_drift=options.measure_client_drift)
@@ -362,31 +363,23 @@ def client_state_arguments(recipe, info) -> dict:
 
 
 class _Aggregation:
-  """Δ (and the extra upload) through `model_aggregator` or `upload_compression`."""
+  """Δ (and the extra upload) through the options' aggregator's TFF process
+  (`RoundOptions.aggregator`: `model_aggregator`, `upload_compression` or the mean)."""
 
   def __init__(self, options: options_lib.RoundOptions, recipe, delta_type, extra_type,
                train_metrics_fn=None):
-    self.options = options
+    self.aggregator = options.aggregator
     self.train_metrics_fn = train_metrics_fn
     self.has_extra = recipe.upload is not None
-    factory = options.model_aggregator or tff.aggregators.MeanFactory()
-    weight_type = tff.TensorType(np.float32)
-    if options.upload_compression is not None:
-      joint_type = tff.StructWithPythonType([('delta', delta_type), ('extra', extra_type)],
-                                            collections.OrderedDict)
-      self.delta = options.upload_compression.create(joint_type, weight_type)
-    elif options.weighted:
-      self.delta = factory.create(delta_type, weight_type)
-    else:
-      self.delta = factory.create(delta_type)
+    self.delta = self.aggregator.create_process(delta_type, extra_type)
     self.sum_extra = recipe.sum_extra
-    self.extra = tff.aggregators.MeanFactory().create(extra_type, weight_type)
+    self.extra = tff.aggregators.MeanFactory().create(extra_type, tff.TensorType(np.float32))
     # The extra upload's mean keeps no state: a constant, not a part of the
     # process state (whose `aggregator` is `model_aggregator`'s).
     extra_state_type = self.extra.initialize.type_signature.result
     if any(True for _ in layout.leaves(extra_state_type)):
       raise AssertionError('the extra upload aggregator must be stateless')
-    self.extra_state = layout.tensor_free_value(extra_state_type)
+    self.extra_state = aggregator_base.tensor_free_value(extra_state_type)
 
   def aggregate(self, placement, aggregator_state, results) -> skeleton.Aggregated:
     """`skeleton.RoundSteps.aggregation`: Δ, the extra upload and the train metrics."""
@@ -402,12 +395,12 @@ class _Aggregation:
 
   def __call__(self, state, delta, extra, weight):
     """(state, measurements, mean Δ, mean extra, measured upload bits), all at SERVER."""
-    if self.options.upload_compression is not None:
+    if self.aggregator.joint:
       agg = self.delta.next(
           state, tff.federated_zip(collections.OrderedDict(delta=delta, extra=extra)), weight)
       return (agg.state, agg.measurements, agg.result.delta, agg.result.extra,
               agg.measurements.upload_bits_per_client)
-    agg = (self.delta.next(state, delta, weight) if self.options.weighted
+    agg = (self.delta.next(state, delta, weight) if self.aggregator.weighted
            else self.delta.next(state, delta))
     if self.has_extra and self.sum_extra:
       mean_extra = tff.federated_sum(extra)  # `Recipe.sum_extra`: Σ extra_i
@@ -417,7 +410,7 @@ class _Aggregation:
     else:  # nothing besides Δ goes up: no aggregation of an empty structure
       mean_extra = tff.federated_value((), tff.SERVER)
     return (agg.state, agg.measurements, agg.result, mean_extra,
-            tff.federated_value(np.float64(-1.0), tff.SERVER))
+            tff.federated_value(np.float64(aggregator_base.NO_BITS), tff.SERVER))
 
 
 def finish_process(initialize_fn, next_fn, state_type, info, recipe, process_class=None, **kwargs):

@@ -194,9 +194,8 @@ class Summed:
   """Aggregation by one sum of the clients' structures (`client.client_sums`):
   the fused mean of the per-client round, and every cohort aggregation.
 
-  `strategy` is a `cohort_aggregation` strategy (Mean, FixedDP, Compression,
-  Robust), `process` the `tff.aggregators` process whose state layout the
-  round keeps.
+  `strategy` is an aggregator's program form (`cohort_aggregation.ProgramAggregation`),
+  `process` the `tff.aggregators` process whose state layout the round keeps.
   """
 
   def __init__(self, strategy, process):
