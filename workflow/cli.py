@@ -9,6 +9,7 @@ exits. The flag checks are workflow/validation.py's, the run's name and
 directory workflow/experiment.py's.
 """
 
+import contextlib
 import logging as std_logging
 import os
 import signal
@@ -220,6 +221,37 @@ def restore_signal_handlers(previous: dict) -> None:
       signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def _keep_swallowed_interrupts():
+  """Within the block, an Interrupted the interpreter swallowed is not printed.
+
+  A handler that runs inside a weakref callback or a `__del__` (TensorFlow
+  drops objects all the time) raises there, and Python prints "Exception
+  ignored in ..." and goes on: a Ctrl-C while the task is built would be
+  printed that way and the run would train to its end. The signal is in
+  `_received`; `_raise_if_signalled` stops the run at its next check.
+  """
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (_received and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    sys.unraisablehook = previous
+
+
+def _raise_if_signalled() -> None:
+  """Stops the run if a signal came whose Interrupted was swallowed (after the build,
+  after each round)."""
+  if _received:
+    from workflow import program  # pylint: disable=g-import-not-at-top
+    raise program.Interrupted(_received[0])
+
+
 def _drop_abandoned_tasks(record) -> bool:
   return not record.getMessage().startswith('Task was destroyed but it is pending!')
 
@@ -249,6 +281,11 @@ def _stopped(signum: int, out, progress) -> errors.Stopped:
   return errors.Stopped(signum, where)
 
 
+def stopped_before_start(signum: int) -> errors.Stopped:
+  """The error of SIGINT/SIGTERM before `run_training` handles signals (bin/train's start)."""
+  return _stopped(signum, None, None)
+
+
 def run_training(settings: config.Settings, notes=()):
   """Validates `settings`, builds task and algorithm, trains; returns (state, last metrics).
 
@@ -271,7 +308,8 @@ def run_training(settings: config.Settings, notes=()):
   state = {'out': None, 'progress': None}
   stopped = False
   try:
-    return _run_training(settings, state, notes)
+    with _keep_swallowed_interrupts():
+      return _run_training(settings, state, notes)
   except program.Interrupted as e:
     stopped = True
     raise _stopped(e.signum, state['out'], state['progress']) from None
@@ -372,7 +410,7 @@ def _loop_config(settings: config.Settings, out: str, schedules, client_state):
       local_steps=settings.client.local_steps or None, show_progress=loop.show_progress,
       schedules=schedules, client_state=client_state,
       divergence_factor=10.0 if divergence_factor is None else divergence_factor,
-      divergence_rounds=reliability.divergence_rounds or 3)
+      divergence_rounds=reliability.divergence_rounds or 3, after_round=_raise_if_signalled)
 
 
 def _run_training(settings: config.Settings, status: dict, notes=()):
@@ -387,6 +425,7 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   # bury the one-line error of a flag that only the built process can refute.
   logging.set_verbosity(logging.WARNING)
   task, process, schedules, client_data_fn, client_state, out = _build(settings, status)
+  _raise_if_signalled()
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
     runtime.use_local_cpp_context(

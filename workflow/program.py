@@ -80,6 +80,9 @@ class LoopConfig:
   # A round still running after this many seconds says so, then every 6x as
   # long (with show_progress; 0: never): a long round shows it is alive.
   heartbeat_seconds: float = 10.0
+  # Called after each round; raises to stop the run (bin/train: a signal whose
+  # exception the interpreter swallowed, workflow/cli.py).
+  after_round: Optional[Callable[[], None]] = None
   # Filled in as the run goes (for messages after an interruption).
   progress: Progress = dataclasses.field(default_factory=Progress)
 
@@ -227,6 +230,8 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
       await loop.write_metrics(round_num, row)
       await loop.checkpoint_if_due(round_num)
       loop.show_progress(bar, round_num, row)
+      if config.after_round is not None:
+        config.after_round()
   finally:
     bar.close()
   return loop.state, row
