@@ -401,16 +401,15 @@ def _data_on_workers(settings: config.Settings, task, process):
 def _loop_config(settings: config.Settings, out: str, schedules, client_state):
   from workflow import program  # pylint: disable=g-import-not-at-top
   loop, reliability = settings.loop, settings.reliability
-  divergence_factor = reliability.divergence_factor
   return program.LoopConfig(
       total_rounds=loop.total_rounds, clients_per_round=settings.client.clients_per_round,
       rounds_per_eval=loop.rounds_per_eval, first_eval_round=loop.first_eval_round or 0,
       rounds_per_checkpoint=loop.rounds_per_checkpoint,
-      eval_stride=loop.eval_stride or 1, output_dir=out, seed=loop.seed,
+      eval_stride=loop.eval_stride, output_dir=out, seed=loop.seed,
       local_steps=settings.client.local_steps or None, show_progress=loop.show_progress,
       schedules=schedules, client_state=client_state,
-      divergence_factor=10.0 if divergence_factor is None else divergence_factor,
-      divergence_rounds=reliability.divergence_rounds or 3, after_round=_raise_if_signalled)
+      divergence_factor=reliability.divergence_factor,
+      divergence_rounds=reliability.divergence_rounds, after_round=_raise_if_signalled)
 
 
 def _run_training(settings: config.Settings, status: dict, notes=()):
