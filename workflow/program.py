@@ -89,6 +89,10 @@ class LoopConfig:
   # Called after each round; raises to stop the run (bin/train: a signal whose
   # exception the interpreter swallowed, workflow/cli.py).
   after_round: Optional[Callable[[], None]] = None
+  # Printed when the rounds start (with show_progress): how they run
+  # (workflow.algorithm_builders.execution_line), after every check that may
+  # still refuse the command in one line.
+  execution_line: str = ''
   # Filled in as the run goes (for messages after an interruption).
   progress: Progress = dataclasses.field(default_factory=Progress)
 
@@ -312,8 +316,8 @@ class _Loop:
                         f'({run_files.first_line(e)}); {self.where_to_resume()}') from None
 
   def progress_bar(self):
-    if getattr(self.process, 'execution_line', None) and self.config.show_progress:
-      print(self.process.execution_line, file=sys.stderr)
+    if self.config.execution_line and self.config.show_progress:
+      print(self.config.execution_line, file=sys.stderr)
     # A bar redrawn with carriage returns only reads on a terminal; a log (stderr
     # not a tty) gets the one line per evaluation of `show_progress` instead.
     return tqdm.tqdm(total=self.config.total_rounds, initial=self.start_round, unit='round',
