@@ -41,6 +41,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from tff_adaptive.algorithms import composer
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 from workflow import algorithm_builders as builders
@@ -84,14 +85,13 @@ def build(algorithm: str, task, settings, key: str):
   execution = cohort.CohortExecution(**EXECUTIONS[key])
   # What builders.build does for --execution=cohort, with the execution given
   # whole (the registry's flags do not reach in_process).
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter('always')
-    process = builders.entry_builder(algorithm)(task, settings, execution=execution,
-                                                measure_client_drift=False)
-  if cohort.is_cohort(process):
-    return process, None
-  notes = [str(w.message) for w in caught if 'cohort execution does not apply' in str(w.message)]
-  return None, notes[0] if notes else 'the builder returned a per-client process'
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', cohort.CohortDoesNotApply)  # returned as `why_per_client`
+    built = composer.built_by(lambda: builders.entry_builder(algorithm)(
+        task, settings, execution=execution, measure_client_drift=False))
+  if cohort.is_cohort(built.process):
+    return built.process, None
+  return None, built.why_per_client or 'the builder returned a per-client process'
 
 
 def client_arrays(setting):

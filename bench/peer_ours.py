@@ -69,17 +69,17 @@ def _build(data: peer_common.SettingData, execution: str, **extra_flags):
   if execution:
     flags['execution'] = execution
   flags.update(extra_flags)
-  return algorithm_builders.build(task, config.from_flags(flags))
+  return algorithm_builders.built(task, config.from_flags(flags))
 
 
 class _Rounds:
   """A process driven with `process.next(state, client datasets)`."""
 
-  def __init__(self, process, data):
+  def __init__(self, process, data, notes: str = ''):
     self.process = process
     self.datasets = _datasets(data)
     self.state = _start(process, data)
-    self.notes = getattr(process, 'execution_line', '')
+    self.notes = notes
 
   def __call__(self):
     self.state = self.process.next(self.state, self.datasets).state
@@ -95,11 +95,12 @@ class OursDefault:
 
   def __init__(self, data: peer_common.SettingData):
     runtime.use_local_cpp_context()
-    self.process = _build(data, '', **self.FLAGS)
+    built = _build(data, '', **self.FLAGS)
+    self.process = built.process
     arrays = [cohort_data.client_batches(ds, data.setting.steps) for ds in _datasets(data)]
     self.runner = bench_cohort.CohortRunner(self.process, 0.0, arrays, 0.0,
                                             _start(self.process, data), background=True)
-    self.notes = getattr(self.process, 'execution_line', '')
+    self.notes = algorithm_builders.execution_line(built)
 
   def __call__(self):
     self.runner()
@@ -119,7 +120,8 @@ class OursPerClient(_Rounds):
 
   def __init__(self, data: peer_common.SettingData):
     runtime.use_local_cpp_context()
-    super().__init__(_build(data, 'per_client'), data)
+    built = _build(data, 'per_client')
+    super().__init__(built.process, data, algorithm_builders.execution_line(built))
 
 
 class TffFedAvg(_Rounds):

@@ -12,6 +12,7 @@ checkpoints/. Rerunning the same command resumes.
 """
 
 import os
+import signal
 import sys
 
 from absl import app
@@ -21,6 +22,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 
 # pylint: disable=g-import-not-at-top
+from tff_adaptive.execution import runtime  # imports neither TensorFlow nor TFF
+# Before anything can import TFF. Its import sets TFF's default context, whose
+# ServiceManager prints "Exception ignored in ... __del__ ... 'Popen'" at
+# interpreter teardown unless this exit handler has disarmed it; and the flag
+# checks of `parse_flags` import the user's --task module (which may import
+# TFF) and exit 2 before main() runs, so a handler registered in main() missed
+# every refusal of such a task.
+runtime.shut_down_tff_at_exit()
 from workflow import cli
 from workflow import errors
 from workflow import train_flags
@@ -58,9 +67,7 @@ def parse_flags(argv):
 
 def main(argv):
   del argv  # parse_flags refused any left over
-  from tff_adaptive.execution import runtime
-  # First: from here on TFF's workers are tracked and its exit-time
-  # ServiceManager noise is disarmed, whichever way this program ends.
+  # First: from here on TFF's workers are tracked, whichever way this program ends.
   runtime.track_tff_workers()
   try:
     cli.run_training(*_RESOLVED[-1])
@@ -69,4 +76,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  try:
+    app.run(main, flags_parser=parse_flags)
+  except KeyboardInterrupt:  # while TensorFlow or TFF loads, before the run's own handlers
+    sys.exit(errors.report(cli.stopped_before_start(signal.SIGINT)))

@@ -162,8 +162,7 @@ def test_measure_upload_reads_the_aggregated_types(task, num_params, algorithm, 
     assert a.intrinsic == 'federated_sum'  # TFF's MeanFactory: Σ w·value and Σ w
     assert a.bits == 32 * num_params
   # The rest is scalars: one float32 weight per weighted mean, the training
-  # metrics' sums (accuracy and loss as (total, count), num_examples, num_batches)
-  # (TFF's processes, not wrapped by `with_cost_metrics`: no client count).
+  # metrics' sums (accuracy and loss as (total, count), num_examples, num_batches).
   weights = [a for a in measured.others if a.bits == 32 and a.value_type.dtype == np.float32]
   assert len(weights) == multiplier
   assert measured.other_bits == 32 * multiplier + (4 * 32 + 2 * 64)

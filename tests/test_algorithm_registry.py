@@ -91,14 +91,17 @@ def test_round_options_reach_the_entry_as_keywords(monkeypatch):
   monkeypatch.setitem(algorithms.ALGORITHMS, 'recorder', algorithms.AlgorithmEntry(build, 'test'))
   settings = config.from_flags({'algorithm': 'recorder', 'client_learning_rate': 0.1,
                                 'measure_client_drift': True, 'execution': 'per_client'})
-  process = algorithm_builders.build(None, settings)
+  built = algorithm_builders.built(None, settings)
+  assert isinstance(built.process, _Process) and built.recipe is None
   assert seen == {'measure_client_drift': True, 'execution': 'per_client'}
-  assert process.execution_line == 'execution: per_client (--execution=per_client)'
+  assert algorithm_builders.execution_line(built) == (
+      'execution: per_client (--execution=per_client)')
   monkeypatch.setitem(algorithms.ALGORITHMS, 'recorder', algorithms.AlgorithmEntry(
       build, 'test', cohort=algorithms.No('a reason of its own')))
-  process = algorithm_builders.build(None, settings.replace(execution='cohort'))
+  built = algorithm_builders.built(None, settings.replace(execution='cohort'))
   assert seen['execution'] == 'per_client'
-  assert process.execution_line == 'execution: per_client (--algorithm=recorder: a reason of its own)'
+  assert algorithm_builders.execution_line(built) == (
+      'execution: per_client (--algorithm=recorder: a reason of its own)')
 
 
 TOY_MODULE = '''\

@@ -21,6 +21,7 @@ import tensorflow_federated as tff
 
 from tff_adaptive.aggregators import compression
 from tff_adaptive.aggregators import dp
+from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
@@ -277,12 +278,19 @@ def test_runs_switch_execution_between_rounds():
 
 
 def test_unsupported_aggregator_runs_per_client_with_one_line_naming_it():
-  with pytest.warns(UserWarning, match=r'fedavg: the cohort execution does not apply \(the '
-                    r'aggregator \w+Factory runs per client\)'):
-    process = BUILDERS['fedavg'](
-        local_steps=1, execution='cohort',
-        model_aggregator=tff.aggregators.clipping_factory(1.0, tff.aggregators.MeanFactory()))
-  assert not isinstance(process, cohort.CohortProcess)
+  aggregator = tff.aggregators.clipping_factory(1.0, tff.aggregators.MeanFactory())
+  with pytest.warns(cohort.CohortDoesNotApply, match=r'fedavg: the cohort execution does not '
+                    r'apply \(the aggregator \w+Factory runs per client\)'):
+    built = composer.built_by(lambda: BUILDERS['fedavg'](local_steps=1, execution='cohort',
+                                                         model_aggregator=aggregator))
+  assert not isinstance(built.process, cohort.CohortProcess)
+  # The reason as a value, beside the process the TFF-shaped builder returned.
+  assert built.execution == 'per_client' and built.recipe is not None
+  assert built.why_per_client.startswith('the aggregator ') and built.why_per_client.endswith(
+      'Factory runs per client'), built.why_per_client
+  fast = composer.built_by(lambda: BUILDERS['fedavg'](local_steps=1, execution='cohort'))
+  assert isinstance(fast.process, cohort.CohortProcess) and fast.why_per_client is None
+  assert fast.execution == cohort.CohortExecution() and fast.process.recipe is fast.recipe
 
 
 def _label_shaped_model(kind):

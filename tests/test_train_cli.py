@@ -63,6 +63,93 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, args, flag):
   assert not os.path.exists(tmp_path / 'out')  # nothing half-written
 
 
+# A user's task module as users write them: it imports TFF, whose import sets
+# TFF's default context (a ServiceManager that prints "Exception ignored in ...
+# __del__" at teardown unless bin/train's exit handler disarms it). bin/train
+# imports it while checking its flags, before main().
+_TASK_MODULE = """
+import os
+import signal
+import time
+
+import tensorflow_federated  # pylint: disable=unused-import
+
+from tests import custom_task_fixture
+
+if os.environ.get('TASK_MODULE_READY'):  # a slow import, for Ctrl-C while bin/train starts
+  open(os.environ['TASK_MODULE_READY'], 'w').close()
+  time.sleep(120)
+
+
+def raises():
+  raise RuntimeError('the task function failed')
+
+
+def wrong_type():
+  return 42
+
+
+class _Dropped:
+  def __del__(self):
+    # The handler runs inside __del__, where Python swallows what it raises.
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+
+
+def interrupted_in_del(batch_size, seed):
+  _Dropped()
+  return custom_task_fixture.make_task(batch_size, seed)
+"""
+
+
+def _train_task_module(tmp_path, function, *args, **env):
+  (tmp_path / 'code').mkdir(exist_ok=True)
+  (tmp_path / 'code' / 'user_task_module.py').write_text(_TASK_MODULE)
+  return [sys.executable, TRAIN, *SMALL, f'--task=user_task_module:{function}',
+          '--num_clients=0', '--total_rounds=2', f'--root_output_dir={tmp_path}/out', *args], dict(
+              os.environ, PYTHONPATH=str(tmp_path / 'code'), **env)
+
+
+@pytest.mark.parametrize('function, needle', [('no_such_function', 'has no function'),
+                                              ('raises', 'raised RuntimeError'),
+                                              ('wrong_type', 'returned int')])
+def test_a_refused_task_function_is_one_line_on_stderr_and_exit_2(tmp_path, function, needle):
+  command, env = _train_task_module(tmp_path, function)
+  result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1, result.stderr  # nothing at exit: no "Exception ignored in"
+  assert lines[0].startswith(f'train.py: error: --task=user_task_module:{function}')
+  assert needle in lines[0], lines
+  assert not os.path.exists(tmp_path / 'out')
+
+
+def test_ctrl_c_while_the_task_module_loads_is_one_line(tmp_path):
+  ready = tmp_path / 'ready'
+  command, env = _train_task_module(tmp_path, 'raises', TASK_MODULE_READY=str(ready))
+  proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=env)
+  deadline = time.time() + 240
+  while not ready.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130, err[-3000:]
+  assert err.splitlines() == ['SIGINT: stopped before the first round; resume with the same '
+                              'command'], err
+
+
+def test_ctrl_c_that_python_swallows_still_stops_the_run_in_one_line(tmp_path):
+  """A signal handled inside a __del__ (or a weakref callback): Python prints
+  "Exception ignored in" and goes on unless the run keeps and acts on it."""
+  command, env = _train_task_module(tmp_path, 'interrupted_in_del')
+  result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+  assert result.returncode == 130, result.stderr[-3000:]
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith('SIGINT: stopped before its first round'), lines
+  assert not os.path.exists(tmp_path / 'out' / 'user_task_module_fedavg' / 'metrics.csv')
+
+
 def test_unwritable_output_dir(tmp_path):
   blocker = tmp_path / 'file'
   blocker.write_text('not a directory')

@@ -43,8 +43,7 @@ BASE = dict(
     download_mbps=20.0, upload_mbps=5.0, total_rounds=5, rounds_per_eval=5,
     rounds_per_checkpoint=5, seed=3, execution_concurrency=-1, show_progress=False,
     workers='', worker_retry=False, data_on_workers=False, data_dir='', dp=False,
-    divergence_factor=10.0, divergence_rounds=3, trust_command_line=False,
-    cohort_mode='sequential')
+    trust_command_line=False, cohort_mode='sequential')
 
 
 def small_run(root, name: str, **overrides) -> config.Settings:

@@ -17,7 +17,7 @@ import dataclasses
 import importlib
 import warnings
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -30,6 +30,7 @@ from tff_adaptive.aggregators import dp
 from tff_adaptive.aggregators import robust
 from tff_adaptive.aggregators import secure
 from tff_adaptive.algorithms import ce_fedavg
+from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedmax
@@ -342,31 +343,31 @@ def entry_builder(name: str) -> Builder:
 
 def build(task: task_base.FederatedTask,
           settings: config.Settings) -> tff.learning.templates.LearningProcess:
-  """The learning process of `settings.server.algorithm` (ConfigError naming a flag).
+  """The learning process of `settings.server.algorithm` (ConfigError naming a flag)."""
+  return built(task, settings).process
+
+
+def built(task: task_base.FederatedTask, settings: config.Settings) -> composer.Built:
+  """`build`'s process with how its rounds run and why (`execution_line` words it).
 
   The round options (`measure_client_drift`, `execution`) go to the entry's
-  build as keywords; `process.execution_line` says how rounds run and why.
+  build as keywords. `why_per_client` is the library's reason, or the
+  settings' when they ask for per-client rounds.
   """
   algorithms.check(settings)
   execution, reason = _execution(settings)
   options = dict(measure_client_drift=bool(settings.diagnostics.measure_client_drift),
                  execution=execution)
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter('always')
+  with warnings.catch_warnings():
+    # Said once, by the line bin/train prints at start, from `why_per_client`.
+    warnings.simplefilter('ignore', cohort.CohortDoesNotApply)
     # The library names its arguments; the settings name the flags.
     with library_flags.named_by_flags(settings, algorithms.ConfigError):
-      process = entry_builder(settings.server.algorithm)(task, settings, **options)
-  for warning in caught:
-    text = str(warning.message)
-    if 'the cohort execution does not apply' in text:
-      reason = text.split('does not apply (', 1)[1].rsplit(')', 1)[0]
-    else:
-      warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-  # program.run prints it when the rounds start (after every check that
-  # may still refuse the command in one line).
-  process.execution_line = execution_line(process, reason,
-                                          bool(settings.execution.data_on_workers))
-  return process
+      result = composer.built_by(
+          lambda: entry_builder(settings.server.algorithm)(task, settings, **options))
+  if result.why_per_client is None and reason is not None:
+    result = dataclasses.replace(result, why_per_client=reason)
+  return result
 
 
 # --cohort_jit_compile → CohortExecution.jit_compile.
@@ -395,8 +396,9 @@ def _execution(settings: config.Settings):
   return cohort.CohortExecution(**options), None
 
 
-def execution_line(process, reason: Optional[str], shard_data_on_workers: bool = False) -> str:
+def execution_line(result: composer.Built, shard_data_on_workers: bool = False) -> str:
   """The line bin/train prints at start: how rounds run, and why when not as a cohort."""
+  process, reason = result.process, result.why_per_client
   if cohort.is_cohort(process):
     how = 'clients vectorised' if process.vectorized else 'clients in sequence'
     how += {False: '', 'step': ', XLA per client step', 'program': ', XLA over the program'}[

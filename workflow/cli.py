@@ -9,6 +9,7 @@ exits. The flag checks are workflow/validation.py's, the run's name and
 directory workflow/experiment.py's.
 """
 
+import contextlib
 import logging as std_logging
 import os
 import signal
@@ -220,6 +221,37 @@ def restore_signal_handlers(previous: dict) -> None:
       signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def _keep_swallowed_interrupts():
+  """Within the block, an Interrupted the interpreter swallowed is not printed.
+
+  A handler that runs inside a weakref callback or a `__del__` (TensorFlow
+  drops objects all the time) raises there, and Python prints "Exception
+  ignored in ..." and goes on: a Ctrl-C while the task is built would be
+  printed that way and the run would train to its end. The signal is in
+  `_received`; `_raise_if_signalled` stops the run at its next check.
+  """
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (_received and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    sys.unraisablehook = previous
+
+
+def _raise_if_signalled() -> None:
+  """Stops the run if a signal came whose Interrupted was swallowed (after the build,
+  after each round)."""
+  if _received:
+    from workflow import program  # pylint: disable=g-import-not-at-top
+    raise program.Interrupted(_received[0])
+
+
 def _drop_abandoned_tasks(record) -> bool:
   return not record.getMessage().startswith('Task was destroyed but it is pending!')
 
@@ -249,6 +281,11 @@ def _stopped(signum: int, out, progress) -> errors.Stopped:
   return errors.Stopped(signum, where)
 
 
+def stopped_before_start(signum: int) -> errors.Stopped:
+  """The error of SIGINT/SIGTERM before `run_training` handles signals (bin/train's start)."""
+  return _stopped(signum, None, None)
+
+
 def run_training(settings: config.Settings, notes=()):
   """Validates `settings`, builds task and algorithm, trains; returns (state, last metrics).
 
@@ -271,7 +308,8 @@ def run_training(settings: config.Settings, notes=()):
   state = {'out': None, 'progress': None}
   stopped = False
   try:
-    return _run_training(settings, state, notes)
+    with _keep_swallowed_interrupts():
+      return _run_training(settings, state, notes)
   except program.Interrupted as e:
     stopped = True
     raise _stopped(e.signum, state['out'], state['progress']) from None
@@ -306,7 +344,8 @@ def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
 def _build(settings: config.Settings, status: dict):
   """Task, process, schedules and client set-up, and the prepared run directory.
 
-  Returns (task, process, schedules, client_data_fn, client_state, out).
+  Returns (task, process, schedules, client_data_fn, client_state, out, the line that says
+  how rounds run).
   """
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
@@ -318,7 +357,9 @@ def _build(settings: config.Settings, status: dict):
         settings.task, batch_size=settings.client.client_batch_size,
         num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
     validation.check_task_counts(settings, task)
-    process = algorithm_builders.build(task, settings)
+    built = algorithm_builders.built(task, settings)
+    process = built.process
+    line = algorithm_builders.execution_line(built, bool(settings.execution.data_on_workers))
     schedules = _round_schedules(settings, task, process)
     client_data_fn = None
     if settings.execution.data_on_workers:
@@ -340,7 +381,7 @@ def _build(settings: config.Settings, status: dict):
     raise errors.UsageError(library_flags.flag_message(e, settings)) from e
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
     raise errors.UsageError(f'cannot write {e.filename or run_dir}: {e.strerror}') from e
-  return task, process, schedules, client_data_fn, client_state, out
+  return task, process, schedules, client_data_fn, client_state, out, line
 
 
 def _data_on_workers(settings: config.Settings, task, process):
@@ -348,7 +389,6 @@ def _data_on_workers(settings: config.Settings, task, process):
   client's dataset built on the workers."""
   from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
   from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
-  line = getattr(process, 'execution_line', None)
   if cohort.is_cohort(process) and not process.execution.in_process:
     composed = data_on_workers.compose_cohort_data_on_workers(process, task)
     client_data_fn = data_on_workers.shard_ids_fn(process.execution.num_shards)
@@ -356,23 +396,22 @@ def _data_on_workers(settings: config.Settings, task, process):
     composed, data_steps = data_on_workers.compose_data_on_workers(
         process, task, settings.client.local_steps or None)
     client_data_fn = data_on_workers.client_ids_fn(data_steps)
-  composed.execution_line = line  # program.run prints it
   return composed, client_data_fn
 
 
-def _loop_config(settings: config.Settings, out: str, schedules, client_state):
+def _loop_config(settings: config.Settings, out: str, schedules, client_state, line: str):
   from workflow import program  # pylint: disable=g-import-not-at-top
   loop, reliability = settings.loop, settings.reliability
-  divergence_factor = reliability.divergence_factor
   return program.LoopConfig(
       total_rounds=loop.total_rounds, clients_per_round=settings.client.clients_per_round,
       rounds_per_eval=loop.rounds_per_eval, first_eval_round=loop.first_eval_round or 0,
       rounds_per_checkpoint=loop.rounds_per_checkpoint,
-      eval_stride=loop.eval_stride or 1, output_dir=out, seed=loop.seed,
+      eval_stride=loop.eval_stride, output_dir=out, seed=loop.seed,
       local_steps=settings.client.local_steps or None, show_progress=loop.show_progress,
       schedules=schedules, client_state=client_state,
-      divergence_factor=10.0 if divergence_factor is None else divergence_factor,
-      divergence_rounds=reliability.divergence_rounds or 3)
+      divergence_factor=reliability.divergence_factor,
+      divergence_rounds=reliability.divergence_rounds, after_round=_raise_if_signalled,
+      execution_line=line)
 
 
 def _run_training(settings: config.Settings, status: dict, notes=()):
@@ -386,13 +425,14 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   # Before building: TFF logs at INFO while it wraps Keras models, which would
   # bury the one-line error of a flag that only the built process can refute.
   logging.set_verbosity(logging.WARNING)
-  task, process, schedules, client_data_fn, client_state, out = _build(settings, status)
+  task, process, schedules, client_data_fn, client_state, out, line = _build(settings, status)
+  _raise_if_signalled()
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
     runtime.use_local_cpp_context(
         settings.execution.execution_concurrency,
         secure_intrinsics=algorithm_registry.needs_secure_context(settings))
-  loop = _loop_config(settings, out, schedules, client_state)
+  loop = _loop_config(settings, out, schedules, client_state, line)
   status['progress'] = loop.progress
   for note in notes:
     print(note, file=sys.stderr)

@@ -35,6 +35,7 @@ from tff_adaptive.rounds import layout
 from workflow import cohort_feed
 from workflow import divergence
 from workflow import run_files
+from workflow import train_flags
 
 
 class WriteFailed(RuntimeError):
@@ -56,6 +57,10 @@ class Progress:
   last_checkpoint: int = 0  # the newest checkpoint written or resumed from (0: none)
 
 
+# The defaults of the loop's settings that are bin/train flags: the flag table's.
+_FLAG_DEFAULTS = train_flags.DEFAULTS
+
+
 @dataclasses.dataclass
 class LoopConfig:
   total_rounds: int
@@ -63,7 +68,8 @@ class LoopConfig:
   rounds_per_eval: int
   rounds_per_checkpoint: int
   output_dir: str
-  eval_stride: int = 1  # evaluate on every eval_stride-th test example
+  # Evaluate on every eval_stride-th test example.
+  eval_stride: int = _FLAG_DEFAULTS['eval_stride']
   first_eval_round: int = 0  # no evaluation before this round (but the last)
   seed: int = 0
   local_steps: Optional[int] = None  # None: the task's epochs
@@ -75,11 +81,18 @@ class LoopConfig:
   # Finite blow-up rule: stop when the training loss exceeds
   # `divergence_factor` x the initial model's loss for `divergence_rounds`
   # consecutive rounds (0: only non-finite values stop a run).
-  divergence_factor: float = 10.0
-  divergence_rounds: int = 3
+  divergence_factor: float = _FLAG_DEFAULTS['divergence_factor']
+  divergence_rounds: int = _FLAG_DEFAULTS['divergence_rounds']
   # A round still running after this many seconds says so, then every 6x as
   # long (with show_progress; 0: never): a long round shows it is alive.
   heartbeat_seconds: float = 10.0
+  # Called after each round; raises to stop the run (bin/train: a signal whose
+  # exception the interpreter swallowed, workflow/cli.py).
+  after_round: Optional[Callable[[], None]] = None
+  # Printed when the rounds start (with show_progress): how they run
+  # (workflow.algorithm_builders.execution_line), after every check that may
+  # still refuse the command in one line.
+  execution_line: str = ''
   # Filled in as the run goes (for messages after an interruption).
   progress: Progress = dataclasses.field(default_factory=Progress)
 
@@ -126,7 +139,8 @@ class KerasEvaluator:
   model; per-client evaluation lives with the personalisation code.
   """
 
-  def __init__(self, task: task_base.FederatedTask, stride: int = 1):
+  def __init__(self, task: task_base.FederatedTask,
+               stride: int = _FLAG_DEFAULTS['eval_stride']):
     # The task says how (loss, metrics, test data); classifiers get the
     # default sparse cross-entropy and accuracy.
     evaluation = task.keras_evaluation()
@@ -227,6 +241,8 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
       await loop.write_metrics(round_num, row)
       await loop.checkpoint_if_due(round_num)
       loop.show_progress(bar, round_num, row)
+      if config.after_round is not None:
+        config.after_round()
   finally:
     bar.close()
   return loop.state, row
@@ -300,8 +316,8 @@ class _Loop:
                         f'({run_files.first_line(e)}); {self.where_to_resume()}') from None
 
   def progress_bar(self):
-    if getattr(self.process, 'execution_line', None) and self.config.show_progress:
-      print(self.process.execution_line, file=sys.stderr)
+    if self.config.execution_line and self.config.show_progress:
+      print(self.config.execution_line, file=sys.stderr)
     # A bar redrawn with carriage returns only reads on a terminal; a log (stderr
     # not a tty) gets the one line per evaluation of `show_progress` instead.
     return tqdm.tqdm(total=self.config.total_rounds, initial=self.start_round, unit='round',

@@ -452,6 +452,3 @@ def explicit_flags(flag_values: flags.FlagValues) -> set[str]:
   """Flags given on the command line."""
   return {k for k in TRAIN_FLAG_NAMES if k in flag_values and flag_values[k].present}
 
-
-def flag_default(name: str) -> Optional[Any]:
-  return DEFAULTS.get(name)

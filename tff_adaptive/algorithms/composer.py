@@ -59,6 +59,8 @@ Optionally (`measure_client_drift`), each round also reports client drift,
 the FedGBO paper's Fig. 6.1 diagnostic (see `accounting/drift.py`).
 """
 
+import contextvars
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -117,10 +119,62 @@ def build_process(
   info = model_info.ModelInfo(model_fn, recipe, options.fb_flops_per_example)
   kwargs = dict(client_learning_rate=client_learning_rate, local_steps=local_steps,
                 options=options, info=info)
-  if options.execution != 'per_client':
+  if options.execution == 'per_client':
+    built = Built(per_client.build(model_fn, recipe, **kwargs), recipe, 'per_client')
+  else:
     from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
-    return cohort.build_or_explain(model_fn, recipe, **kwargs)
-  return per_client.build(model_fn, recipe, **kwargs)
+    process, why = cohort.build_or_explain(model_fn, recipe, **kwargs)
+    built = Built(process, recipe, 'per_client' if why else cohort.execution_of(options), why)
+  recording = _recording.get()
+  if recording is not None:
+    recording.append(built)
+  return built.process
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """A process `build_process` built, with its recipe and how its rounds run.
+
+  Attributes:
+    process: the `LearningProcess` (what `build_process` returns).
+    recipe: the algorithm's `Recipe`; None for a process `build_process` did
+      not build (`built_by`).
+    execution: 'per_client', or the `cohort.CohortExecution` the rounds run as.
+    why_per_client: why the rounds run per client although the cohort
+      execution was asked for (the reason `cohort.CohortDoesNotApply` warns
+      of); None when they run as asked.
+  """
+  process: tff.learning.templates.LearningProcess
+  recipe: Optional[Recipe]
+  execution: Any
+  why_per_client: Optional[str] = None
+
+
+# The `Built`s of the `build_process` calls within `built_by`, innermost call's.
+_recording: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar(
+    'tff_adaptive_built', default=None)
+
+
+def built_by(build_fn: Callable[[], tff.learning.templates.LearningProcess]) -> Built:
+  """What `build_fn()` builds, as a `Built`.
+
+  `build_fn` is any builder with its arguments bound (`lambda:
+  fedopt.build_fedopt(...)`): the builders keep TFF's shape (they return the
+  process alone) and this says what they built beside it. A process that
+  `build_process` did not build (another library's) comes back with no
+  recipe, per client unless it is a cohort process.
+  """
+  recorded = []
+  token = _recording.set(recorded)
+  try:
+    process = build_fn()
+  finally:
+    _recording.reset(token)
+  for built in recorded:
+    if built.process is process:
+      return built
+  from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
+  return Built(process, None, process.execution if cohort.is_cohort(process) else 'per_client')
 
 
 def _round_options(options: Optional[RoundOptions], keywords, name: str) -> RoundOptions:

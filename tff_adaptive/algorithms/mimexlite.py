@@ -29,14 +29,6 @@ from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import mimelite
 
 
-def mimexlite_recipe(base_optimizer: tff.learning.optimizers.Optimizer,
-                     server_optimizer: tff.learning.optimizers.Optimizer,
-                     ops_per_param: float = 5.0) -> composer.Recipe:
-  """Mime's recipe (`mimelite.mime_recipe`) with the first minibatch's gradient."""
-  return mimelite.mime_recipe(base_optimizer, server_optimizer, gradient='first',
-                              ops_per_param=ops_per_param)
-
-
 def build_mimexlite(
     model_fn: composer.ModelFn,
     client_optimizer_fn: tff.learning.optimizers.Optimizer,

@@ -172,23 +172,6 @@ def _remote_context(address: str, default_num_clients: int, stream_structs: bool
   return context, channel
 
 
-def create_remote_context(address: str, *, default_num_clients: int = 0,
-                          stream_structs: bool = False):
-  """A TFF async execution context running computations on the worker at `address`.
-
-  The same stack as TFF's local C++ context (`local_cpp_executor_factory`),
-  pointed at a remote worker instead of a child process, with errors that name
-  the worker and are not retried (see `WorkerError`).
-
-  Args:
-    address: `host:port` of a running worker.
-    default_num_clients: clients cardinality for computations without client
-      arguments (the remote stack needs one; as TFF's local context, 0).
-    stream_structs: TFF's option to send struct values element by element.
-  """
-  return _remote_context(address, default_num_clients, stream_structs)[0]
-
-
 class _Attempt:
   """One invocation of a computation across the workers."""
 

@@ -36,7 +36,7 @@ round at the server. Robust's round norms go to the clients with the model
 (the message's 'aggregator'). Aggregators without a program form (secure
 aggregation, factories not built by this package), metrics aggregators and
 models without a functional view run per client (`build_or_explain` warns
-once, naming the reason).
+once, naming the reason, and returns it).
 """
 
 import collections
@@ -156,14 +156,22 @@ def _unsupported_for(recipe: recipe_lib.Recipe, model_fn) -> Optional[str]:
   return None
 
 
+class CohortDoesNotApply(UserWarning):
+  """The round runs per client although the cohort execution was asked for."""
+
+
 def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kwargs):
-  """The cohort process, or the per-client one with a one-line warning why."""
+  """(the cohort process, None), or (the per-client one, why) with a one-line warning why.
+
+  The reason is returned, not only warned: a caller that reports it its own
+  way (bin/train's start line) ignores `CohortDoesNotApply` and reads no text.
+  """
   reason = unsupported_reason(options, model_fn) or _unsupported_for(recipe, model_fn)
   if reason is not None:
     warnings.warn(f'{recipe.name}: the cohort execution does not apply ({reason}); the round '
-                  'runs per client', stacklevel=3)
-    return per_client.build(model_fn, recipe, info=info, options=options, **kwargs)
-  return build(model_fn, recipe, info=info, options=options, **kwargs)
+                  'runs per client', CohortDoesNotApply, stacklevel=3)
+    return per_client.build(model_fn, recipe, info=info, options=options, **kwargs), reason
+  return build(model_fn, recipe, info=info, options=options, **kwargs), None
 
 
 def shard_type(element_type, client_state=None, inputs=()) -> tff.Type:
@@ -313,12 +321,11 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
     client_state_arguments['evaluate_fn'] = per_client.evaluate_computation(
         info, loop, per_client.client_data_type(recipe, info), state_type,
         per_client.iterates(options))
-  process = per_client.finish_process(
-      initialize_fn, next_fn, state_type, info, recipe, process_class=process_class,
+  return per_client.finish_process(
+      initialize_fn, next_fn, state_type, info, recipe,
+      process_class=functools.partial(process_class, recipe=recipe),
       execution=execution, in_process_next=in_process if execution.in_process else None,
       vectorized=vectorized, jit_compile=jit_compile, **client_state_arguments)
-  process.recipe = recipe
-  return process
 
 
 def program_message_type(message_type, aggregation) -> tff.Type:
@@ -364,10 +371,10 @@ class _CohortRounds:
   """
   stateful_clients = False
 
-  def __init__(self, *args, execution, in_process_next, vectorized: bool,
-               jit_compile, **kwargs):
+  def __init__(self, *args, recipe: recipe_lib.Recipe, execution, in_process_next,
+               vectorized: bool, jit_compile, **kwargs):
     super().__init__(*args, **kwargs)
-    self.recipe: Optional[recipe_lib.Recipe] = None  # set by `build`
+    self.recipe = recipe
     self.execution = execution
     self.vectorized = vectorized
     self.jit_compile = jit_compile  # what `execution.jit_compile` resolved to
