@@ -35,24 +35,27 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable=g-import-not-at-top
-import run  # first: it puts the checkout on sys.path
+import bench_rounds  # first: it puts the checkout on sys.path
 import bench_cohort
+import bench_results
+import bench_sections
 from tff_adaptive.rounds import functional
 
 ALGORITHMS = ('fedavg', 'fedadam', 'fedgbo-adam', 'mfl-adam', 'fedada2-sm3')
 
 
-def recipe_of(name: str, setting: run.Setting):
+def recipe_of(name: str, setting: bench_rounds.Setting):
   """The Recipe the registry's cohort build of `name` runs."""
-  algorithm, _ = run.ALGORITHMS[name]
-  process, why = bench_cohort.build(algorithm, setting.task(), run._config(name, setting),  # pylint: disable=protected-access
+  algorithm, _ = bench_rounds.ALGORITHMS[name]
+  process, why = bench_cohort.build(algorithm, setting.task(),
+                                    bench_rounds.run_config(name, setting),
                                     'cohort_seq')
   if process is None:
     raise ValueError(f'{name}: no cohort process ({why})')
   return process.recipe
 
 
-def gradient_fn(setting: run.Setting, steps: int):
+def gradient_fn(setting: bench_rounds.Setting, steps: int):
   """K gradients of the model at fixed weights: the arithmetic every algorithm shares."""
   view = functional.FunctionalView(setting.model_fn)
   weights = [tf.convert_to_tensor(v) for v in setting.keras_fn().trainable_weights]
@@ -91,14 +94,14 @@ def local_steps_fn(recipe, weights, steps: int):
 
 
 def measure(model: str, clients: int, steps: int, batch: int, reps: int):
-  setting = run.Setting(model, clients, steps, batch)
+  setting = bench_rounds.Setting(model, clients, steps, batch)
   grad, weights = gradient_fn(setting, steps)
   fns = {'gradient': grad}
   for name in ALGORITHMS:
     fns[f'step:{name}'] = local_steps_fn(recipe_of(name, setting), weights, steps)
   for fn in fns.values():
     fn()  # trace
-  times = run.interleaved({k: (lambda f=f: f().numpy()) for k, f in fns.items()}, reps)
+  times = bench_sections.interleaved({k: (lambda f=f: f().numpy()) for k, f in fns.items()}, reps)
   median = {k: statistics.median(v) for k, v in times.items()}
   base = median['gradient'] + median['step:fedavg']
   return collections.OrderedDict(
@@ -119,10 +122,11 @@ def main(argv=None):
   args = p.parse_args(argv)
   results = []
   for model in (m for m in args.models.split(',') if m):
-    batch = run.SETTINGS.get(model, (None, None, None, 20))[3]
+    batch = bench_rounds.SETTINGS.get(model, (None, None, None, 20))[3]
     results.append(measure(model, 10, args.steps, batch, args.reps))
     print(dict(results[-1]), flush=True)
-  print(run.write(args.out_dir, 'client_step_cost', collections.OrderedDict(results=results)))
+  print(bench_results.write(args.out_dir, 'client_step_cost',
+                            collections.OrderedDict(results=results)))
 
 
 if __name__ == '__main__':

@@ -31,8 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_cohort  # pylint: disable=g-import-not-at-top
+import bench_rounds  # pylint: disable=g-import-not-at-top
+import bench_sections  # pylint: disable=g-import-not-at-top
 import machine_info  # pylint: disable=g-import-not-at-top
-import run as bench_run  # pylint: disable=g-import-not-at-top
 
 from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
 from tff_adaptive.rounds import cohort_program  # pylint: disable=g-import-not-at-top
@@ -51,14 +52,14 @@ def _nesting(name):
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--setting', default='mlp_50x10', choices=list(bench_run.SETTINGS))
+  p.add_argument('--setting', default='mlp_50x10', choices=list(bench_rounds.SETTINGS))
   p.add_argument('--jit_compile', default='program', choices=['none', 'step', 'program'])
   p.add_argument('--nestings', default='steps_outside,clients_outside')
   p.add_argument('--reps', type=int, default=15)
   p.add_argument('--out', default='')
   args = p.parse_args(argv)
   runtime.use_local_cpp_context()
-  setting = bench_run.Setting(*bench_run.SETTINGS[args.setting])
+  setting = bench_rounds.Setting(*bench_rounds.SETTINGS[args.setting])
   jit = False if args.jit_compile == 'none' else args.jit_compile
   bench_cohort.EXECUTIONS['probe'] = dict(mode='vectorized', jit_compile=jit)
   load_before = machine_info.load_average()
@@ -68,7 +69,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     with _nesting(name):
       process, _ = bench_cohort.build('fedavg', setting.task(),
-                                      bench_run._config('fedavg', setting), 'probe')  # pylint: disable=protected-access
+                                      bench_rounds.run_config('fedavg', setting), 'probe')
     build_s = time.perf_counter() - t0
     initial = next(iter(runners.values())).initial_state if runners else None
     runner = bench_cohort.CohortRunner(process, build_s, arrays, data_s, initial)
@@ -76,7 +77,7 @@ def main(argv=None):
     runners[name] = runner
     result[name] = dict(build_s=build_s, first_round_s=runner.first_round_s)
     print(name, result[name], flush=True)
-  times = bench_run.interleaved(runners, args.reps)
+  times = bench_sections.interleaved(runners, args.reps)
   first = next(iter(runners.values()))
   for name, runner in runners.items():
     result[name]['round_s'] = float(np.median(times[name]))

@@ -8,7 +8,7 @@ ROOT = __import__('os').path.dirname(__import__('os').path.dirname(__import__('o
 sys.path[:0] = [ROOT, __import__('os').path.join(ROOT, 'bench')]
 import numpy as np
 import tensorflow as tf
-import run as bench
+import bench_rounds
 import bench_cohort
 from tff_adaptive.rounds import cohort
 
@@ -19,12 +19,12 @@ def med(fn, reps=7):
   return float(np.median(ts))
 
 for model, clients, steps, batch in [('mlp', 5, 100, 20), ('mlp', 50, 10, 20)]:
-  s = bench.Setting(model, clients, steps, batch)
-  raw = bench.build_raw(s); raw()
+  s = bench_rounds.Setting(model, clients, steps, batch)
+  raw = bench_rounds.build_raw(s); raw()
   arrays, _ = bench_cohort.client_arrays(s)
   out = {'raw': med(raw)}
   for key in ('cohort_seq', 'cohort_vec'):
-    process, _ = bench_cohort.build('fedavg', s.task(), bench._config('fedavg', s), key)
+    process, _ = bench_cohort.build('fedavg', s.task(), bench_rounds.run_config('fedavg', s), key)
     r = bench_cohort.CohortRunner(process, 0, arrays, 0)
     out[key] = med(r)
     nxt = process.next

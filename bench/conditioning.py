@@ -39,8 +39,9 @@ import tensorflow_federated as tff
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # pylint: disable=g-import-not-at-top
-import run  # first: it puts the checkout on sys.path
+import bench_rounds  # first: it puts the checkout on sys.path
 import bench_cohort
+import bench_results
 from tff_adaptive.execution import runtime
 
 PERTURBATIONS = (1e-7, 1e-6)
@@ -71,8 +72,8 @@ def perturbed(state, relative: float, seed: int = 0):
       state.distributor, state.client_work, state.aggregator, state.finalizer)
 
 
-def measure(name: str, setting: run.Setting, executions) -> list:
-  reference = run.Runner(name, setting, 'python')
+def measure(name: str, setting: bench_rounds.Setting, executions) -> list:
+  reference = bench_rounds.Runner(name, setting, 'python')
   reference.first()
   start, first = reference.initial_state, reference.first_state
   rows = []
@@ -89,9 +90,10 @@ def measure(name: str, setting: run.Setting, executions) -> list:
     out = reference.process.next(moved, reference.client_data())
     row(f'perturbed_{relative:g}', difference(start, first, out.state, moved))
   arrays, data_s = bench_cohort.client_arrays(setting)
-  algorithm, _ = run.ALGORITHMS[name]
+  algorithm, _ = bench_rounds.ALGORITHMS[name]
   for key in executions:
-    process, why = bench_cohort.build(algorithm, setting.task(), run._config(name, setting), key)  # pylint: disable=protected-access
+    process, why = bench_cohort.build(algorithm, setting.task(),
+                                      bench_rounds.run_config(name, setting), key)
     if process is None:
       print(f'{name}@{key}: not run ({why})', flush=True)
       continue
@@ -103,7 +105,7 @@ def measure(name: str, setting: run.Setting, executions) -> list:
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--model', default='cnn', choices=sorted(run.MODELS))
+  p.add_argument('--model', default='cnn', choices=sorted(bench_rounds.MODELS))
   p.add_argument('--clients', type=int, default=10)
   p.add_argument('--batch', type=int, default=20)
   p.add_argument('--steps', default='1,3,10', help='comma list of local step counts K')
@@ -120,10 +122,10 @@ def main(argv=None):
     p.error(f'--executions: unknown {", ".join(unknown)}; one of {", ".join(bench_cohort.EXECUTIONS)}')
   rows = []
   for steps in (int(s) for s in args.steps.split(',') if s):
-    setting = run.Setting(args.model, args.clients, steps, args.batch)
+    setting = bench_rounds.Setting(args.model, args.clients, steps, args.batch)
     for name in (a for a in args.algorithms.split(',') if a):
       rows.extend(measure(name, setting, executions))
-  path = run.write(args.out_dir, f'conditioning_{args.tag}', collections.OrderedDict(
+  path = bench_results.write(args.out_dir, f'conditioning_{args.tag}', collections.OrderedDict(
       model=args.model, clients=args.clients, batch=args.batch,
       perturbations=list(PERTURBATIONS), rows=rows))
   print(path)

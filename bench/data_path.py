@@ -194,7 +194,7 @@ def main(argv=None):
     print('RESULT ' + json.dumps(result), flush=True)
     return result
   sys.path.insert(0, os.path.join(ROOT, 'bench'))
-  import run as bench  # pylint: disable=g-import-not-at-top
+  import bench_results  # pylint: disable=g-import-not-at-top
   import machine_info  # pylint: disable=g-import-not-at-top
   sections = args.sections.split(',')
   load_before = machine_info.load_average()
@@ -216,8 +216,8 @@ def main(argv=None):
       create=create, rounds=rounds, load_before=load_before,
       load_after=machine_info.load_average())
   tag = f'_{args.tag}' if args.tag else ''
-  path = bench.write(args.out_dir, f'data_path{tag}', payload)
-  bench.markdown(args.out_dir)
+  path = bench_results.write(args.out_dir, f'data_path{tag}', payload)
+  bench_results.markdown(args.out_dir)
   print('wrote', path)
   return payload
 

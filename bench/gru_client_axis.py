@@ -3,7 +3,7 @@
 The bench's `gru` setting (bench/run.py: the Shakespeare GRU of bench_models.py, 10
 clients x 10 SGD steps x batch 4, learning rate 0.02), in one process:
 
-  raw            bench/run.py's `build_raw`: the clients one after another, Keras' GRU
+  raw            bench_rounds.py's `build_raw`: the clients one after another, Keras' GRU
   scan           every weight stacked on a leading client axis C; per layer the input
                  projection of all 80 positions as one einsum, then `tf.scan` over the
                  positions with the recurrent matmul batched over the clients
@@ -37,7 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 import bench_models
-import run as bench
+import bench_rounds
+import bench_sections
 
 OUT = os.path.join(ROOT, 'bench', 'results', 'gru_client_axis.json')
 VARIANTS = {'scan': (False, False), 'scan_xla': (False, True), 'unrolled': (True, False),
@@ -92,7 +93,7 @@ def build_round(steps, unroll, jit):
     weights = list(weights)
     for k in tf.range(steps):
       grads = gradients(weights, x[:, k], y[:, k], unroll)
-      weights = [w - bench.LEARNING_RATE * g for w, g in zip(weights, grads)]
+      weights = [w - bench_rounds.LEARNING_RATE * g for w, g in zip(weights, grads)]
     return weights
   return tf.function(round_fn, jit_compile=jit)
 
@@ -106,11 +107,11 @@ def cohort_inputs(setting):
   return stacked, tf.reshape(tf.stack(xs), shape), tf.reshape(tf.stack(ys), shape)
 
 
-class _OneClient(bench.Setting):
+class _OneClient(bench_rounds.Setting):
   """Client `which`'s data as a one-client setting, so `build_raw` runs it alone."""
 
   def __init__(self, which, models):
-    model, _, steps, batch = bench.SETTINGS['gru']
+    model, _, steps, batch = bench_rounds.SETTINGS['gru']
     super().__init__(model, 1, steps, batch)
     self.which, self.models, keras_fn = which, models, self.keras_fn
     self.keras_fn = lambda: models.append(keras_fn()) or models[-1]
@@ -125,7 +126,7 @@ def raw_client_weights(clients):
   tf.get_logger().setLevel('ERROR')  # one trace per client is the point: no retracing warning
   for c in range(clients):
     models = []
-    bench.build_raw(_OneClient(c, models))()
+    bench_rounds.build_raw(_OneClient(c, models))()
     out.append([v.numpy() for v in models[0].trainable_variables])
   return [np.stack(ws) for ws in zip(*out)]
 
@@ -138,7 +139,7 @@ def timed_first(fn):
 
 def median_of(fn, reps):
   fn()
-  return statistics.median(bench.interleaved({'f': fn}, reps)['f'])
+  return statistics.median(bench_sections.interleaved({'f': fn}, reps)['f'])
 
 
 def breakdown(setting, weights, x, y, unroll, jit, reps):
@@ -212,11 +213,11 @@ def main(argv=None):
   parser.add_argument('--breakdown', action=argparse.BooleanOptionalAction, default=True)
   args = parser.parse_args(argv)
   load_before = os.getloadavg()
-  setting = bench.Setting(*bench.SETTINGS['gru'])
+  setting = bench_rounds.Setting(*bench_rounds.SETTINGS['gru'])
   weights, x, y = cohort_inputs(setting)
   reference = raw_client_weights(setting.clients)
   update = max(float(np.max(np.abs(r - w.numpy()))) for r, w in zip(reference, weights))
-  raw = bench.build_raw(setting)
+  raw = bench_rounds.build_raw(setting)
   _, raw_first = timed_first(raw)
   fns, rows = {'raw': raw}, {'raw': dict(first_call_s=raw_first, max_diff=0.0, agrees=True)}
   for name in args.variants.split(','):
@@ -226,7 +227,7 @@ def main(argv=None):
     rows[name] = dict(first_call_s=first_s, max_diff=diff, agrees=diff <= TOLERANCE)
     if rows[name]['agrees']:
       fns[name] = lambda fn=fn: fn(weights, x, y)
-  times = bench.interleaved(fns, args.reps)
+  times = bench_sections.interleaved(fns, args.reps)
   raw_s = statistics.median(times['raw'])
   for name, ts in times.items():
     rows[name].update(round_s=statistics.median(ts), times_s=ts,
@@ -239,7 +240,7 @@ def main(argv=None):
     pieces = dict(variant=best, **breakdown(setting, weights, x, y, *VARIANTS[best], args.reps))
     print('breakdown', json.dumps(pieces, indent=1), flush=True)
   result = dict(setting='gru_10x10', clients=setting.clients, steps=setting.steps,
-                batch=setting.batch, learning_rate=bench.LEARNING_RATE, reps=args.reps,
+                batch=setting.batch, learning_rate=bench_rounds.LEARNING_RATE, reps=args.reps,
                 tolerance=TOLERANCE, largest_update=update, rows=rows, breakdown=pieces,
                 load_before=load_before, load_after=os.getloadavg(), nproc=os.cpu_count())
   with open(args.out, 'w') as f:

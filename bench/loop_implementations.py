@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from bench import run as bench  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import bench_rounds  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -30,7 +30,7 @@ def main():
   parser.add_argument('--reps', type=int, default=4)
   args = parser.parse_args()
   runtime.use_local_cpp_context()
-  setting = bench.Setting('linear', args.clients, args.steps, 20)
+  setting = bench_rounds.Setting('linear', args.clients, args.steps, 20)
   data = setting.python_datasets()
   processes = {
       f'tff_fedavg_{impl.name.lower()}': tff.learning.algorithms.build_weighted_fed_avg(
@@ -38,7 +38,7 @@ def main():
           loop_implementation=impl)
       for impl in (tff.learning.LoopImplementation.DATASET_REDUCE,
                    tff.learning.LoopImplementation.DATASET_ITERATOR)}
-  processes['ours_fedavg'] = bench.build_process('fedavg', setting)
+  processes['ours_fedavg'] = bench_rounds.build_process('fedavg', setting)
   states = {name: p.initialize() for name, p in processes.items()}
   for name, p in processes.items():  # first round: tracing and compilation
     states[name] = p.next(states[name], data).state

@@ -36,8 +36,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_results  # pylint: disable=g-import-not-at-top
+import bench_rounds  # pylint: disable=g-import-not-at-top
+import bench_sections  # pylint: disable=g-import-not-at-top
 import machine_info  # pylint: disable=g-import-not-at-top
-import run as bench  # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
 
 # First match wins: (category, regular expression over "dso symbol").
@@ -151,7 +153,7 @@ def main(argv=None):
   p.add_argument('--out_dir', default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                    'results'))
   p.add_argument('--algorithms', default='fedavg,fedgbo-adam,mfl-adam,fedada2-sm3,tff_fedavg')
-  p.add_argument('--model', default='cnn', choices=sorted(bench.MODELS))
+  p.add_argument('--model', default='cnn', choices=sorted(bench_rounds.MODELS))
   p.add_argument('--clients', type=int, default=10)
   p.add_argument('--local_steps', type=int, default=10)
   p.add_argument('--batch', type=int, default=20)
@@ -167,28 +169,28 @@ def main(argv=None):
     print(f'bench/native_profile.py: {reason}', file=sys.stderr)
     return 2
   runtime.use_local_cpp_context(args.execution_concurrency)
-  setting = bench.Setting(args.model, args.clients, args.local_steps, args.batch)
+  setting = bench_rounds.Setting(args.model, args.clients, args.local_steps, args.batch)
   results = collections.OrderedDict()
   load_before = machine_info.load_average()
   with tempfile.TemporaryDirectory() as workdir:
-    raw = bench.build_raw(setting)
+    raw = bench_rounds.build_raw(setting)
     raw()
     results['raw'] = profile_rounds(raw, args.rounds, args.frequency, workdir, 'raw')
     for name in [a for a in args.algorithms.split(',') if a]:
-      runner = bench.Runner(name, setting, 'python')
+      runner = bench_rounds.Runner(name, setting, 'python')
       runner()  # tracing and session creation are not the steady state
       results[name] = profile_rounds(runner, args.rounds, args.frequency, workdir, name)
       print(name, {k: round(v, 3) for k, v in results[name].items()
                    if isinstance(v, float)}, flush=True)
   raw_cpu = results['raw']['cpu_s_per_round']
   for row in results.values():
-    row['cpu_over_raw_cpu'] = bench._finite_ratio(row['cpu_s_per_round'], raw_cpu)  # pylint: disable=protected-access
+    row['cpu_over_raw_cpu'] = bench_sections.finite_ratio(row['cpu_s_per_round'], raw_cpu)
   tag = f'_{args.tag}' if args.tag else ''
-  path = bench.write(args.out_dir, f'native_profile{tag}', collections.OrderedDict(
-      setting=bench.vars_of(setting), rounds=args.rounds, frequency=args.frequency,
+  path = bench_results.write(args.out_dir, f'native_profile{tag}', collections.OrderedDict(
+      setting=bench_sections.vars_of(setting), rounds=args.rounds, frequency=args.frequency,
       execution_concurrency=args.execution_concurrency, load_before=load_before,
       load_after=machine_info.load_average(), profiles=results))
-  bench.markdown(args.out_dir)
+  bench_results.markdown(args.out_dir)
   runtime.shutdown_workers()
   print('wrote', path)
   return 0

@@ -126,14 +126,31 @@ def main():
   parser.add_argument('--skip_runs', action='store_true',
                       help='only rewrite the report from the runs in --runs_dir')
   opts = parser.parse_args()
-  from workflow import personalization  # pylint: disable=g-import-not-at-top
-  from workflow import plotting  # pylint: disable=g-import-not-at-top
 
   all_runs = runs()
   if opts.only:
     all_runs = {k: v for k, v in all_runs.items() if k in opts.only.split(',')}
   jobs = [(name, run_args(name, flags, opts.runs_dir)) for name, (_, _, flags) in all_runs.items()]
   os.makedirs(opts.runs_dir, exist_ok=True)
+  timings = _timings(opts, jobs)
+  statuses = {k: v['status'] for k, v in timings['runs'].items()}
+  results = _results(all_runs, opts.runs_dir, statuses)
+  figure_files = _figures(opts, all_runs, results)
+  lines = _intro_lines(all_runs, timings) + _table_lines(all_runs, results)
+  lines += _reading_lines(results)
+  lines += ['## Curves', '']
+  for title, path in figure_files:
+    lines += [f'![{title}]({path})', '']
+  lines += ['## Commands', '', '```']
+  lines += [command_line(args) for _, args in jobs]
+  lines += ['```', '']
+  report = os.path.join(opts.out_dir, 'mtfl.md')
+  rr.write_report(lines, report)
+
+
+def _timings(opts, jobs) -> dict:
+  """Runs the jobs and records their statuses and times in timings.json, or with
+  --skip_runs reads what the run that made them recorded."""
   timings_path = os.path.join(opts.runs_dir, 'timings.json')
   if opts.skip_runs:
     with open(timings_path) as f:
@@ -150,12 +167,15 @@ def main():
     timings['load_average'].append(os.getloadavg()[0])
     with open(timings_path, 'w') as f:
       json.dump(timings, f, indent=1)
-  statuses = {k: v['status'] for k, v in timings['runs'].items()}
-  minutes = timings['minutes']
+  return timings
 
+
+def _results(all_runs, runs_dir, statuses) -> dict:
+  """name → what the report reads of the run (its rows, the rounds to TARGET, ...)."""
+  from workflow import personalization  # pylint: disable=g-import-not-at-top
   results = {}
   for name in all_runs:
-    path = os.path.join(opts.runs_dir, name, 'metrics.csv')
+    path = os.path.join(runs_dir, name, 'metrics.csv')
     rows = personalization.read_metrics(path) if os.path.exists(path) else []
     last = rows[-1] if rows else {}
     results[name] = dict(
@@ -165,7 +185,12 @@ def main():
         final=last.get('ua_all/mean'), spread=last.get('ua_all/std'),
         global_acc=last.get('eval/accuracy'), up_bits=last.get('cost/upload_bits_per_client'),
         private_floats=last.get('cost/client_private_state_floats'))
+  return results
 
+
+def _figures(opts, all_runs, results) -> list:
+  """Plots the mean UA curves; returns (title, path relative to --out_dir) per figure."""
+  from workflow import plotting  # pylint: disable=g-import-not-at-top
   figures = os.path.join(opts.out_dir, 'figures')
   os.makedirs(figures, exist_ok=True)
   figure_files = []
@@ -186,40 +211,53 @@ def main():
        'Mean UA, personalised FL (thesis Fig. 4.5)')
   plot([f'noisy_{p}_fedavg' for p in PRIVATE], 'mtfl_ua_noisy.png',
        'Mean UA of the clean clients, 20% noisy clients (FedAvg)')
+  return figure_files
 
-  lines = ['# MTFL: private batch-norm patches (thesis ch. 4)', '',
-           f'Regenerate: `.venv/bin/python reports/mtfl_report.py` ({len(all_runs)} runs, '
-           f'{minutes:.1f} min with --jobs={timings["jobs"]} on a {os.cpu_count()}-core machine '
-           'shared with other jobs (1-minute load average '
-           f'{" → ".join(f"{x:.0f}" for x in timings["load_average"])}); `--skip_runs` rewrites '
-           'this file from the runs).', '',
-           f'Setup: digits, W = {NUM_CLIENTS} clients with 2 label shards each (same shard ids '
-           f'for train and test), batch-norm CNN (`--digits_model=cnn_bn`), C = 1.0 (all clients '
-           f'every round), K = {LOCAL_STEPS} local steps of B = 10, {ROUNDS} rounds, seed 0, '
-           'one trial. UA = a client\'s accuracy on its own test split with the global model plus '
-           'its private patch, measured before local training; "mean UA" averages clients. '
-           f'Target mean UA: {TARGET:.0%}. Learning rates are fixed, not tuned per cell '
-           '(FedAvg η = 0.1; FedAdam η = 0.1, η_s = 0.01; FedAvg-Adam η = 0.1 with the '
-           'package\'s MFL-Adam; Per-FedAvg α = 0.1, β = 0.1; pFedMe η = 0.05, λ = 15, '
-           'η_p = 0.1, one inner step).', '',
-           '## Rounds to the target mean UA (thesis Table 4.2 style)', '',
-           f'"X": not reached within {ROUNDS} rounds. Best / final: the best per-round mean UA '
-           'of the sampled (= all) clients, and the mean ± std over all clients after the last '
-           'round (`ua_all/*`). Global acc.: the global model without patches on the pooled '
-           'test set (`eval/accuracy`). Upload: bits per client per round; private: floats each '
-           'client keeps.', '',
-           '| Strategy | ' + ' | '.join(PRIVATE[p] for p in PRIVATE) + ' |',
-           '|---|' + '---|' * len(PRIVATE)]
 
-  def cell(name):
-    r = results.get(name)
-    if not r or not r['rows']:
-      return 'not run'
-    reach = 'X' if r['reach'] is None else str(r['reach'])
-    return f'**{reach}** ({_fmt(r["best"], 2)} / {_fmt(r["final"], 2)})'
+def _intro_lines(all_runs, timings) -> list:
+  """The title, how it was made, the setup and the head of the first table."""
+  minutes = timings['minutes']
+  return ['# MTFL: private batch-norm patches (thesis ch. 4)', '',
+          f'Regenerate: `.venv/bin/python reports/mtfl_report.py` ({len(all_runs)} runs, '
+          f'{minutes:.1f} min with --jobs={timings["jobs"]} on a {os.cpu_count()}-core machine '
+          'shared with other jobs (1-minute load average '
+          f'{" → ".join(f"{x:.0f}" for x in timings["load_average"])}); `--skip_runs` rewrites '
+          'this file from the runs).', '',
+          f'Setup: digits, W = {NUM_CLIENTS} clients with 2 label shards each (same shard ids '
+          f'for train and test), batch-norm CNN (`--digits_model=cnn_bn`), C = 1.0 (all clients '
+          f'every round), K = {LOCAL_STEPS} local steps of B = 10, {ROUNDS} rounds, seed 0, '
+          'one trial. UA = a client\'s accuracy on its own test split with the global model plus '
+          'its private patch, measured before local training; "mean UA" averages clients. '
+          f'Target mean UA: {TARGET:.0%}. Learning rates are fixed, not tuned per cell '
+          '(FedAvg η = 0.1; FedAdam η = 0.1, η_s = 0.01; FedAvg-Adam η = 0.1 with the '
+          'package\'s MFL-Adam; Per-FedAvg α = 0.1, β = 0.1; pFedMe η = 0.05, λ = 15, '
+          'η_p = 0.1, one inner step).', '',
+          '## Rounds to the target mean UA (thesis Table 4.2 style)', '',
+          f'"X": not reached within {ROUNDS} rounds. Best / final: the best per-round mean UA '
+          'of the sampled (= all) clients, and the mean ± std over all clients after the last '
+          'round (`ua_all/*`). Global acc.: the global model without patches on the pooled '
+          'test set (`eval/accuracy`). Upload: bits per client per round; private: floats each '
+          'client keeps.', '',
+          '| Strategy | ' + ' | '.join(PRIVATE[p] for p in PRIVATE) + ' |',
+          '|---|' + '---|' * len(PRIVATE)]
 
+
+def _cell(results, name) -> str:
+  """A run as **rounds to target** (best mean UA / final mean UA)."""
+  r = results.get(name)
+  if not r or not r['rows']:
+    return 'not run'
+  reach = 'X' if r['reach'] is None else str(r['reach'])
+  return f'**{reach}** ({_fmt(r["best"], 2)} / {_fmt(r["final"], 2)})'
+
+
+def _table_lines(all_runs, results) -> list:
+  """Rounds to the target per strategy and private set, the baselines, every run, and
+  the noisy clients."""
+  lines = []
   for strategy, (s_label, _) in STRATEGIES.items():
-    lines.append(f'| {s_label} | ' + ' | '.join(cell(f'{p}_{strategy}') for p in PRIVATE) + ' |')
+    cells = [_cell(results, f'{p}_{strategy}') for p in PRIVATE]
+    lines.append(f'| {s_label} | ' + ' | '.join(cells) + ' |')
   lines += ['', 'Cells: **rounds to target** (best mean UA / final mean UA).', '',
             '| Baseline | rounds to target | best mean UA | final mean UA ± std |',
             '|---|---|---|---|']
@@ -241,8 +279,14 @@ def main():
             f'{NOISY_FRACTION:.0%} of the clients (seeded) train on inputs with fixed N(0, '
             f'{NOISE_STDDEV}²) noise; UA averages the clean clients only.', '',
             '| | ' + ' | '.join(PRIVATE[p] for p in PRIVATE) + ' |', '|---|' + '---|' * len(PRIVATE),
-            '| FedAvg | ' + ' | '.join(cell(f'noisy_{p}_fedavg') for p in PRIVATE) + ' |', '']
-  lines += ['## Reading it', '']
+            '| FedAvg | ' + ' | '.join(_cell(results, f'noisy_{p}_fedavg') for p in PRIVATE)
+            + ' |', '']
+  return lines
+
+
+def _reading_lines(results) -> list:
+  """What the tables say, and what limits them."""
+  lines = ['## Reading it', '']
   for strategy, (s_label, _) in STRATEGIES.items():
     parts = []
     for p in PRIVATE:
@@ -260,14 +304,7 @@ def main():
       'private μ, σ move only in the rounds it trains.',
       '- The global model without patches (`eval/accuracy`) is what MTFL does not optimise: with '
       'private values the server\'s copy of each private value keeps its initial value.', '']
-  lines += ['## Curves', '']
-  for title, path in figure_files:
-    lines += [f'![{title}]({path})', '']
-  lines += ['## Commands', '', '```']
-  lines += [command_line(args) for _, args in jobs]
-  lines += ['```', '']
-  report = os.path.join(opts.out_dir, 'mtfl.md')
-  rr.write_report(lines, report)
+  return lines
 
 
 if __name__ == '__main__':

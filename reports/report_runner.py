@@ -200,6 +200,13 @@ def write_report(lines: Sequence[str], path: str) -> None:
   print(path)
 
 
+def commands_section(jobs: dict, statuses: dict) -> list[str]:
+  """A report's last section: each job's bin/train command line and its status."""
+  return (['', '## Commands', '']
+          + [f'- `{command_line(args)}` ({statuses.get(tuple(args))})' for args in jobs.values()]
+          + [''])
+
+
 def points(columns, x: str, y: str):
   """(x, y) pairs where y is present (evaluations happen every few rounds)."""
   return [(a, b) for a, b in zip(columns[x], columns[y]) if not math.isnan(b)]

@@ -315,9 +315,17 @@ def timing_text(seconds: float, timing: dict, runs_dir: str, load: float) -> str
 
 def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, commands,
                  plot_cmds, runs_dir, seconds, timing):
-  x_star = quadratic_toy.TRUE_MINIMISER
-  fixed, gamma, kexp = results['k_fixed'], results['gamma_exp'], results['k_exp']
-  target = 0.95 * fixed['max_acc']
+  lines = _step_fraction_lines(table1, toy_fraction, runs_dir, seconds, timing)
+  lines += _toy_lines(toy_finals)
+  if toy_tff_results:
+    lines += _toy_tff_lines(toy_tff_results)
+  lines += _digits_lines(results, runs_dir) + _digits_verdict_lines(results, commands, plot_cmds)
+  with open(REPORT, 'w') as f:
+    f.write('\n'.join(lines))
+
+
+def _step_fraction_lines(table1, toy_fraction, runs_dir, seconds, timing) -> list:
+  """The title, how it was made, and the step fractions of decaying-K paper Table 1."""
   lines = [
       '# Decaying local steps and learning rates (docs/algorithms.md#schedules)',
       '',
@@ -342,6 +350,14 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       f'The toy\'s K_0 = 10, d_K = 0.995 over 3000 rounds uses {toy_fraction:.4f} of the steps '
       f'(decaying-K paper §3: "84% less"). 1/0.2601 = {1 / 0.2601:.2f}×.',
       '',
+  ]
+  return lines
+
+
+def _toy_lines(toy_finals) -> list:
+  """The quadratic toy in NumPy: its fixed points and final iterates per schedule."""
+  x_star = quadratic_toy.TRUE_MINIMISER
+  lines = [
       '## The quadratic toy (decaying-K paper §3)',
       '',
       'f(x; z) = ½zx² − x, p(z) ∝ z^(−1/2) on [1, 3]; true minimiser '
@@ -372,27 +388,38 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       'K = 1, too slow a decay (0.9995) has not yet shed the bias.',
       '',
   ]
-  if toy_tff_results:
-    lines += [
-        f'The same toy as a TFF federated process (`tff_adaptive.schedules.quadratic_toy`: the package\'s '
-        f'FedAvg/FedSGD with K_t and γ_t set by `round_schedules`, {TOY_CLIENTS} '
-        'equal-probability clients, full participation, so the run is deterministic):',
-        '',
-        '| run | final x | abs(x − x*) | analytic x̃* (these clients) | client steps | '
-        'step fraction |',
-        '|---|---|---|---|---|---|',
-    ]
-    from tff_adaptive.schedules import quadratic_toy as qt  # pylint: disable=g-import-not-at-top
-    for name, (x, steps, fraction) in toy_tff_results.items():
-      analytic = (qt.discrete_fixed_point(0.1, 10, TOY_CLIENTS) if name.startswith('constant')
-                  else qt.discrete_fixed_point(0.1, 1, TOY_CLIENTS))
-      frac = '' if fraction is None else f'{fraction:.3f}'
-      lines.append(f'| {name} | {x:.6f} | {abs(x - x_star):.2e} | {analytic:.6f} | '
-                   f'{steps:.0f} | {frac} |')
-    lines += ['', 'Constant K lands on x̃*(0.1, 10) of these clients; decaying K lands on their '
-              'K = 1 fixed point 1/E[z] (the true minimiser up to the 8-client discretisation, '
-              '2e-4); decaying γ this fast stops moving before it gets there.', '']
-  lines += [
+  return lines
+
+
+def _toy_tff_lines(toy_tff_results) -> list:
+  """The same toy as a TFF federated process, against its analytic fixed points."""
+  x_star = quadratic_toy.TRUE_MINIMISER
+  lines = [
+      f'The same toy as a TFF federated process (`tff_adaptive.schedules.quadratic_toy`: the package\'s '
+      f'FedAvg/FedSGD with K_t and γ_t set by `round_schedules`, {TOY_CLIENTS} '
+      'equal-probability clients, full participation, so the run is deterministic):',
+      '',
+      '| run | final x | abs(x − x*) | analytic x̃* (these clients) | client steps | '
+      'step fraction |',
+      '|---|---|---|---|---|---|',
+  ]
+  from tff_adaptive.schedules import quadratic_toy as qt  # pylint: disable=g-import-not-at-top
+  for name, (x, steps, fraction) in toy_tff_results.items():
+    analytic = (qt.discrete_fixed_point(0.1, 10, TOY_CLIENTS) if name.startswith('constant')
+                else qt.discrete_fixed_point(0.1, 1, TOY_CLIENTS))
+    frac = '' if fraction is None else f'{fraction:.3f}'
+    lines.append(f'| {name} | {x:.6f} | {abs(x - x_star):.2e} | {analytic:.6f} | '
+                 f'{steps:.0f} | {frac} |')
+  lines += ['', 'Constant K lands on x̃*(0.1, 10) of these clients; decaying K lands on their '
+            'K = 1 fixed point 1/E[z] (the true minimiser up to the 8-client discretisation, '
+            '2e-4); decaying γ this fast stops moving before it gets there.', '']
+  return lines
+
+
+def _digits_lines(results, runs_dir) -> list:
+  """The digits runs: their setting and their table."""
+  target = 0.95 * results['k_fixed']['max_acc']
+  lines = [
       '## digits: constant K, decaying γ, decaying K',
       '',
       f'FedSGD (server SGD, η_s = 1) on `digits` (20 clients, Dirichlet α = 0.1 label skew, MLP), '
@@ -410,9 +437,15 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
     reach = '—' if reach is None else f'{reach:.2f}'
     lines.append(f'| {r["label"]} | {r["max_acc"]:.4f} | {r["last_acc"]:.4f} | {r["steps"]:.0f} | '
                  f'{r["fraction"]:.3f} | {r["minutes"]:.2f} | {reach} | {r["final_k"]:.0f} |')
+  return lines
+
+
+def _digits_verdict_lines(results, commands, plot_cmds) -> list:
+  """Decaying K against constant K and decaying γ, the figures and the commands."""
+  fixed, gamma, kexp = results['k_fixed'], results['gamma_exp'], results['k_exp']
   verdict_fixed = kexp['max_acc'] >= fixed['max_acc']
   verdict_gamma = kexp['max_acc'] >= gamma['max_acc']
-  lines += [
+  return [
       '',
       f'Decaying K (exp, d = {DECAY}) reached a best test accuracy of {kexp["max_acc"]:.4f}, '
       f'{"at least" if verdict_fixed else "below"} constant K ({fixed["max_acc"]:.4f}) and '
@@ -439,8 +472,6 @@ def write_report(results, table1, toy_fraction, toy_finals, toy_tff_results, com
       '```',
       '',
   ]
-  with open(REPORT, 'w') as f:
-    f.write('\n'.join(lines))
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ unshuffled clients, and is compared against TFF's own builders or against an
 independent NumPy implementation.
 """
 
+import inspect
 import math
 
 import numpy as np
@@ -17,6 +18,7 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
+from workflow import algorithms as workflow_algorithms
 from workflow import errors
 from workflow import validation
 from workflow import config
@@ -28,6 +30,8 @@ from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import fedprox
 from tff_adaptive.algorithms import mimelite
 from tff_adaptive.algorithms import mimexlite
+from tff_adaptive.algorithms import names
+from tff_adaptive.algorithms import server_optimizers
 from tff_adaptive.rounds import layout
 
 K = 3
@@ -183,6 +187,35 @@ def test_fedopt_paper_semantics_scale_invariance(clients, kind):
                                rounds=1)
   assert at.max_abs_diff(eta_only[0], base[0]) > 1e-3
   assert at.max_abs_diff(base[-1], at.trainable(process, process.initialize())) > 1e-3
+
+
+def test_every_server_optimiser_entry_is_named_built_and_registered():
+  """docs/algorithms.md#adding-a-server-optimiser: what one entry of the table brings."""
+  parameters = inspect.signature(fedopt.build_server_optimizer).parameters
+  for name, entry in server_optimizers.SERVER_OPTIMIZERS.items():
+    assert names.FEDOPT_ALGORITHM_SERVER_OPTIMIZER[entry.algorithm] == name
+    assert getattr(fedopt, f'build_{entry.algorithm}').__name__ == f'build_{entry.algorithm}'
+    assert workflow_algorithms.ALGORITHMS[entry.algorithm].build == 'build_fedopt'
+    for builder in filter(None, (entry.tff, entry.paper)):
+      assert set(builder.keywords.values()) <= set(parameters) - {'name', 'learning_rate'}
+    for semantics in ('tff', 'paper'):
+      assert isinstance(fedopt.build_server_optimizer(name, 0.1, semantics=semantics),
+                        tff.learning.optimizers.Optimizer)
+
+
+def test_an_added_entry_is_built_with_its_keywords(monkeypatch):
+  """The docs' example entry (TFF's AdamW, one form: the semantics do not apply)."""
+  entry = server_optimizers.ServerOptimizer(
+      'fedadamw', server_optimizers.Builder('tensorflow_federated:learning.optimizers.build_adamw',
+                                            {'beta_1': 'beta_1', 'epsilon': 'tau'}),
+      adaptive=True)
+  monkeypatch.setitem(server_optimizers.SERVER_OPTIMIZERS, 'adamw', entry)
+  for semantics in ('tff', 'paper'):
+    optimizer = fedopt.build_server_optimizer('adamw', 0.1, semantics=semantics, beta_1=0.8,
+                                              tau=0.01)
+    hparams = optimizer.get_hparams(optimizer.initialize(()))
+    assert (float(hparams['learning_rate']), float(hparams['beta_1']),
+            float(hparams['epsilon'])) == pytest.approx((0.1, 0.8, 0.01))
 
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,12 @@ import tensorflow as tf
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'bench'))
 
-import run as bench  # pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top
+import bench_rounds  # first: it puts the checkout on sys.path
+import bench_cohort
+import bench_results
+import bench_sections
+import run as bench
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -62,7 +67,7 @@ def test_writes_every_section_and_the_table(results):
 def test_overhead_schema_and_ratios(results):
   out, _ = results
   data = _load(os.path.join(out, 'overhead.json'))
-  assert data['schema_version'] == bench.SCHEMA_VERSION
+  assert data['schema_version'] == bench_results.SCHEMA_VERSION
   assert set(data['machine']) >= {'nproc', 'cpu_model', 'memory_gib', 'load_average'}
   assert len(data['load_before']) == 3 and len(data['load_after']) == 3
   rows = {(r['algorithm'], r['data']): r for r in data['rows']}
@@ -96,7 +101,7 @@ def test_scaling_and_memory(results):
 
 def test_rounds_train_the_same_data_as_raw():
   # The executor-side dataset (from a seed) equals the raw loop's tensors.
-  setting = bench.Setting('linear', clients=2, steps=2, batch=3)
+  setting = bench_rounds.Setting('linear', clients=2, steps=2, batch=3)
   x, y = setting.client_tensors(1)
   batches = list(setting.client_dataset(1))
   assert len(batches) == 2 and batches[0][0].shape == (3, 60)
@@ -141,16 +146,18 @@ def test_targets_compare_adaptive_rows_with_fedavg_run_the_same_way():
   rows = [row('fedavg', 2.0, 1.0), row('tff_fedavg', 8.0, 4.0),
           row('fedavg@cohort_vec', 0.2, 1.0), row('fedavg@cohort_seq', 0.4, 1.0),
           row('fedadam@cohort_vec', 0.22, 1.1)]
-  targets = bench.bench_cohort.targets(rows, bench.TFF_REFERENCE)
+  targets = bench_cohort.targets(rows, bench_rounds.TFF_REFERENCE)
   assert targets['best_fedavg_cohort'] == 'fedavg@cohort_vec'
   assert targets['best_fedavg_cohort_over_raw'] == pytest.approx(0.4)
   assert targets['tff_fedavg_over_best_cohort'] == pytest.approx(40.0)
   assert targets['adaptive_over_fedavg_cohort'] == {'fedadam@cohort_vec': 1.1}
-  entry = bench.scaling_entry('mlp', 10, dict(rows[2], data='arrays', raw_s=0.5,
-                                              raw_pipeline_s=0.6, ratio_to_raw_pipeline=0.3,
-                                              first_round_s=3.0, update_max_abs_diff=2e-9), 0.5)
-  assert entry['update_max_abs_diff'] == 2e-9 and set(entry) == set(bench.SCALING_COLUMNS)
-  assert bench._cell(2e-9) == '2.0e-09' and bench._cell(0.25) == '0.25'  # pylint: disable=protected-access
+  entry = bench_sections.scaling_entry('mlp', 10, dict(rows[2], data='arrays', raw_s=0.5,
+                                                       raw_pipeline_s=0.6, ratio_to_raw_pipeline=0.3,
+                                                       first_round_s=3.0, update_max_abs_diff=2e-9),
+                                       0.5)
+  assert entry['update_max_abs_diff'] == 2e-9 and set(entry) == set(bench_sections.SCALING_COLUMNS)
+  # pylint: disable=protected-access
+  assert bench_results._cell(2e-9) == '2.0e-09' and bench_results._cell(0.25) == '0.25'
 
 
 def test_personalised_rows_carry_test_batches_and_private_state():
@@ -158,26 +165,27 @@ def test_personalised_rows_carry_test_batches_and_private_state():
   per-client and cohort rows run the same round."""
   # Per-FedAvg runs per client on batch-norm models: the plain MLP for it.
   for name, model in (('mtfl', 'mlp_bn'), ('perfedavg', 'mlp')):
-    setting = bench.Setting(model, clients=2, steps=1, batch=4)
-    runners, skipped, failed = bench.build_cohort_runners(setting, [name], ['cohort_vec'], {})
+    setting = bench_rounds.Setting(model, clients=2, steps=1, batch=4)
+    runners, skipped, failed = bench_sections.build_cohort_runners(
+        setting, [name], ['cohort_vec'], {})
     assert skipped == {} and failed == {}
-    runner = runners[f'{name}@cohort_vec/{bench.bench_cohort.DATA}']
-    diff, scale = bench.bench_cohort.update_difference(runner.reference, runner)
+    runner = runners[f'{name}@cohort_vec/{bench_cohort.DATA}']
+    diff, scale = bench_cohort.update_difference(runner.reference, runner)
     assert scale > 1e-4 and diff <= 1e-5, (name, diff, scale)
 
 
 def test_algorithms_without_a_cohort_form_are_named_not_run(monkeypatch):
   from workflow import algorithms  # pylint: disable=g-import-not-at-top
-  setting = bench.Setting('mlp', clients=2, steps=1, batch=2)
+  setting = bench_rounds.Setting('mlp', clients=2, steps=1, batch=2)
   # Every registered algorithm has one now; an entry registered without one (a
   # user's algorithm) is a row named with its reason, not a failure.
   monkeypatch.setitem(algorithms.ALGORITHMS, 'per_client_only', algorithms.AlgorithmEntry(
       'build_fedavg', cohort=algorithms.No('its clients call a service')))
-  process, reason = bench.bench_cohort.build('per_client_only', setting.task(), None,
+  process, reason = bench_cohort.build('per_client_only', setting.task(), None,
                                              'cohort_vec')
   assert process is None and reason == 'its clients call a service'
-  specs = bench.bench_cohort.row_specs(['fedadam', 'tff_fedavg', 'mimelite', 'fedprox', 'fedavg'],
-                                       ['cohort_vec', 'cohort_vec_cpp'], bench.ALGORITHMS)
+  specs = bench_cohort.row_specs(['fedadam', 'tff_fedavg', 'mimelite', 'fedprox', 'fedavg'],
+                                       ['cohort_vec', 'cohort_vec_cpp'], bench_rounds.ALGORITHMS)
   assert [s[0] for s in specs] == ['fedadam@cohort_vec', 'mimelite@cohort_vec',
                                    'fedprox@cohort_vec', 'fedavg@cohort_vec',
                                    'fedavg@cohort_vec_cpp']
@@ -185,14 +193,14 @@ def test_algorithms_without_a_cohort_form_are_named_not_run(monkeypatch):
 
 @pytest.mark.parametrize('model', ['so_lr', 'gru'])
 def test_so_lr_and_gru_models_and_their_raw_loops(model):
-  setting = bench.Setting(model, clients=2, steps=1, batch=2)
+  setting = bench_rounds.Setting(model, clients=2, steps=1, batch=2)
   x, y = setting.client_tensors(0)
-  spec = bench.MODELS[model]
+  spec = bench_rounds.MODELS[model]
   assert x.shape == (2,) + spec.x_shape and y.shape == (2,) + spec.y_shape
   if model == 'so_lr':  # a normalised bag of words, multi-hot tags
     assert float(tf.reduce_max(tf.abs(tf.reduce_sum(x, 1) - 1.0))) < 1e-5
     assert set(y.numpy().ravel()) <= {0.0, 1.0}
   else:  # tokens, never padding
     assert int(tf.reduce_min(x)) >= 1 and int(tf.reduce_max(x)) < spec.classes
-  assert math.isfinite(float(bench.build_raw(setting)()))
-  assert bench.SETTINGS[model][0] == model
+  assert math.isfinite(float(bench_rounds.build_raw(setting)()))
+  assert bench_rounds.SETTINGS[model][0] == model

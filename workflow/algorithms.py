@@ -130,7 +130,6 @@ _MIME_UPLOAD = 'its gradient upload besides Δ is averaged uncompressed'
 # chosen: Reddi et al. 2021 tune η_s per task (FedAdam/FedYogi/FedAdagrad need one far
 # below FedAvg's 1, τ = 1e-3); 0.01 is the demo's value on digits.
 _ADAPTIVE_SERVER = _fixed(server_learning_rate=0.01)
-_ADAPTIVE_SERVER_OPTIMIZERS = ('adagrad', 'adam', 'yogi')
 # MTFL keeps a batch-norm patch private (thesis ch. 4): per task, the model flag and a model with
 # batch normalisation (the MTFL defaults, and the hint of workflow/library_flags.py).
 MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
@@ -159,7 +158,8 @@ def _mtfl_defaults(settings: config.Settings) -> dict[str, Any]:
 # (CE-FedAvg) top-k + 8-bit quantised uploads of Adam clients.
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     **{name: AlgorithmEntry('build_fedopt', f'FedOpt, server {opt} (Reddi et al. 2021)',
-                            defaults=(_ADAPTIVE_SERVER if opt in _ADAPTIVE_SERVER_OPTIMIZERS
+                            defaults=(_ADAPTIVE_SERVER
+                                      if opt in library_names.FEDOPT_ADAPTIVE_SERVER_OPTIMIZERS
                                       else _no_defaults))
        for name, opt in library_names.FEDOPT_ALGORITHM_SERVER_OPTIMIZER.items()},
     'fedgbo': AlgorithmEntry('build_fedgbo',

@@ -27,6 +27,7 @@ from typing import Any, Optional, Union
 from absl import flags
 
 from tasks import settings as task_settings
+from tff_adaptive.algorithms import names as library_names
 from workflow import flag_checks
 from workflow import schedule_flags
 
@@ -202,7 +203,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
     ('server', 'Server: algorithm and server optimiser', [
         _s('algorithm', 'fedavg', 'The algorithm (README table); each runs with only this flag '
            'given, using its paper\'s defaults (printed at start).'),
-        _s('server_optimizer', '', 'Server optimiser: sgd | sgdm | adagrad | adam | yogi; empty: '
+        _s('server_optimizer', '', 'Server optimiser: '
+           f'{" | ".join(library_names.FEDOPT_SERVER_OPTIMIZERS)}; empty: '
            'the algorithm\'s own (FedOpt names fix it).', _SERVER_OPT,
            feeds=(('fedopt.build_server_optimizer', 'name'),
                   ('fedada2.build_server_optimizer', 'name'))),

@@ -22,6 +22,7 @@ are TFF's as shipped (`semantics='tff'`) or the paper's Algorithm 2 exactly
 
 import collections
 from collections.abc import Callable
+import importlib
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -32,7 +33,7 @@ from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms.names import (
     FEDOPT_ALGORITHM_SERVER_OPTIMIZER as ALGORITHM_SERVER_OPTIMIZER)
 from tff_adaptive.algorithms.names import FEDOPT_SEMANTICS as SEMANTICS
-from tff_adaptive.algorithms.names import FEDOPT_SERVER_OPTIMIZERS as SERVER_OPTIMIZERS
+from tff_adaptive.algorithms.server_optimizers import SERVER_OPTIMIZERS
 from tff_adaptive.optimizers import adapters
 from tff_adaptive.rounds import recipe as recipe_lib
 
@@ -46,38 +47,32 @@ def build_server_optimizer(name: str, learning_rate: float, *, semantics: str = 
   `tff` semantics: TFF's optimisers as shipped (Adam/Yogi bias-corrected with ε =
   τ, Adagrad's ε inside the square root; `initial_accumulator` defaults to each
   TFF builder's own default). `paper` semantics: Algorithm 2 exactly
-  (`tff_adaptive.optimizers.build_paper_{adagrad,adam,yogi}`).
+  (`tff_adaptive.optimizers.build_paper_{adagrad,adam,yogi}`). The names and
+  their builders are the entries of `server_optimizers.SERVER_OPTIMIZERS`.
   """
-  if name == 'sgd':
-    return tff.learning.optimizers.build_sgdm(learning_rate)
-  if name == 'sgdm':
-    return tff.learning.optimizers.build_sgdm(learning_rate, momentum=momentum)
-  if semantics not in SEMANTICS:
+  entry = SERVER_OPTIMIZERS.get(name)
+  # A rule with one form (SGD, momentum) does not read the semantics.
+  if (entry is None or entry.paper is not None) and semantics not in SEMANTICS:
     raise errors.ArgumentError('fedopt.build_server_optimizer', 'semantics',
                                f"must be 'tff' or 'paper'; got {semantics!r}")
-  if semantics == 'paper':
-    from tff_adaptive.optimizers import paper_fedopt  # pylint: disable=g-import-not-at-top
-    builders = {'adagrad': paper_fedopt.build_paper_adagrad,
-                'adam': paper_fedopt.build_paper_adam, 'yogi': paper_fedopt.build_paper_yogi}
-    if name not in builders:
-      raise _unknown_server_optimizer(name)
-    kwargs = {} if initial_accumulator is None else {'initial_accumulator_value': initial_accumulator}
-    return builders[name](learning_rate, beta_1=beta_1, beta_2=beta_2, tau=tau, **kwargs)
-  if name == 'adagrad':
-    kwargs = {} if initial_accumulator is None else {'initial_preconditioner_value': initial_accumulator}
-    return tff.learning.optimizers.build_adagrad(learning_rate, epsilon=tau, **kwargs)
-  if name == 'adam':
-    return tff.learning.optimizers.build_adam(learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=tau)
-  if name == 'yogi':
-    kwargs = {} if initial_accumulator is None else {'initial_preconditioner_value': initial_accumulator}
-    return tff.learning.optimizers.build_yogi(learning_rate, beta_1=beta_1, beta_2=beta_2,
-                                              epsilon=tau, **kwargs)
-  raise _unknown_server_optimizer(name)
+  if entry is None:
+    raise errors.ArgumentError('fedopt.build_server_optimizer', 'name',
+                               f'must be one of {", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
+  builder = entry.paper if semantics == 'paper' and entry.paper else entry.tff
+  given = dict(beta_1=beta_1, beta_2=beta_2, tau=tau, momentum=momentum,
+               initial_accumulator=initial_accumulator)
+  keywords = {keyword: given[hparam] for keyword, hparam in builder.keywords.items()
+              if given[hparam] is not None}
+  return _function(builder.function)(learning_rate, **keywords)
 
 
-def _unknown_server_optimizer(name) -> errors.ArgumentError:
-  return errors.ArgumentError('fedopt.build_server_optimizer', 'name',
-                              f'must be one of {", ".join(SERVER_OPTIMIZERS)}; got {name!r}')
+def _function(path: str) -> Callable[..., tff.learning.optimizers.Optimizer]:
+  """The builder 'module:attribute.path' names."""
+  module, attributes = path.split(':')
+  found = importlib.import_module(module)
+  for attribute in attributes.split('.'):
+    found = getattr(found, attribute)
+  return found
 
 
 def fedopt_recipe(server_optimizer: tff.learning.optimizers.Optimizer,
@@ -191,8 +186,7 @@ def _named(algorithm: str, server_name: str):
   return build
 
 
-build_fedavg: Callable[..., tff.learning.templates.LearningProcess] = _named('fedavg', 'sgd')
-build_fedavgm = _named('fedavgm', 'sgdm')
-build_fedadagrad = _named('fedadagrad', 'adagrad')
-build_fedadam = _named('fedadam', 'adam')
-build_fedyogi = _named('fedyogi', 'yogi')
+# build_fedavg, build_fedavgm, build_fedadagrad, build_fedadam, build_fedyogi: one per entry
+# of SERVER_OPTIMIZERS, so that an added entry brings its own.
+globals().update({f'build_{entry.algorithm}': _named(entry.algorithm, name)
+                  for name, entry in SERVER_OPTIMIZERS.items()})
