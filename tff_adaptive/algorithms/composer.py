@@ -61,6 +61,7 @@ the FedGBO paper's Fig. 6.1 diagnostic (see `accounting/drift.py`).
 
 import contextvars
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -122,13 +123,25 @@ def build_process(
   if options.execution == 'per_client':
     built = Built(per_client.build(model_fn, recipe, **kwargs), recipe, 'per_client')
   else:
-    from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
-    process, why = cohort.build_or_explain(model_fn, recipe, **kwargs)
-    built = Built(process, recipe, 'per_client' if why else cohort.execution_of(options), why)
+    built = _cohort_or_explained(model_fn, recipe, kwargs)
   recording = _recording.get()
   if recording is not None:
     recording.append(built)
   return built.process
+
+
+def _cohort_or_explained(model_fn, recipe: Recipe, kwargs) -> 'Built':
+  """The cohort process, or the per-client one with a one-line warning why; the
+  reason is returned too, so a caller that reports it its own way (bin/train's
+  start line) ignores `CohortDoesNotApply` and reads no text."""
+  from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
+  why = cohort.why_not(recipe, kwargs['options'], model_fn)
+  if why is None:
+    return Built(cohort.build(model_fn, recipe, **kwargs), recipe,
+                 cohort.execution_of(kwargs['options']))
+  warnings.warn(f'{recipe.name}: the cohort execution does not apply ({why}); the round '
+                'runs per client', cohort.CohortDoesNotApply, stacklevel=3)
+  return Built(per_client.build(model_fn, recipe, **kwargs), recipe, 'per_client', why)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,10 @@
   stateful.py           processes whose clients keep state across rounds (SCAFFOLD's c_i,
                         MTFL's private weights), or measure user accuracy
                         (`PersonalizedClientsProcess`)
+  processes.py          what both executions build around their round: the process,
+                        its client-state arguments, a client's input type
+  on_variables.py       a client's passes on the model's variables: the per-client
+                        round's, and both executions' evaluations of clients
   per_client.py         client phase 1: each client its own TFF computation call
   cohort.py             client phase 2: the whole cohort as one compiled program, and
                         the cohort processes (plain, stateful clients, personalised)

@@ -35,8 +35,8 @@ server part (the noise, the mean, the robust norms' next estimates) once per
 round at the server. Robust's round norms go to the clients with the model
 (the message's 'aggregator'). Aggregators without a program form (secure
 aggregation, factories not built by this package), metrics aggregators and
-models without a functional view run per client (`build_or_explain` warns
-once, naming the reason, and returns it).
+models without a functional view run per client (`composer.build_process` warns
+once, naming the reason, which `composer.built_by` returns as a value).
 """
 
 import collections
@@ -62,7 +62,8 @@ from tff_adaptive.rounds import functional
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
 from tff_adaptive.rounds import options as options_lib
-from tff_adaptive.rounds import per_client
+from tff_adaptive.rounds import on_variables
+from tff_adaptive.rounds import processes
 from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import recurrent
 from tff_adaptive.rounds import server as server_lib
@@ -160,18 +161,12 @@ class CohortDoesNotApply(UserWarning):
   """The round runs per client although the cohort execution was asked for."""
 
 
-def build_or_explain(model_fn, recipe: recipe_lib.Recipe, *, info, options, **kwargs):
-  """(the cohort process, None), or (the per-client one, why) with a one-line warning why.
-
-  The reason is returned, not only warned: a caller that reports it its own
-  way (bin/train's start line) ignores `CohortDoesNotApply` and reads no text.
-  """
-  reason = unsupported_reason(options, model_fn) or _unsupported_for(recipe, model_fn)
-  if reason is not None:
-    warnings.warn(f'{recipe.name}: the cohort execution does not apply ({reason}); the round '
-                  'runs per client', CohortDoesNotApply, stacklevel=3)
-    return per_client.build(model_fn, recipe, info=info, options=options, **kwargs), reason
-  return build(model_fn, recipe, info=info, options=options, **kwargs), None
+def why_not(recipe: recipe_lib.Recipe, options: options_lib.RoundOptions,
+            model_fn) -> Optional[str]:
+  """Why this round cannot run as a cohort program (None: it can). The caller
+  (`composer.build_process`) builds it per client then, and warns with
+  `CohortDoesNotApply` naming the reason."""
+  return unsupported_reason(options, model_fn) or _unsupported_for(recipe, model_fn)
 
 
 def shard_type(element_type, client_state=None, inputs=()) -> tff.Type:
@@ -250,7 +245,7 @@ def _traced(program: cohort_program.CohortProgram, xla: bool, message_type, data
 def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
           options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
   """The cohort `LearningProcess` (see module docstring)."""
-  per_client.check_client_state_options(recipe, options)
+  processes.check_client_state_options(recipe, options)
   execution = execution_of(options)
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
   view = functional.FunctionalView(model_fn, generic_rnn=bool(execution.jit_compile))
@@ -268,7 +263,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                           jit_compile=jit_compile == 'step',
                           aggregation=aggregation)
   stateful_clients = recipe.has_client_output
-  client_state_arguments = (per_client.client_state_arguments(recipe, info)
+  client_state_arguments = (processes.client_state_arguments(recipe, info)
                             if stateful_clients else {})
   inputs = [name for ext in recipe.extensions for name, _ in ext.input_fields(info)]
   data_type = shard_type(info.element_type, client_state_arguments.get('client_state_structure')
@@ -318,10 +313,10 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   if recipe.evaluates_clients:
     process_class = PersonalizedCohortProcess
     # Evaluations take every client: per client, as TFF's evaluation runs.
-    client_state_arguments['evaluate_fn'] = per_client.evaluate_computation(
-        info, loop, per_client.client_data_type(recipe, info), state_type,
-        per_client.iterates(options))
-  return per_client.finish_process(
+    client_state_arguments['evaluate_fn'] = on_variables.evaluate_computation(
+        info, loop, processes.client_data_type(recipe, info), state_type,
+        processes.iterates(options))
+  return processes.finish_process(
       initialize_fn, next_fn, state_type, info, recipe,
       process_class=functools.partial(process_class, recipe=recipe),
       execution=execution, in_process_next=in_process if execution.in_process else None,

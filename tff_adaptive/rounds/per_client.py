@@ -26,7 +26,9 @@ from tff_adaptive.rounds import extension
 from tff_adaptive.rounds import cohort_aggregation
 from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
+from tff_adaptive.rounds import on_variables
 from tff_adaptive.rounds import options as options_lib
+from tff_adaptive.rounds import processes
 from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import server as server_lib
 from tff_adaptive.rounds import skeleton
@@ -62,7 +64,7 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
     v.assign(t)
   lr = message['hparams']['learning_rate']
   per_step = loop.recipe.batches_per_step
-  passes = _ModelPasses(model, variables, start, lr, iterate,
+  passes = on_variables.ModelPasses(model, variables, start, lr, iterate,
                         inputs if inputs is not None else collections.OrderedDict(train=dataset),
                         _batches(dataset, message['hparams']['local_steps'], per_step))
   carry = loop.before_steps(loop.init(x_t, message['broadcast'], client_state, n_t), passes)
@@ -73,87 +75,16 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
     group = batch if per_step > 1 else (batch,)
     for v, w in zip(trainable, loop.gradient_point(carry)):
       v.assign(w)
-    output, grads = _loss_and_grads(model, trainable, group[0])
-    num_examples = tf.cast(_num_examples(output), tf.int64)
+    output, grads = on_variables.loss_and_grads(model, trainable, group[0])
+    num_examples = tf.cast(on_variables.num_examples(output), tf.int64)
     for other in group[1:]:
       num_examples += tf.shape(tf.nest.flatten(other)[0], out_type=tf.int64)[0]
     carry = loop.step(carry, grads, output.loss, num_examples, lr,
-                      functools.partial(_grad_at, model, trainable, group))
+                      functools.partial(on_variables.grad_at, model, trainable, group))
   # The forward passes in training mode moved the non-trainable weights (batch-norm statistics).
   carry = loop.with_non_trainable(carry, [tf.identity(v) for v in non_trainable])
   return (loop.final(carry, x_t, n_t),
           client_lib.delta_structure(loop.recipe, variables.trainable, variables.non_trainable))
-
-
-class _ModelPasses(extension.ClientPasses):
-  """`extension.ClientPasses` on the model's variables, which hold the start weights."""
-
-  def __init__(self, model, variables, start, learning_rate, iterate: bool, inputs, batches):
-    self.model, self.start, self.learning_rate, self.iterate = model, start, learning_rate, iterate
-    self.trainable = list(tf.nest.flatten(variables.trainable))
-    self.every = self.trainable + list(tf.nest.flatten(variables.non_trainable))
-    self.inputs = inputs  # the client's datasets by name: 'train'[, 'test']
-    self.batches = batches  # what the steps read
-
-  def over_batches(self, fn, carry):
-    # Cached: a dataset that reshuffles at each iteration would otherwise give
-    # the training loop other batches than the pass (TFF's Mime Lite iterates
-    # its data twice). The pass's metrics are not the round's training
-    # metrics: reset after it, as TFF's Mime Lite does.
-    self.batches = self.batches.cache()
-    for batch in (iter(self.batches) if self.iterate else self.batches):
-      output, grads = _loss_and_grads(self.model, self.trainable, batch)
-      carry = fn(carry, grads, _num_examples(output))
-    self.model.reset_metrics()
-    return carry
-
-  def evaluate(self, personalize=None):
-    """Every variable is restored after it (personalisation runs in training
-    mode and may move batch-norm statistics, which the test then uses), and
-    the model's metrics are reset: these passes are not training."""
-    saved = [tf.identity(v) for v in self.every]
-    if personalize is not None:
-      # The iterator form, as in `client_update`: the dataset form (a reduce) cost
-      # ~60 ms per client per round in TFF's executor on the bench's digits MLP.
-      first = self.inputs['train'].take(1)
-      for batch in (iter(first) if self.iterate else first):
-        weights = personalize(functools.partial(_grad_at, self.model, self.trainable, (batch,)))
-        for v, w in zip(self.trainable, weights):
-          v.assign(w)
-    ua = client_lib.zero_user_accuracy()
-    test = self.inputs['test']
-    for batch in (iter(test) if self.iterate else test):
-      output = self.model.forward_pass(batch, training=False)
-      labels = batch['y'] if isinstance(batch, collections.abc.Mapping) else batch[1]
-      ua = client_lib.add_user_accuracy(ua, labels, output.predictions, output.loss,
-                                        tf.ones([tf.size(labels)]))
-    for v, t in zip(self.every, saved):
-      v.assign(t)
-    self.model.reset_metrics()
-    return ua
-
-
-def _grad_at(model, trainable, group, weights, j):
-  """`grad_at` of the extensions' step context, on the model's variables (the next step
-  assigns y again): its forward pass counts in the model's metrics."""
-  for v, w in zip(trainable, weights):
-    v.assign(w)
-  output, grads = _loss_and_grads(model, trainable, group[j])
-  return grads, output.loss
-
-
-def _loss_and_grads(model, trainable, batch):
-  with tf.GradientTape() as tape:
-    output = model.forward_pass(batch, training=True)
-  grads = tape.gradient(output.loss, trainable)
-  return output, [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                  for g, v in zip(grads, trainable)]
-
-
-def _num_examples(output):
-  if output.num_examples is None:  # as TFF's client loops count them
-    return tf.shape(output.predictions, out_type=tf.int64)[0]
-  return output.num_examples
 
 
 def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
@@ -164,7 +95,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
   metrics_aggregator = options.metrics_aggregator
   if metrics_aggregator is tff.learning.metrics.sum_then_finalize:
     metrics_aggregator = None  # what the fused sum computes
-  check_client_state_options(recipe, options)
+  processes.check_client_state_options(recipe, options)
   shape = _RoundShape(recipe, options, info, metrics_aggregator)
   client_round_fn = _client_round_computation(shape)
   types = _ResultTypes(shape, client_round_fn.type_signature.result)
@@ -182,50 +113,18 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
       measure_client_drift=options.measure_client_drift)
   next_fn = skeleton.federated_next(state_type, shape.data_type, steps)
   if recipe.evaluates_clients:
-    return finish_process(
+    return processes.finish_process(
         initialize_fn, next_fn, state_type, info, recipe,
         process_class=stateful.PersonalizedClientsProcess,
-        evaluate_fn=evaluate_computation(info, shape.loop, shape.data_type, state_type,
+        evaluate_fn=on_variables.evaluate_computation(info, shape.loop, shape.data_type, state_type,
                                          shape.iterate),
-        **client_state_arguments(recipe, info))
+        **processes.client_state_arguments(recipe, info))
   if shape.stateful_clients:
-    return finish_process(
+    return processes.finish_process(
         initialize_fn, next_fn, state_type, info, recipe,
         process_class=stateful.StatefulClientsProcess,
-        **client_state_arguments(recipe, info))
-  return finish_process(initialize_fn, next_fn, state_type, info, recipe)
-
-
-def evaluate_computation(info, loop: client_lib.ClientLoop, data_type, state_type,
-                         iterate: bool) -> tff.Computation:
-  """(state, per-client inputs) → each client's OrderedDict(ua=...), no training:
-  `PersonalizedClientsProcess.evaluate_clients` of both executions (an
-  evaluation's clients are all the clients, which no shard program needs)."""
-
-  @tff.tensorflow.computation(info.message_type, data_type)
-  def client_eval_fn(message, data):
-    model = info.client_model()
-
-    @tf.function
-    def evaluate(message, data):
-      variables = tff.learning.models.ModelWeights.from_model(model)
-      tf.nest.map_structure(lambda v, t: v.assign(t), variables, message['model_weights'])
-      start = tuple([tf.identity(v) for v in tf.nest.flatten(weights)]
-                    for weights in (variables.trainable, variables.non_trainable))
-      return loop.measure(_ModelPasses(model, variables, start,
-                                       message['hparams']['learning_rate'], iterate, data,
-                                       batches=None))
-
-    return evaluate(message, data)
-
-  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
-  def evaluate_fn(state, client_data):
-    message = tff.federated_broadcast(tff.federated_map(
-        info.server_message_fn,
-        (state.global_model_weights, state.finalizer, state.client_work)))
-    return tff.federated_map(client_eval_fn, (message, client_data))
-
-  return evaluate_fn
+        **processes.client_state_arguments(recipe, info))
+  return processes.finish_process(initialize_fn, next_fn, state_type, info, recipe)
 
 
 class _RoundShape:
@@ -237,35 +136,15 @@ class _RoundShape:
     self.fused_mean = options.fused_mean and metrics_aggregator is None
     self.loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe),
                                       options.measure_client_drift)
-    self.iterate = iterates(options)
+    self.iterate = processes.iterates(options)
     self.stateful_clients = recipe.has_client_output
-    self.data_type = client_data_type(recipe, info)
+    self.data_type = processes.client_data_type(recipe, info)
 
   def split_data(self, data):
     """One client's input → (training dataset, all its inputs, its state or ())."""
     if not self.stateful_clients:
       return data, collections.OrderedDict(train=data), ()
     return data['train'], data, data['private'] if self.recipe.has_client_state else ()
-
-
-def iterates(options: options_lib.RoundOptions) -> bool:
-  """Whether client loops iterate their datasets (TFF's DATASET_ITERATOR, the default)."""
-  return (options.loop_implementation or tff.learning.LoopImplementation.DATASET_ITERATOR
-          ) == tff.learning.LoopImplementation.DATASET_ITERATOR
-
-
-def client_data_type(recipe, info) -> tff.Type:
-  """A client's input: its dataset, or OrderedDict(train=[, test=][, private=])."""
-  dataset_type = tff.SequenceType(info.element_type)
-  if not recipe.has_client_output:
-    return dataset_type
-  fields = [('train', dataset_type)]
-  for ext in recipe.extensions:
-    fields += ext.input_fields(info)
-  if recipe.has_client_state:
-    fields.append(('private', tff.tensorflow.computation(
-        info.initial_client_state).type_signature.result))
-  return tff.StructWithPythonType(fields, collections.OrderedDict)
 
 
 def _client_round_computation(shape: _RoundShape) -> tff.Computation:
@@ -345,23 +224,6 @@ def _train_metrics_fn(shape: _RoundShape, types: _ResultTypes):
       shape.info.finalizers, types.local_metrics)(local_metrics)
 
 
-def check_client_state_options(recipe, options: options_lib.RoundOptions) -> None:
-  if recipe.has_client_state and options.upload_compression is not None:
-    raise ValueError(f'{recipe.name}: upload_compression is not available for an algorithm '
-                     'whose clients keep state (its extra upload is summed, not compressed)')
-
-
-def client_state_arguments(recipe, info) -> dict:
-  """`stateful.StatefulClientsProcess`'s client-state arguments, for both executions."""
-  if not recipe.has_client_state:  # clients that only measure UA keep nothing
-    return dict(client_state_initial=collections.OrderedDict(), client_state_structure=(),
-                name=recipe.name)
-  structure = info.initial_client_state()
-  return dict(client_state_initial=stateful.flat_state(
-      tf.nest.map_structure(np.asarray, structure), recipe.client_state_leaf_names(structure)),
-              client_state_structure=structure, name=recipe.name)
-
-
 class _Aggregation:
   """Δ (and the extra upload) through the options' aggregator's TFF process
   (`RoundOptions.aggregator`: `model_aggregator`, `upload_compression` or the mean)."""
@@ -413,11 +275,3 @@ class _Aggregation:
             tff.federated_value(np.float64(aggregator_base.NO_BITS), tff.SERVER))
 
 
-def finish_process(initialize_fn, next_fn, state_type, info, recipe, process_class=None, **kwargs):
-  """The `LearningProcess` around `next_fn` with TFF's weight and hparam accessors."""
-  get_model_weights, set_model_weights = layout.model_weights_fns(state_type.member,
-                                                                  info.weights_type)
-  get_hparams_fn, set_hparams_fn = layout.hparams_fns(state_type.member, recipe)
-  process_class = process_class or tff.learning.templates.LearningProcess
-  return process_class(initialize_fn, next_fn, get_model_weights, set_model_weights,
-                       get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn, **kwargs)
