@@ -44,3 +44,4 @@ def test_doc_examples_run(tmp_path):
   assert "'distributor'" in out and "'finalizer'" in out, out
   assert 'train_model versions [0, 1] [0, 1, 2, 3]' in out, out
   assert 'scaffold cohort, c_1 leaves: 4' in out, out  # two Dense layers' kernels and biases
+  assert 'feddyn h leaves: 4' in out, out

@@ -172,6 +172,7 @@ COMPUTED = '<computed>'  # an ArgumentError whose argument is not a literal
 NO_FLAG = {
     ('more_gradients', 'batches_per_step'): "an algorithm module's extension, not a setting "
                                             'of bin/train',
+    ('feddyn', 'total_clients'): "the task's number of clients (algorithm_builders passes it)",
     ('mime', 'gradient'): "mimelite.mime_recipe's, chosen by --algorithm (mimelite, mimexlite)",
     ('scaffold', 'total_clients'): "the task's number of clients (algorithm_builders passes it)",
     (None, 'client_weighting'): ('the builders derive it from --client_weighting and --dp and never '

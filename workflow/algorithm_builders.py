@@ -32,6 +32,7 @@ from tff_adaptive.aggregators import secure
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedada2
+from tff_adaptive.algorithms import feddyn
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedmax
 from tff_adaptive.algorithms import fedopt
@@ -316,6 +317,14 @@ def build_pfedme(task, settings: config.Settings, **options):
       personal_learning_rate=personalized.pfedme_personal_learning_rate,
       inner_steps=personalized.pfedme_inner_steps, beta=personalized.pfedme_beta,
       local_steps=settings.client.local_steps, client_weighting=_personalized_weighting(settings),
+      fb_flops_per_example=fb_flops_per_example(task), **options)
+
+
+def build_feddyn(task, settings: config.Settings, **options):
+  return feddyn.build_feddyn(
+      task.model_fn, client_sgd(settings.client), alpha=settings.algorithm.feddyn_alpha,
+      local_steps=settings.client.local_steps, total_clients=len(task.train_data.client_ids),
+      client_weighting=_weighting(settings), model_aggregator=model_aggregator(settings),
       fb_flops_per_example=fb_flops_per_example(task), **options)
 
 

@@ -197,6 +197,13 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                                'Per-FedAvg, first order (thesis ch. 4)'),
     'pfedme': _personalised('build_pfedme', 'pFedMe, Moreau envelopes (thesis ch. 4)',
                             server_optimizer=''),
+    # The paper's server step (no server learning rate) and unweighted mean; α its
+    # --feddyn_alpha default.
+    'feddyn': AlgorithmEntry('build_feddyn',
+                             'dynamic regularisation, λ_k kept by clients (Acar et al. 2021)',
+                             server_optimizer='', keeps_client_state=True,
+                             compressible=No('its count of participants is summed, not '
+                                             'compressed')),
     # The paper's server step (SGD, η_g = 1: --server_learning_rate's default)
     # and unweighted means (the builder's default weighting): no defaults.
     'scaffold': AlgorithmEntry('build_scaffold',

@@ -228,6 +228,9 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'MTFL fedavg_adam).', ('fedgbo', 'mfl', 'mtfl')),
         _f('fedprox_mu', 0.01, 'FedProx proximal strength μ.', ('fedprox',),
            check=flag_checks.NON_NEGATIVE, feeds=(('fedprox', 'proximal_strength'),)),
+        _f('feddyn_alpha', 0.01, 'FedDyn dynamic regulariser α (the middle of the paper\'s '
+           'grid 0.1, 0.01, 0.001).', ('feddyn',), check=flag_checks.POSITIVE,
+           feeds=(('feddyn', 'alpha'),)),
         _f('fedmax_beta', 1.0, 'FedMAX max-entropy weight β.', ('fedmax',),
            check=flag_checks.NON_NEGATIVE, feeds=(('fedmax', 'beta'),)),
         _e('preconditioner', 'none', ('none', 'dja'), 'FedAda2: dja = the server broadcasts its '
