@@ -150,7 +150,7 @@ def test_checker_sees_forbidden_edges_and_cycles():
 
 def test_library_modules_are_all_checked():
   assert 'tff_adaptive.algorithms.fedgbo' in GRAPH
-  assert 'workflow.program' in GRAPH and 'tasks.cifar10_lda' in GRAPH
+  assert 'workflow.training.program' in GRAPH and 'tasks.cifar10_lda' in GRAPH
   assert 'tasks.base' in GRAPH['tasks.cifar10_lda']
 
 
@@ -226,7 +226,9 @@ def test_the_probe_sees_explicit_tracking(tmp_path):
 _BEFORE_TENSORFLOW = textwrap.dedent('''
     import sys
     from tasks import registry
-    from workflow import cli, errors, experiment, train_help, validation
+    from workflow import errors
+    from workflow.flags import train_help, validation
+    from workflow.training import cli, experiment
     settings, _ = cli.config_from_args(['--algorithm=fedgbo', '--task=shakespeare_leaf',
                                         '--root_output_dir=/nonexistent/runs'])
     validation.validate(settings)
@@ -253,7 +255,7 @@ def test_flag_checks_and_registry_names_load_without_tensorflow():
 def test_the_tensorflow_probe_can_fail():
   """Building a process does load TensorFlow: the probe above would see it."""
   code = _BEFORE_TENSORFLOW.replace('train_help.grouped_help()',
-                                    'from workflow import algorithm_builders')
+                                    'from workflow.training import algorithm_builders')
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
   assert 'tensorflow' in out.stdout.strip().splitlines()[-1], out.stdout + out.stderr[-2000:]
@@ -276,10 +278,10 @@ def test_pkgutil_walk_matches_files():
   assert names == files
 
 
-# Below the binaries, functions take `workflow.config.Settings`, one
-# of its groups or plain keyword arguments. workflow/config.py alone turns the
+# Below the binaries, functions take `workflow.flags.config.Settings`, one
+# of its groups or plain keyword arguments. workflow/flags/config.py alone turns the
 # flat {flag: value} into settings (and back, for flags.json).
-FLAG_DICT_EXEMPT = {'workflow/config.py'}
+FLAG_DICT_EXEMPT = {'workflow/flags/config.py'}
 _FLAG_DICT_TEXT = re.compile(r'(?<![\w.])cfg(\[|\.get\()')
 
 
@@ -324,7 +326,7 @@ def test_flag_dict_check_can_fail():
   ''')
   found = flag_dict_uses(planted, 'workflow/planted.py')
   assert [int(line.split(':')[1]) for line in found] == [2, 3, 3, 4, 5], found
-  assert 'workflow/config.py' in {os.path.relpath(p, ROOT) for p in ALL_MODULES.values()}
+  assert 'workflow/flags/config.py' in {os.path.relpath(p, ROOT) for p in ALL_MODULES.values()}
 
 
 def _sibling_imports(folder: str) -> dict:

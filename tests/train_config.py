@@ -24,8 +24,8 @@ import signal
 import subprocess
 import sys
 
-from workflow import cli
-from workflow import config
+from workflow.training import cli
+from workflow.flags import config
 from workflow import errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
