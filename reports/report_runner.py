@@ -52,8 +52,8 @@ def _init_worker(parent: int):
 
 
 def _train(args: Sequence[str]):
-  from workflow.training import cli  # pylint: disable=g-import-not-at-top
   from workflow import errors  # pylint: disable=g-import-not-at-top
+  from workflow.training import cli  # pylint: disable=g-import-not-at-top
   _FLAGS.unparse_flags()
   _FLAGS(['bin/train.py', *args])
   from workflow.training import run_files  # pylint: disable=g-import-not-at-top

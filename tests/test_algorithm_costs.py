@@ -28,8 +28,8 @@ from workflow.training import program
 from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
 from tff_adaptive.rounds import layout
-from workflow.training import algorithm_builders as registry
 from workflow.flags import config
+from workflow.training import algorithm_builders as registry
 
 K, B = 3, 10
 NUM_CLIENTS = 2

@@ -13,16 +13,16 @@ import sys
 
 import pytest
 
-from workflow.training import algorithm_builders
+from workflow import errors
 from workflow.flags import algorithm_table
 from workflow.flags import algorithms
-from workflow.training import cli
-from workflow import errors
 from workflow.flags import config
-from workflow.training import personalization
 from workflow.flags import train_flags
 from workflow.flags import train_help
 from workflow.flags import validation
+from workflow.training import algorithm_builders
+from workflow.training import cli
+from workflow.training import personalization
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

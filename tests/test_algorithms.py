@@ -18,10 +18,10 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
-from workflow.flags import algorithms as workflow_algorithms
 from workflow import errors
-from workflow.flags import validation
+from workflow.flags import algorithms as workflow_algorithms
 from workflow.flags import config
+from workflow.flags import validation
 from tff_adaptive.accounting import flops
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer

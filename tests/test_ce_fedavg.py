@@ -31,9 +31,9 @@ from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
-from workflow.training import algorithm_builders as registry
 from workflow.flags import algorithms
 from workflow.flags import config
+from workflow.training import algorithm_builders as registry
 from tff_adaptive.compression import codec
 from tff_adaptive.compression import sparsify
 

@@ -19,10 +19,10 @@ import algorithm_testing as at
 from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
-from workflow.training import algorithm_builders as registry
 from workflow.flags import algorithms
-from workflow.training import cli
 from workflow.flags import config
+from workflow.training import algorithm_builders as registry
+from workflow.training import cli
 from workflow.training import experiment
 
 K = 3

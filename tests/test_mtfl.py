@@ -26,9 +26,9 @@ from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
-from workflow.training import algorithm_builders as registry
 from workflow.flags import config
 from workflow.flags import validation
+from workflow.training import algorithm_builders as registry
 
 D, C, B = at.D, at.C, at.B
 K = 3

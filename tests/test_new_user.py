@@ -21,8 +21,8 @@ import pytest
 import train_config  # pylint: disable=g-bad-import-order
 from tests import custom_task_fixture
 from tests import nan_task_fixture
-from workflow.training import cli
 from workflow import errors
+from workflow.training import cli
 from workflow.training import data_checks
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.

@@ -24,14 +24,14 @@ import pytest
 # three_rounds: a digits run of 3 rounds (checkpoints 1-3), to copy and plant links or files in.
 from test_reliability import NAME, _settings, _copy, _one_line, _rounds, _run_dir, _train
 from test_reliability import three_rounds  # pylint: disable=unused-import  (a fixture)
-from workflow.training import cli
 from workflow import errors
-from workflow.training import experiment
 from workflow.flags import flag_checks
+from workflow.sweeps import sweep
+from workflow.training import cli
+from workflow.training import experiment
 from workflow.training import program
 from workflow.training import run_dir
 from workflow.training import run_files
-from workflow.sweeps import sweep
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

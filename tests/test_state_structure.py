@@ -13,8 +13,8 @@ import tensorflow_federated as tff
 from tasks import digits
 from workflow.training import program
 from tff_adaptive.execution import runtime
-from workflow.training import algorithm_builders as registry
 from workflow.flags import config
+from workflow.training import algorithm_builders as registry
 
 # (algorithm, extra flags): one client optimiser with state for each.
 CASES = [

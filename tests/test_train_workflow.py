@@ -18,21 +18,21 @@ import numpy as np
 import pytest
 
 from tasks import fixtures
-from workflow.training import algorithm_builders
-from workflow.flags import algorithms
-from workflow.training import cli
 from workflow import errors
+from workflow.flags import algorithms
 from workflow.flags import config
-from workflow.training import experiment
+from workflow.flags import train_flags
+from workflow.flags import train_help
+from workflow.flags import validation
 from workflow.reporting import plotting
 from workflow.reporting import report
 from workflow.sweeps import selection
 from workflow.sweeps import sweep
 from workflow.sweeps import sweep_runner
+from workflow.training import algorithm_builders
+from workflow.training import cli
+from workflow.training import experiment
 from workflow.training import tensorboard_hparams
-from workflow.flags import train_flags
-from workflow.flags import train_help
-from workflow.flags import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

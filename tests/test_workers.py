@@ -25,8 +25,8 @@ import processes  # pylint: disable=g-bad-import-order
 import train_config  # pylint: disable=g-bad-import-order
 
 from tasks import digits
-from workflow.training import cli
 from workflow import errors
+from workflow.training import cli
 from workflow.training import program
 from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import remote_context

@@ -13,8 +13,8 @@ from typing import Any
 
 from tasks.settings import TaskSettings
 from tff_adaptive.algorithms import names as library_names
-from workflow.flags import config
 from workflow import errors
+from workflow.flags import config
 from workflow.flags import library_flags
 from workflow.flags import schedule_flags
 from workflow.flags import train_flags

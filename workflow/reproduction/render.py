@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Optional
 
 from workflow.reporting import report
-from workflow.sweeps import selection
-from workflow.sweeps import sweep
 from workflow.reproduction import claims
 from workflow.reproduction import communication
 from workflow.reproduction import flops_tables
 from workflow.reproduction import paper_checks
 from workflow.reproduction import provenance as prov
+from workflow.sweeps import selection
+from workflow.sweeps import sweep
 
 SWEEP_DATA = 'reports/reproduction_sweep.json'
 SWEEP_HEADING = '## 2. Qualitative findings on the offline task'

@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from absl import flags
 from absl import logging
 
-from workflow.flags import config
 from workflow import errors
-from workflow.training import experiment
+from workflow.flags import config
 from workflow.flags import flagfiles
 from workflow.flags import library_flags
 from workflow.flags import train_flags
 from workflow.flags import validation
+from workflow.training import experiment
 
 
 HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')

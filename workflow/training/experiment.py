@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Any
 
-from workflow.flags import config
 from workflow import errors
+from workflow.flags import config
 from workflow.flags import schedule_flags
 from workflow.flags import train_flags
 

@@ -32,10 +32,10 @@ import tqdm
 from tasks import base as task_base
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import layout
+from workflow.flags import train_flags
 from workflow.training import cohort_feed
 from workflow.training import divergence
 from workflow.training import run_files
-from workflow.flags import train_flags
 
 
 class WriteFailed(RuntimeError):
