@@ -44,8 +44,8 @@ import tensorflow as tf
 from tff_adaptive.algorithms import composer
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
-from workflow import algorithm_builders as builders
-from workflow import algorithms as registry
+from workflow.flags import algorithms as registry
+from workflow.training import algorithm_builders as builders
 
 EXECUTIONS = collections.OrderedDict([
     ('cohort_vec', dict(mode='vectorized')),

@@ -26,7 +26,7 @@ import tensorflow_federated as tff
 
 import bench_cohort
 import bench_models
-from workflow import algorithm_builders as registry
+from workflow.training import algorithm_builders as registry
 
 LEARNING_RATE = 0.02
 
@@ -171,7 +171,7 @@ def build_process(name: str, setting: Setting):
 
 
 def run_config(name: str, setting: Setting):
-  from workflow import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
   algorithm, extra = ALGORITHMS[name]
   # per client, as the flag dict without --execution was built (bench_cohort builds cohorts)
   return config.from_flags(dict(algorithm=algorithm, client_learning_rate=LEARNING_RATE,

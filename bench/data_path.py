@@ -51,7 +51,7 @@ def _peak_mib() -> float:
 
 def _settings(args):
   """FedAvg per client with exactly K steps (one epoch: the data cycle for K steps)."""
-  from workflow import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
   return config.from_flags(dict(
       algorithm='fedavg', execution='per_client', data_dir=args.data_dir,
       client_batch_size=args.batch, client_epochs_per_round=1, local_steps=args.local_steps,
@@ -93,8 +93,8 @@ def child_rounds(args, task_name, clients):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from workflow import algorithm_builders  # pylint: disable=g-import-not-at-top
-  from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow.training import algorithm_builders  # pylint: disable=g-import-not-at-top
+  from workflow.training import program  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   task = _create_task(args, task_name)
   process = algorithm_builders.build(task, _settings(args))

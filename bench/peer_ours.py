@@ -32,8 +32,8 @@ import bench_cohort
 import peer_common
 from tff_adaptive.execution import runtime
 from tff_adaptive.rounds import cohort_data
-from workflow import algorithm_builders
-from workflow import config
+from workflow.flags import config
+from workflow.training import algorithm_builders
 
 
 def _model_fn(data: peer_common.SettingData):

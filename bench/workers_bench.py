@@ -37,7 +37,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
 from tasks import digits
-from workflow import program
+from workflow.training import program
 from tff_adaptive.execution import runtime
 from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import remote_context

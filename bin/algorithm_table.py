@@ -1,4 +1,4 @@
-"""Prints the table of what each algorithm supports (markdown), from workflow/algorithms.py.
+"""Prints the table of what each algorithm supports (markdown), from workflow/flags/algorithms.py.
 
   bin/algorithm_table.py           # print it
   bin/algorithm_table.py --write   # put it into README.md, between its markers
@@ -14,7 +14,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ start-up noise
 
 from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-from workflow import algorithm_table  # pylint: disable=g-import-not-at-top
+from workflow.flags import algorithm_table  # pylint: disable=g-import-not-at-top
 
 README = os.path.join(ROOT, 'README.md')
 

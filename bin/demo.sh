@@ -18,7 +18,7 @@ common=(--task=digits --partition=dirichlet --num_clients=20 --clients_per_round
 .venv/bin/python - "$out" <<'PY'
 import sys
 from tff_adaptive.execution import runtime
-from workflow import plotting
+from workflow.reporting import plotting
 runtime.shut_down_tff_at_exit()  # quiet exit, should plotting ever import TFF
 for name in ('fedavg', 'fedadam'):
   acc = [a for a in plotting.read_metrics(f'{sys.argv[1]}/digits_{name}')['eval/accuracy'] if a == a]

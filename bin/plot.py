@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime
-from workflow import cli
-from workflow import plotting
+from workflow.reporting import plotting
+from workflow.training import cli
 
 flags.DEFINE_list('runs', [], 'Experiment directories or metrics CSV files.')
 flags.DEFINE_list('labels', [], 'Legend labels, one per run (default: directory names).')

@@ -32,10 +32,10 @@ if any(a.startswith('--reproduction') for a in sys.argv[1:]):
   # absl's app.run (see bin/train.py); plain reports do not need it.
   import tensorflow as tf
 from tff_adaptive.execution import runtime
-from workflow import cli
-from workflow import report
-from workflow import selection
-from workflow import sweep
+from workflow.reporting import report
+from workflow.sweeps import selection
+from workflow.sweeps import sweep
+from workflow.training import cli
 
 flags.DEFINE_string('sweep_dir', '', 'Sweep directory written by bin/sweep.py.')
 flags.DEFINE_string('out', '', 'Markdown output path (figures are written next to it).')

@@ -12,7 +12,7 @@ same command skips finished trials and resumes interrupted ones from their
 checkpoints; a failing trial does not stop the others (exit status 1 at the
 end, with the failures listed). At the end the best configuration of each
 group is printed, chosen by --select_metric/--select_rule/--select_mode.
-Spec syntax: workflow/sweep.py and docs/sweeps.md.
+Spec syntax: workflow/sweeps/sweep.py and docs/sweeps.md.
 """
 
 import os
@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')  # TF's C++ log only when asked
 # pylint: disable=g-import-not-at-top
 from tff_adaptive.execution import runtime
-from workflow import cli
-from workflow import selection
-from workflow import sweep
-from workflow import sweep_runner
+from workflow.sweeps import selection
+from workflow.sweeps import sweep
+from workflow.sweeps import sweep_runner
+from workflow.training import cli
 
 flags.DEFINE_string('sweep_dir', '', 'Directory of the sweep (trials/, logs/, sweep.json).')
 flags.DEFINE_string('grid', '', "Grid(s): 'name=v1,v2;name=v1' ; groups separated by '|', "

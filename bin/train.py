@@ -30,12 +30,12 @@ from tff_adaptive.execution import runtime  # imports neither TensorFlow nor TFF
 # TFF) and exit 2 before main() runs, so a handler registered in main() missed
 # every refusal of such a task.
 runtime.shut_down_tff_at_exit()
-from workflow import cli
 from workflow import errors
-from workflow import train_flags
-from workflow import train_help
+from workflow.flags import train_flags
+from workflow.flags import train_help
+from workflow.training import cli
 
-train_flags.define_flags()  # the table of workflow/train_flags.py, in groups
+train_flags.define_flags()  # the table of workflow/flags/train_flags.py, in groups
 FLAGS = flags.FLAGS
 _RESOLVED = []  # (settings, notes) of the parsed command line, for main()
 

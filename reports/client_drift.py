@@ -68,9 +68,9 @@ def _complete(path):
 
 
 def run(runs_dir):
-  from workflow import cli  # pylint: disable=g-import-not-at-top
-  from workflow import config  # pylint: disable=g-import-not-at-top
-  from workflow import train_flags  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
+  from workflow.training import cli  # pylint: disable=g-import-not-at-top
   flag_values = None
   for name, _, extra in METHODS:
     args = _args(runs_dir, name, extra)

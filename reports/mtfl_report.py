@@ -172,7 +172,7 @@ def _timings(opts, jobs) -> dict:
 
 def _results(all_runs, runs_dir, statuses) -> dict:
   """name → what the report reads of the run (its rows, the rounds to TARGET, ...)."""
-  from workflow import personalization  # pylint: disable=g-import-not-at-top
+  from workflow.training import personalization  # pylint: disable=g-import-not-at-top
   results = {}
   for name in all_runs:
     path = os.path.join(runs_dir, name, 'metrics.csv')
@@ -190,7 +190,7 @@ def _results(all_runs, runs_dir, statuses) -> dict:
 
 def _figures(opts, all_runs, results) -> list:
   """Plots the mean UA curves; returns (title, path relative to --out_dir) per figure."""
-  from workflow import plotting  # pylint: disable=g-import-not-at-top
+  from workflow.reporting import plotting  # pylint: disable=g-import-not-at-top
   figures = os.path.join(opts.out_dir, 'figures')
   os.makedirs(figures, exist_ok=True)
   figure_files = []

@@ -1,7 +1,7 @@
 """Runs bin/train command lines for the reports, in worker processes that import TF/TFF once.
 
 Each job is exactly a bin/train.py command line: its flags are parsed by
-bin/train's own flag definitions and handed to `workflow.cli.run_training`,
+bin/train's own flag definitions and handed to `workflow.training.cli.run_training`,
 which is all bin/train's `main()` does, so every run can be reproduced by
 pasting the printed command. Used by `fedada2_report.py` and
 `ce_fedavg_report.py`.
@@ -52,11 +52,11 @@ def _init_worker(parent: int):
 
 
 def _train(args: Sequence[str]):
-  from workflow import cli  # pylint: disable=g-import-not-at-top
   from workflow import errors  # pylint: disable=g-import-not-at-top
+  from workflow.training import cli  # pylint: disable=g-import-not-at-top
   _FLAGS.unparse_flags()
   _FLAGS(['bin/train.py', *args])
-  from workflow import run_files  # pylint: disable=g-import-not-at-top
+  from workflow.training import run_files  # pylint: disable=g-import-not-at-top
   first = run_files.newest_checkpoint(run_dir(args))  # where bin/train resumes
   started, cpu = time.monotonic(), time.process_time()
   try:  # what bin/train's main() does: presets and algorithm defaults, then the run

@@ -101,9 +101,9 @@ def _load_train_flags():
 
 def train(flag_values, args) -> str:
   """Exactly `bin/train.py args`, in this process (TF/TFF imported once)."""
-  from workflow import cli  # pylint: disable=g-import-not-at-top
-  from workflow import config  # pylint: disable=g-import-not-at-top
-  from workflow import train_flags  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
+  from workflow.training import cli  # pylint: disable=g-import-not-at-top
   flag_values.unparse_flags()
   flag_values(['bin/train.py', *args])
   # The flags as given (no preset, no algorithm defaults), as this report always ran them.

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import report_runner as rr  # pylint: disable=g-import-not-at-top
 import shakespeare_curves as sc  # pylint: disable=g-import-not-at-top
 import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
-from workflow import plotting  # pylint: disable=g-import-not-at-top
+from workflow.reporting import plotting  # pylint: disable=g-import-not-at-top
 
 STEPS = 'cost/cumulative_client_steps'
 

@@ -190,7 +190,7 @@ def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, see
     settings: bin/train's task flags.
     batch_size: the client minibatch size (--client_batch_size).
     num_epochs: epochs each client's training dataset repeats
-      (`workflow.config.num_epochs`: 1 with --local_steps).
+      (`workflow.flags.config.num_epochs`: 1 with --local_steps).
     seed: the run's seed (client splits, model initialisation, shuffling).
     run_dir: the run's directory, for a task that keeps files with its run
       (cifar10's split); None outside a training run.

@@ -3,7 +3,7 @@
 `tasks.registry.create_task(settings, batch_size=..., num_epochs=..., seed=...)`
 passes each task factory the fields its signature names, so a factory's
 parameters say what it reads. The defaults here are bin/train's defaults of
-the same flags (workflow/train_flags.py reads them from `DEFAULTS`). Plain
+the same flags (workflow/flags/train_flags.py reads them from `DEFAULTS`). Plain
 dataclasses only: bin/sweep reads the defaults without importing TensorFlow.
 """
 

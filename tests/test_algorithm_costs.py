@@ -24,12 +24,12 @@ import pytest
 import tensorflow_federated as tff
 
 from tasks import digits
-from workflow import program
+from workflow.training import program
 from tff_adaptive.accounting import costs
 from tff_adaptive.accounting import flops
 from tff_adaptive.rounds import layout
-from workflow import algorithm_builders as registry
-from workflow import config
+from workflow.flags import config
+from workflow.training import algorithm_builders as registry
 
 K, B = 3, 10
 NUM_CLIENTS = 2

@@ -1,7 +1,7 @@
 """The algorithm registry is the one home of what each algorithm supports.
 
 --help's readers, validation, the personalisation lists and the README table
-are derived from `workflow.algorithms.ALGORITHMS`; builders get the round
+are derived from `workflow.flags.algorithms.ALGORITHMS`; builders get the round
 options as keywords; and adding an algorithm is its module plus one entry
 (`test_a_toy_algorithm_is_its_module_and_one_entry`, in a copy of the code).
 """
@@ -13,16 +13,16 @@ import sys
 
 import pytest
 
-from workflow import algorithm_builders
-from workflow import algorithm_table
-from workflow import algorithms
-from workflow import cli
 from workflow import errors
-from workflow import config
-from workflow import personalization
-from workflow import train_flags
-from workflow import train_help
-from workflow import validation
+from workflow.flags import algorithm_table
+from workflow.flags import algorithms
+from workflow.flags import config
+from workflow.flags import train_flags
+from workflow.flags import train_help
+from workflow.flags import validation
+from workflow.training import algorithm_builders
+from workflow.training import cli
+from workflow.training import personalization
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ def _copy_with_toy(tmp_path):
   for folder in ('tff_adaptive', 'workflow', 'tasks', 'bin'):
     shutil.copytree(os.path.join(ROOT, folder), tmp_path / folder, ignore=ignore)
   (tmp_path / 'tff_adaptive' / 'algorithms' / 'toy.py').write_text(TOY_MODULE)
-  registry = tmp_path / 'workflow' / 'algorithms.py'
+  registry = tmp_path / 'workflow' / 'flags' / 'algorithms.py'
   text = registry.read_text()
   assert text.count(REGISTRY_START) == 1
   text = text.replace(REGISTRY_START, REGISTRY_START + TOY_ENTRY)

@@ -18,10 +18,10 @@ import tensorflow_federated as tff
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
-from workflow import algorithms as workflow_algorithms
 from workflow import errors
-from workflow import validation
-from workflow import config
+from workflow.flags import algorithms as workflow_algorithms
+from workflow.flags import config
+from workflow.flags import validation
 from tff_adaptive.accounting import flops
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
@@ -480,7 +480,7 @@ def test_bin_train_bad_input_exits_2_naming_the_flag(tmp_path):
 
 def test_builders_refuse_bad_input_naming_the_argument():
   """The library path (no bin/train) refuses the same input, naming its arguments
-  (bin/train names the flags: workflow.library_flags)."""
+  (bin/train names the flags: workflow.flags.library_flags)."""
   with pytest.raises(ValueError, match=r'BiasedOptimizer: beta_1 must be in \[0, 1\)'):
     biased_optimizers.BiasedOptimizer('sgdm', beta_1=1.0)
   with pytest.raises(ValueError, match='BiasedOptimizer: beta_2'):

@@ -175,7 +175,7 @@ def test_personalised_rows_carry_test_batches_and_private_state():
 
 
 def test_algorithms_without_a_cohort_form_are_named_not_run(monkeypatch):
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  from workflow.flags import algorithms  # pylint: disable=g-import-not-at-top
   setting = bench_rounds.Setting('mlp', clients=2, steps=1, batch=2)
   # Every registered algorithm has one now; an entry registered without one (a
   # user's algorithm) is a row named with its reason, not a failure.

@@ -16,7 +16,7 @@ import tensorflow_federated as tff
 from tasks import fixtures
 from tasks import registry
 from tasks.settings import TaskSettings
-from workflow import program
+from workflow.training import program
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'bench'))

@@ -25,15 +25,15 @@ import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
 from workflow import errors
-from workflow import config
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import validation
 from tff_adaptive.aggregators import compression
 from tff_adaptive.algorithms import ce_fedavg
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
-from workflow import algorithm_builders as registry
-from workflow import algorithms
-from workflow import config
+from workflow.flags import algorithms
+from workflow.flags import config
+from workflow.training import algorithm_builders as registry
 from tff_adaptive.compression import codec
 from tff_adaptive.compression import sparsify
 

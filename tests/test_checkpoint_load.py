@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from workflow import run_files
+from workflow.training import run_files
 
 
 def _save(tmp_path, value):

@@ -19,11 +19,11 @@ import algorithm_testing as at
 from tff_adaptive.accounting import drift
 from tff_adaptive.algorithms import composer
 from tff_adaptive.algorithms import fedopt
-from workflow import algorithm_builders as registry
-from workflow import algorithms
-from workflow import cli
-from workflow import config
-from workflow import experiment
+from workflow.flags import algorithms
+from workflow.flags import config
+from workflow.training import algorithm_builders as registry
+from workflow.training import cli
+from workflow.training import experiment
 
 K = 3
 LR = 0.1

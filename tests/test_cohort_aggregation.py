@@ -186,7 +186,7 @@ OPTIONS = {
 
 @pytest.mark.parametrize('option', sorted(OPTIONS))
 def test_bin_train_options_run_and_agree_in_both_executions(option, tmp_path, capsys):
-  from workflow import cli  # pylint: disable=g-import-not-at-top
+  from workflow.training import cli  # pylint: disable=g-import-not-at-top
   rows = {}
   for execution in ('per_client', 'cohort'):
     settings, notes = cli.config_from_args([*OPTION_RUN, *OPTIONS[option],

@@ -26,8 +26,8 @@ from test_cohort import _assert_outputs_equal
 from test_workers import live_pool, pool  # pylint: disable=unused-import
 
 from tasks import digits
-from workflow import cli
-from workflow import library_flags
+from workflow.flags import library_flags
+from workflow.training import cli
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import remote_context

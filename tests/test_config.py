@@ -1,12 +1,12 @@
-"""workflow/config.py: the flag table and the typed settings hold the same flags."""
+"""workflow/flags/config.py: the flag table and the typed settings hold the same flags."""
 
 import dataclasses
 
 import pytest
 
 from tasks import settings as task_settings
-from workflow import config
-from workflow import train_flags
+from workflow.flags import config
+from workflow.flags import train_flags
 
 
 def test_each_settings_group_holds_exactly_its_flag_groups_flags():

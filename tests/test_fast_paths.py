@@ -73,10 +73,10 @@ def test_client_model_zeroes_trainables_and_keeps_other_initialisers():
 
 def test_client_model_trains_like_the_plain_model_in_a_process():
   """Weights assigned from the broadcast: FedAvg rounds are identical."""
-  from workflow import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
+  from workflow.training import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
-  from workflow import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
   process = registry.build(task, config.from_flags({
       'algorithm': 'fedavg', 'client_learning_rate': 0.1, 'local_steps': 2,
       'execution': 'per_client'}))
@@ -187,10 +187,10 @@ def test_native_profile_smoke(tmp_path):
 def test_in_place_serialization_gives_tffs_protos():
   from tensorflow_federated.python.core.impl.executors import value_serialization as vs  # pylint: disable=g-import-not-at-top
   import collections  # pylint: disable=g-import-not-at-top
-  from workflow import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
+  from workflow.training import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   task = types.SimpleNamespace(name='t', model_fn=_model_fn, keras_model_fn=_keras_model)
-  from workflow import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
   process = registry.build(task, config.from_flags({
       'algorithm': 'fedgbo', 'client_learning_rate': 0.1, 'local_steps': 2,
       'client_optimizer': 'adam', 'execution': 'per_client'}))

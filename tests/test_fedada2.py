@@ -19,10 +19,10 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at
 import train_config  # pylint: disable=g-bad-import-order
-from workflow import cli
 from workflow import errors
-from workflow import config
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import validation
+from workflow.training import cli
 from tff_adaptive.accounting import privacy
 from tff_adaptive.aggregators import dp
 from tff_adaptive.algorithms import fedada2

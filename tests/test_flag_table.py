@@ -1,4 +1,4 @@
-"""A bin/train flag is declared once: its entry in workflow/train_flags.py.
+"""A bin/train flag is declared once: its entry in workflow/flags/train_flags.py.
 
 The settings field, the value checks, the flag that names a library error
 and --help all come from the entry, so adding a flag is its entry plus the
@@ -14,13 +14,13 @@ import subprocess
 import sys
 import textwrap
 
-from workflow import train_flags
+from workflow.flags import train_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TABLE = os.path.join(ROOT, 'workflow', 'train_flags.py')
+TABLE = os.path.join(ROOT, 'workflow', 'flags', 'train_flags.py')
 # The modules made from the table: a flag named here would be a second declaration.
-DERIVED = ('workflow/config.py', 'workflow/validation.py', 'workflow/library_flags.py',
-           'workflow/flag_checks.py')
+DERIVED = ('workflow/flags/config.py', 'workflow/flags/validation.py',
+           'workflow/flags/library_flags.py', 'workflow/flags/flag_checks.py')
 
 ANCHOR = "        _f('fedprox_mu',"
 PLANTED = ("        _f('planted_strength', 0.5, 'A planted flag.', ('fedprox',),\n"
@@ -29,17 +29,18 @@ PLANTED = ("        _f('planted_strength', 0.5, 'A planted flag.', ('fedprox',),
 _PROBE = textwrap.dedent('''
     import sys
     sys.path.insert(0, {root!r})
-    import workflow
+    import workflow.flags
     source = open({table!r}, encoding='utf-8').read()
     assert source.count({anchor!r}) == 1
-    table = type(sys)('workflow.train_flags')
+    table = type(sys)('workflow.flags.train_flags')
     table.__file__ = {table!r}
-    sys.modules['workflow.train_flags'] = workflow.train_flags = table
+    sys.modules['workflow.flags.train_flags'] = workflow.flags.train_flags = table
     exec(compile(source.replace({anchor!r}, {planted!r} + {anchor!r}), {table!r}, 'exec'),
          table.__dict__)
 
     from tff_adaptive import errors as library_errors
-    from workflow import config, errors, library_flags, train_help, validation
+    from workflow import errors
+    from workflow.flags import config, library_flags, train_help, validation
     print('default', config.from_flags({{}}).algorithm.planted_strength)
     settings = config.from_flags({{'algorithm': 'fedprox', 'planted_strength': 2.0}})
     print('field', settings.algorithm.planted_strength, settings.flag_values()['planted_strength'])
@@ -83,7 +84,7 @@ def test_the_derived_modules_name_no_flag():
   for path in DERIVED:
     with open(os.path.join(ROOT, path), encoding='utf-8') as f:
       found += [f'{path}:{line}' for line in _flag_names_in(f.read(), names)]
-  assert not found, ('a flag named outside its entry (derive it from workflow/train_flags.py '
+  assert not found, ('a flag named outside its entry (derive it from workflow/flags/train_flags.py '
                      'instead):\n' + '\n'.join(found))
   # The scan sees a planted list of flags (the kind of table that used to live in validation).
   planted = "POSITIVE_FLOATS = ('client_learning_rate', 'fedprox_mu')\nx = 'fedprox'\n"

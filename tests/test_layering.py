@@ -3,6 +3,9 @@ and below bin/, settings, not bin/train's flag dict.
 
   bin/ → workflow/ → tasks/ → tff_adaptive/ (the installed library)
 
+and inside workflow/, its parts one way: flags ← training ← reporting ← reproduction,
+flags ← sweeps ← reporting (`WORKFLOW_PARTS`).
+
 Imports are read from the source with `ast` (every `import`, including those
 inside functions: a lazy import is still a dependency), resolved to first-party
 modules, and checked against the allowed edges; the module graph must have no
@@ -129,6 +132,61 @@ def test_library_order_names_every_subpackage_and_sees_an_upward_edge():
       'tff_adaptive.rounds.cohort imports tff_adaptive.algorithms.composer']
 
 
+# workflow/'s parts → the parts each may import (and the modules at workflow/'s top,
+# errors, which import no part). bin/train's flags are below everything; a run of
+# bin/train imports no sweep or report; a sweep runs bin/train as processes, so it
+# imports only the flag table.
+WORKFLOW_PARTS = {
+    'flags': set(),
+    'training': {'flags'},
+    'sweeps': {'flags'},
+    'reporting': {'flags', 'training', 'sweeps'},
+    'reproduction': {'flags', 'training', 'sweeps', 'reporting'},
+}
+
+
+def _part(module: str):
+  """workflow's part of `module` ('' for the modules at its top), or None outside workflow."""
+  parts = module.split('.')
+  if parts[0] != 'workflow' or len(parts) < 2:
+    return None
+  return parts[1] if parts[1] in WORKFLOW_PARTS else ''
+
+
+def _edges_between_workflow_parts(graph) -> list:
+  crossing = []
+  for module, targets in graph.items():
+    part = _part(module)
+    if part is None:
+      continue
+    allowed = WORKFLOW_PARTS.get(part, set()) | {part, ''}
+    for target in sorted(targets):
+      target_part = _part(target)
+      if target_part is not None and target_part not in allowed:
+        crossing.append(f'{module} imports {target}')
+  return crossing
+
+
+def test_workflow_parts_import_only_the_parts_below():
+  assert not _edges_between_workflow_parts(GRAPH), '\n'.join(_edges_between_workflow_parts(GRAPH))
+
+
+def test_workflow_parts_name_every_subpackage_and_see_a_crossing_edge():
+  parts = {m.split('.')[1] for m in GRAPH if m.startswith('workflow.') and
+           ALL_MODULES[m].endswith('__init__.py')}
+  assert parts == set(WORKFLOW_PARTS)
+  top = {m for m in GRAPH if _part(m) == ''}
+  assert top == {'workflow.errors'}, top  # a module at the top is shared by the parts
+  planted = {'workflow.training.program': {'workflow.sweeps.sweep'},
+             'workflow.flags.config': {'workflow.training.run_dir'},
+             'workflow.errors': {'workflow.flags.config'},
+             'workflow.reporting.report': {'workflow.training.program', 'workflow.errors'}}
+  assert _edges_between_workflow_parts(planted) == [
+      'workflow.training.program imports workflow.sweeps.sweep',
+      'workflow.flags.config imports workflow.training.run_dir',
+      'workflow.errors imports workflow.flags.config']
+
+
 def test_no_import_cycles():
   # A package's __init__ re-exporting its own submodules is not a cycle.
   graph = {m: {t for t in ts if not (m == t.rsplit('.', 1)[0] and ALL_MODULES[m].endswith(
@@ -150,7 +208,7 @@ def test_checker_sees_forbidden_edges_and_cycles():
 
 def test_library_modules_are_all_checked():
   assert 'tff_adaptive.algorithms.fedgbo' in GRAPH
-  assert 'workflow.program' in GRAPH and 'tasks.cifar10_lda' in GRAPH
+  assert 'workflow.training.program' in GRAPH and 'tasks.cifar10_lda' in GRAPH
   assert 'tasks.base' in GRAPH['tasks.cifar10_lda']
 
 
@@ -226,7 +284,9 @@ def test_the_probe_sees_explicit_tracking(tmp_path):
 _BEFORE_TENSORFLOW = textwrap.dedent('''
     import sys
     from tasks import registry
-    from workflow import cli, errors, experiment, train_help, validation
+    from workflow import errors
+    from workflow.flags import train_help, validation
+    from workflow.training import cli, experiment
     settings, _ = cli.config_from_args(['--algorithm=fedgbo', '--task=shakespeare_leaf',
                                         '--root_output_dir=/nonexistent/runs'])
     validation.validate(settings)
@@ -250,10 +310,28 @@ def test_flag_checks_and_registry_names_load_without_tensorflow():
   assert out.stdout.strip().splitlines()[-1] == '[]', out.stdout
 
 
+def test_the_flag_modules_load_without_tensorflow():
+  """workflow/flags/ says so: bin/train refuses a bad command before TensorFlow loads."""
+  code = textwrap.dedent('''
+      import importlib, pkgutil, sys
+      import workflow.flags
+      names = [i.name for i in pkgutil.walk_packages(workflow.flags.__path__, 'workflow.flags.')]
+      for name in names:
+          importlib.import_module(name)
+      print(len(names), sorted(m for m in ('tensorflow', 'tensorflow_federated', 'keras')
+                               if m in sys.modules))
+  ''')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert out.returncode == 0, out.stderr[-2000:]
+  count, loaded = out.stdout.strip().splitlines()[-1].split(' ', 1)
+  assert int(count) >= 11 and loaded == '[]', out.stdout
+
+
 def test_the_tensorflow_probe_can_fail():
   """Building a process does load TensorFlow: the probe above would see it."""
   code = _BEFORE_TENSORFLOW.replace('train_help.grouped_help()',
-                                    'from workflow import algorithm_builders')
+                                    'from workflow.training import algorithm_builders')
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
   assert 'tensorflow' in out.stdout.strip().splitlines()[-1], out.stdout + out.stderr[-2000:]
@@ -276,10 +354,10 @@ def test_pkgutil_walk_matches_files():
   assert names == files
 
 
-# Below the binaries, functions take `workflow.config.Settings`, one
-# of its groups or plain keyword arguments. workflow/config.py alone turns the
+# Below the binaries, functions take `workflow.flags.config.Settings`, one
+# of its groups or plain keyword arguments. workflow/flags/config.py alone turns the
 # flat {flag: value} into settings (and back, for flags.json).
-FLAG_DICT_EXEMPT = {'workflow/config.py'}
+FLAG_DICT_EXEMPT = {'workflow/flags/config.py'}
 _FLAG_DICT_TEXT = re.compile(r'(?<![\w.])cfg(\[|\.get\()')
 
 
@@ -324,7 +402,7 @@ def test_flag_dict_check_can_fail():
   ''')
   found = flag_dict_uses(planted, 'workflow/planted.py')
   assert [int(line.split(':')[1]) for line in found] == [2, 3, 3, 4, 5], found
-  assert 'workflow/config.py' in {os.path.relpath(p, ROOT) for p in ALL_MODULES.values()}
+  assert 'workflow/flags/config.py' in {os.path.relpath(p, ROOT) for p in ALL_MODULES.values()}
 
 
 def _sibling_imports(folder: str) -> dict:

@@ -5,7 +5,7 @@ message, a docstring, a piece of an f-string, a flag name kept in a variable
 for a later message) holds `--flag` text, and no code reads a flag dict
 (`cfg[...]`, `cfg.get(...)`). bin/train still names its flags: the library
 refuses an argument with a `tff_adaptive.errors.ArgumentError`, which carries
-its owner and argument, and `workflow.library_flags` names the flag whose
+its owner and argument, and `workflow.flags.library_flags` names the flag whose
 table entry feeds them. Checked here both ways (every ArgumentError the
 library makes has its flag, every row of the table is raised) and against
 the messages the library really raises.
@@ -41,9 +41,9 @@ from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.optimizers import sm3
 from tff_adaptive.rounds import cohort
 from tff_adaptive.schedules import driver as round_schedules
-from workflow import config
-from workflow import library_flags
-from workflow import train_flags
+from workflow.flags import config
+from workflow.flags import library_flags
+from workflow.flags import train_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAG_TEXT = re.compile(r'(?<![\w-])--([A-Za-z][\w-]*)')
@@ -107,7 +107,7 @@ def _scan(check):
 def test_library_messages_and_docstrings_name_no_flags():
   found = _scan(flag_texts)
   assert not found, ('the library names its arguments, not bin/train\'s flags '
-                     '(workflow.library_flags maps them):\n' + '\n'.join(found))
+                     '(workflow.flags.library_flags maps them):\n' + '\n'.join(found))
 
 
 def test_library_reads_no_flag_dict():
@@ -296,8 +296,8 @@ def test_every_argument_error_of_the_library_has_a_flag_or_a_reason():
   found = [f'{where}: ({owner!r}, {argument!r})' for where, owner, argument in made
            if argument == COMPUTED or
            not (_flag_for(owner, argument) or (owner, argument) in NO_FLAG)]
-  assert not found, ('a library ArgumentError has no flag (give the flag that sets it '
-                     '`feeds=` in workflow/train_flags.py, or add it to NO_FLAG here with why):\n'
+  assert not found, ('a library ArgumentError has no flag (give the flag that sets it `feeds=` '
+                     'in workflow/flags/train_flags.py, or add it to NO_FLAG here with why):\n'
                      + '\n'.join(found))
   assert len(made) >= 35  # the scan sees the library's argument errors
 

@@ -20,15 +20,15 @@ from tasks import base as task_base
 from tasks import common
 from tff_adaptive.personalization import client_state
 from tff_adaptive.rounds import cohort
-from workflow import personalization
-from workflow import program
+from workflow.training import personalization
+from workflow.training import program
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
-from workflow import algorithm_builders as registry
-from workflow import config
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import validation
+from workflow.training import algorithm_builders as registry
 
 D, C, B = at.D, at.C, at.B
 K = 3

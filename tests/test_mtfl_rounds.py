@@ -27,7 +27,7 @@ from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import stateful
-from workflow import program
+from workflow.training import program
 
 LR, ADAM_LR, BETA_1, BETA_2, EPS = 0.1, 0.05, 0.9, 0.99, 1e-8
 SAMPLED = [('c0', 'c1'), ('c1', 'c2', 'c3'), ('c0', 'c2')]  # c0 returns in round 3

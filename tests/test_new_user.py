@@ -21,9 +21,9 @@ import pytest
 import train_config  # pylint: disable=g-bad-import-order
 from tests import custom_task_fixture
 from tests import nan_task_fixture
-from workflow import cli
 from workflow import errors
-from workflow import data_checks
+from workflow.training import cli
+from workflow.training import data_checks
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -182,7 +182,7 @@ def test_bin_sweep_refuses_a_bad_spec_or_path_in_one_line_writing_nothing(tmp_pa
 
 
 def test_trials_of_a_relative_sweep_dir_write_where_bin_sweep_was_started(tmp_path, monkeypatch):
-  from workflow import sweep  # pylint: disable=g-import-not-at-top
+  from workflow.sweeps import sweep  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)  # not the repository, where the trials run
   trial = sweep.expand(sweep.parse_grid('total_rounds=1'), [0], {})[0]
   argv = sweep.trial_argv('runs/sw', trial, {}, ['train'])
@@ -201,7 +201,7 @@ def _flagfiles(tmp_path):
 
 def test_flagfile_cycles_are_found_and_repeated_includes_are_not(tmp_path, monkeypatch):
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from workflow import train_flags  # pylint: disable=g-import-not-at-top
+  from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
   _flagfiles(tmp_path)
   monkeypatch.chdir(tmp_path)  # absl reads included names from the working directory
   values = flags.FlagValues()

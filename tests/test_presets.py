@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from tasks import fixtures
-from workflow import config
-from workflow import presets
-from workflow import train_flags
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import presets
+from workflow.flags import train_flags
+from workflow.flags import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

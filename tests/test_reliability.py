@@ -26,11 +26,11 @@ import tensorflow as tf
 
 import train_config  # pylint: disable=g-bad-import-order
 
-from workflow import cli
 from workflow import errors
-from workflow import experiment
-from workflow import run_files
-from workflow import validation
+from workflow.flags import validation
+from workflow.training import cli
+from workflow.training import experiment
+from workflow.training import run_files
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -24,14 +24,14 @@ import pytest
 # three_rounds: a digits run of 3 rounds (checkpoints 1-3), to copy and plant links or files in.
 from test_reliability import NAME, _settings, _copy, _one_line, _rounds, _run_dir, _train
 from test_reliability import three_rounds  # pylint: disable=unused-import  (a fixture)
-from workflow import cli
 from workflow import errors
-from workflow import experiment
-from workflow import flag_checks
-from workflow import program
-from workflow import run_dir
-from workflow import run_files
-from workflow import sweep
+from workflow.flags import flag_checks
+from workflow.sweeps import sweep
+from workflow.training import cli
+from workflow.training import experiment
+from workflow.training import program
+from workflow.training import run_dir
+from workflow.training import run_files
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -258,7 +258,7 @@ def test_non_utf8_experiment_name_from_the_command_line(tmp_path):
 
 def test_binary_flagfile_is_one_line_naming_it(tmp_path):
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from workflow import train_flags  # pylint: disable=g-import-not-at-top
+  from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
   path = tmp_path / 'binary.flags'
   path.write_bytes(bytes(range(256)) * 4)
   values = flags.FlagValues()

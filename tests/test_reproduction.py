@@ -23,7 +23,7 @@ from workflow.reproduction import flops_tables
 from workflow.reproduction import paper_checks
 from workflow.reproduction import provenance
 from workflow.reproduction import render
-from workflow import stats
+from workflow.sweeps import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The seed texts and SPEC live beside the checkout (/work/shared for /work/main and

@@ -20,10 +20,10 @@ import tensorflow_federated as tff
 
 import train_config  # pylint: disable=g-bad-import-order
 
-from workflow import cli
-from workflow import config
 from workflow import errors
-from workflow import schedule_flags
+from workflow.flags import config
+from workflow.flags import schedule_flags
+from workflow.training import cli
 from tff_adaptive.schedules import core as schedules
 from tff_adaptive.schedules import driver as round_schedules
 from tff_adaptive.schedules import learning_rate

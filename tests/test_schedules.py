@@ -11,7 +11,7 @@ from tff_adaptive.accounting import runtime_model
 from tff_adaptive.schedules import core as schedules
 from tff_adaptive.schedules import local_steps
 from tff_adaptive.schedules import quadratic_toy
-from workflow import schedule_flags
+from workflow.flags import schedule_flags
 
 
 def _k_values(schedule, rounds):

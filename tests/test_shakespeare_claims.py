@@ -22,7 +22,7 @@ sys.path.insert(0, REPORTS)
 import report_runner as rr
 import shakespeare_curves as sc
 import shakespeare_verdicts as sv
-from workflow import run_files
+from workflow.training import run_files
 
 UNIFORM = math.log(sc.VOCAB_SIZE)
 RISING = lambda start: (lambda r: start + 0.002 * r)  # +4 points over 20 rounds

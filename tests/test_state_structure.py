@@ -11,10 +11,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import digits
-from workflow import program
+from workflow.training import program
 from tff_adaptive.execution import runtime
-from workflow import algorithm_builders as registry
-from workflow import config
+from workflow.flags import config
+from workflow.training import algorithm_builders as registry
 
 # (algorithm, extra flags): one client optimiser with state for each.
 CASES = [

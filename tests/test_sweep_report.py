@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from workflow import report
+from workflow.reporting import report
 from workflow.reproduction import claims
 from workflow.reproduction import communication
 from workflow.reproduction import flops_tables
 from workflow.reproduction import paper_checks
 from workflow.reproduction import provenance
-from workflow import selection
-from workflow import stats
-from workflow import sweep
-from workflow import sweep_runner
+from workflow.sweeps import selection
+from workflow.sweeps import stats
+from workflow.sweeps import sweep
+from workflow.sweeps import sweep_runner
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -23,10 +23,10 @@ from absl import flags
 
 from tasks import fixtures
 from tasks import registry
-from workflow import cli
-from workflow import config
-from workflow import train_flags
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import train_flags
+from workflow.flags import validation
+from workflow.training import cli
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

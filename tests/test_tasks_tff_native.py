@@ -21,7 +21,7 @@ from tasks import registry
 from tasks.settings import TaskSettings
 from tasks import tff_files
 from tasks import tff_native
-from workflow import program
+from workflow.training import program
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

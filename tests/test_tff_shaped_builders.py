@@ -28,7 +28,7 @@ from tff_adaptive.optimizers import biased
 from tff_adaptive.optimizers import paper_fedopt
 from tff_adaptive.optimizers import sm3
 from tff_adaptive.rounds import layout
-from workflow import run_files
+from workflow.training import run_files
 
 K = 3
 LR = 0.05

@@ -21,10 +21,10 @@ import pytest
 
 import train_config  # pylint: disable=g-bad-import-order
 
-from workflow import cli
 from workflow import errors
-from workflow import config
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import validation
+from workflow.training import cli
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -18,21 +18,21 @@ import numpy as np
 import pytest
 
 from tasks import fixtures
-from workflow import algorithm_builders
-from workflow import algorithms
-from workflow import cli
 from workflow import errors
-from workflow import config
-from workflow import experiment
-from workflow import plotting
-from workflow import report
-from workflow import selection
-from workflow import sweep
-from workflow import sweep_runner
-from workflow import tensorboard_hparams
-from workflow import train_flags
-from workflow import train_help
-from workflow import validation
+from workflow.flags import algorithms
+from workflow.flags import config
+from workflow.flags import train_flags
+from workflow.flags import train_help
+from workflow.flags import validation
+from workflow.reporting import plotting
+from workflow.reporting import report
+from workflow.sweeps import selection
+from workflow.sweeps import sweep
+from workflow.sweeps import sweep_runner
+from workflow.training import algorithm_builders
+from workflow.training import cli
+from workflow.training import experiment
+from workflow.training import tensorboard_hparams
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -27,9 +27,9 @@ from tasks import registry
 from tasks.settings import TaskSettings
 from tasks import vit_fixtures
 from tasks import vit_tasks
-from workflow import config
-from workflow import train_flags
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import train_flags
+from workflow.flags import validation
 
 # Trains, builds TFF processes or starts subprocesses: not in `make test-fast`.
 pytestmark = pytest.mark.slow

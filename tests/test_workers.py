@@ -25,9 +25,9 @@ import processes  # pylint: disable=g-bad-import-order
 import train_config  # pylint: disable=g-bad-import-order
 
 from tasks import digits
-from workflow import cli
 from workflow import errors
-from workflow import program
+from workflow.training import cli
+from workflow.training import program
 from tff_adaptive.execution import data_on_workers
 from tff_adaptive.execution import remote_context
 from tff_adaptive.execution import runtime

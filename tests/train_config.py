@@ -24,9 +24,9 @@ import signal
 import subprocess
 import sys
 
-from workflow import cli
-from workflow import config
 from workflow import errors
+from workflow.flags import config
+from workflow.training import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

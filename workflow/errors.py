@@ -1,6 +1,6 @@
 """What stops a run of bin/train: each error says what to print and the exit status.
 
-`workflow.cli.run_training` raises them; only bin/train exits (`report`
+`workflow.training.cli.run_training` raises them; only bin/train exits (`report`
 prints the lines and returns the status). Tests and scripts that run
 in-process catch them.
 """

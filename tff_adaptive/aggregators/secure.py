@@ -6,7 +6,7 @@ all clients reveals. That protection is the point of the aggregator, and a
 compiled cohort program sums its clients in one process, so it has no program
 form: a round with it runs per client (`per_client_reason`). TFF's native C++
 context cannot run the secure sum either; bin/train runs it on TFF's test
-context (`workflow.algorithms.needs_secure_context`).
+context (`workflow.flags.algorithms.needs_secure_context`).
 """
 
 import tensorflow_federated as tff

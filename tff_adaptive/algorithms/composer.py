@@ -52,7 +52,7 @@ TFF's C++ executor (docs/performance.md). Only the containers are TFF's.
 Like TFF's, the state keeps no round counter (the training loop counts). The
 layout before TFF's (an OrderedDict of global_model_weights, stats,
 aggregator, hparams, round_num) has one leaf more than this one, so a
-checkpoint written with it is refused by `workflow.program` in one line
+checkpoint written with it is refused by `workflow.training.program` in one line
 (`IncompatibleCheckpoint`), never loaded leaf by leaf into the wrong places.
 
 Optionally (`measure_client_drift`), each round also reports client drift,

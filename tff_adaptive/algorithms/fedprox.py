@@ -23,7 +23,7 @@ learning rate is replaced by the round's η (`state.client_work
 
 The state has the composer's layout (`composer.py`); a checkpoint written by
 the former wrapper of TFF's builder (TFF's FedProx state layout) does not
-load: `workflow.program` refuses it in one line (`IncompatibleCheckpoint`).
+load: `workflow.training.program` refuses it in one line (`IncompatibleCheckpoint`).
 """
 
 import collections

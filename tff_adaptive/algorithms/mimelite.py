@@ -25,7 +25,7 @@ The state has the composer's layout (`composer.py`): the base optimiser
 state is `state.finalizer['base']`, the server optimiser's
 `state.finalizer['server']`, η is `state.client_work['learning_rate']`. A
 checkpoint written by the former wrapper of TFF's builder (TFF's Mime state
-layout) does not load: `workflow.program` refuses it in one line
+layout) does not load: `workflow.training.program` refuses it in one line
 (`IncompatibleCheckpoint`).
 """
 

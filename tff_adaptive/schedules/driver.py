@@ -36,7 +36,7 @@ round for two scalars.
 training, so an impossible combination is a `ScheduleError` naming the
 schedule (`local_steps`, `client_lr`, `server_lr`) before training, not a
 failure at round 1. Building the schedules from bin/train's flags is
-`workflow/schedule_flags.py`'s.
+`workflow/flags/schedule_flags.py`'s.
 
 After the round, feedback-driven schedules observe what they need: the mean
 loss that the sampled clients report on their FIRST local minibatch

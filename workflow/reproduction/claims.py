@@ -16,8 +16,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from workflow import report
-from workflow import stats
+from workflow.reporting import report
+from workflow.sweeps import stats
 
 @dataclasses.dataclass(frozen=True)
 class Claim:

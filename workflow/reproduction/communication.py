@@ -63,11 +63,11 @@ def measure_process_costs(
     progress: Callable[[str], None] = lambda m: None) -> dict[str, ProcessCost]:
   """One round of each process on `digits` (MLP, IID, 2 clients); its cost metrics."""
   from tasks import digits  # pylint: disable=g-import-not-at-top
-  from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow.training import program  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.rounds import layout  # pylint: disable=g-import-not-at-top
-  from workflow import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
-  from workflow import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
+  from workflow.training import algorithm_builders as registry  # pylint: disable=g-import-not-at-top
   runtime.use_local_cpp_context()
   task = digits.create_task(partition='iid', num_clients=4, model='mlp', batch_size=10)
   num_params = int(sum(int(w.shape.num_elements())

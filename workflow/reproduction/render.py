@@ -15,14 +15,14 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Optional
 
-from workflow import report
-from workflow import selection
-from workflow import sweep
+from workflow.reporting import report
 from workflow.reproduction import claims
 from workflow.reproduction import communication
 from workflow.reproduction import flops_tables
 from workflow.reproduction import paper_checks
 from workflow.reproduction import provenance as prov
+from workflow.sweeps import selection
+from workflow.sweeps import sweep
 
 SWEEP_DATA = 'reports/reproduction_sweep.json'
 SWEEP_HEADING = '## 2. Qualitative findings on the offline task'
@@ -165,7 +165,7 @@ ELSEWHERE = [
     '- The qualitative sweep covers `digits` only, not `synthetic` (`reports/'
     'algorithms.md` and `reports/fedada2.md` have single-seed `synthetic` runs).',
     '- The papers\' own runs need their datasets: `bin/train.py --preset=<paper>:<task>` '
-    '(`workflow/presets.py`, the rows of `docs/tasks.md`) sets each published '
+    '(`workflow/flags/presets.py`, the rows of `docs/tasks.md`) sets each published '
     'setting, e.g. `--preset=fedgbo:femnist --data_dir=...`.', '']
 
 

@@ -3,7 +3,7 @@
 `prepare_output_dir` is what bin/train does to its run directory before the
 first round: the flags of an existing run must match (`RESUMABLE_CHANGES`
 aside), the directory must be writable and confined to --root_output_dir
-(workflow/run_dir.py), and it is locked for the life of the process.
+(workflow/training/run_dir.py), and it is locked for the life of the process.
 """
 
 import errno
@@ -13,10 +13,10 @@ import os
 import sys
 from typing import Any
 
-from workflow import config
 from workflow import errors
-from workflow import schedule_flags
-from workflow import train_flags
+from workflow.flags import config
+from workflow.flags import schedule_flags
+from workflow.flags import train_flags
 
 # Flags whose change does not alter the computation: allowed on resume.
 RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'first_eval_round',
@@ -50,9 +50,9 @@ def run_settings(settings: config.Settings) -> dict[str, Any]:
   """{flag: value} of the settings that change the computation and differ from their defaults.
 
   A flag's default is the algorithm's default where it has one
-  (`workflow.algorithms`), else bin/train's. Sorted by flag name.
+  (`workflow.flags.algorithms`), else bin/train's. Sorted by flag name.
   """
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top  (imports TFF)
+  from workflow.flags import algorithms  # pylint: disable=g-import-not-at-top  (imports TFF)
   # A run's name lists flags by name, whatever their group: the flat view.
   values = settings.flag_values()
   defaults = {**train_flags.DEFAULTS, **algorithms.algorithm_defaults(settings)}
@@ -103,9 +103,9 @@ def check_output_paths(settings: config.Settings) -> None:
   """Where the run will write: inside --root_output_dir, no links, entries of the right kind.
 
   A machine's state, so not in `validate`; checked before anything is written
-  (workflow/run_dir.py says why).
+  (workflow/training/run_dir.py says why).
   """
-  from workflow import run_dir  # pylint: disable=g-import-not-at-top
+  from workflow.training import run_dir  # pylint: disable=g-import-not-at-top
   root, out = settings.loop.root_output_dir, experiment_dir(settings)
   state_dir = settings.personalized.client_state_dir
   try:
@@ -151,7 +151,7 @@ def lock_run_dir(out: str) -> None:
   """
   if out in _held_locks:
     return
-  from workflow import run_dir  # pylint: disable=g-import-not-at-top
+  from workflow.training import run_dir  # pylint: disable=g-import-not-at-top
   path = os.path.join(out, LOCK_NAME)
   try:
     fd = run_dir.open_file(path, os.O_RDWR | os.O_CREAT)
@@ -262,7 +262,7 @@ def prepare_output_dir(settings: config.Settings) -> str:
   Nothing is written before the checks pass (bar the lock file of an existing
   directory). The lock is held until the process ends (or `unlock_run_dir`).
   """
-  from workflow import run_dir  # pylint: disable=g-import-not-at-top
+  from workflow.training import run_dir  # pylint: disable=g-import-not-at-top
   out = experiment_dir(settings)
   root = settings.loop.root_output_dir
   flags_path = os.path.join(out, 'flags.json')

@@ -1,7 +1,7 @@
 """The learning process of the typed settings (`build`), and each algorithm's builder.
 
 `build(task, settings)` builds the process of `settings.server.algorithm`:
-its registry entry (workflow/algorithms.py, which loads without TensorFlow)
+its registry entry (workflow/flags/algorithms.py, which loads without TensorFlow)
 names one function here, (task, settings, **round options) -> learning
 process. The round options (`measure_client_drift`, `execution`:
 `composer.RoundOptions` fields) come from `build`, which has already refused
@@ -47,9 +47,9 @@ from tff_adaptive.algorithms import scaffold
 from tff_adaptive.execution import worker_process
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.rounds import cohort
-from workflow import algorithms
-from workflow import config
-from workflow import library_flags
+from workflow.flags import algorithms
+from workflow.flags import config
+from workflow.flags import library_flags
 
 # (task, settings, **round options) -> learning process.
 Builder = Callable[..., tff.learning.templates.LearningProcess]

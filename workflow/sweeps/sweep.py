@@ -27,8 +27,8 @@ and seed only, so it is stable across reruns and extended grids. A trial is
 *finished* when its metrics.csv holds the final round. `<sweep_dir>/sweep.json`
 (the manifest) lists the sweep's trials for bin/report.
 
-Running the trials: `workflow.sweep_runner`; scoring and selecting
-configurations: `workflow.selection`.
+Running the trials: `workflow.sweeps.sweep_runner`; scoring and selecting
+configurations: `workflow.sweeps.selection`.
 """
 
 import csv
@@ -75,7 +75,7 @@ class Group:
 
 def _known_flags() -> Optional[frozenset]:
   try:
-    from workflow import train_flags  # pylint: disable=g-import-not-at-top
+    from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
   except ImportError:  # pragma: no cover - absl missing
     return None
   return frozenset(train_flags.TRAIN_FLAG_NAMES)
@@ -89,7 +89,7 @@ def _check_value(name: str, value: str, where: str) -> None:
   global _PARSERS
   if _PARSERS is None:
     from absl import flags  # pylint: disable=g-import-not-at-top
-    from workflow import train_flags  # pylint: disable=g-import-not-at-top
+    from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
     values = flags.FlagValues()
     train_flags.define_flags(values)
     _PARSERS = {n: values[n].parser for n in values}

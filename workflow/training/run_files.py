@@ -5,7 +5,7 @@ damaged ones set aside); `MetricsFile` and `trim_tensorboard` keep the
 metrics consistent with it, so a crash, Ctrl-C or full disk loses no more than
 the rounds since the last intact checkpoint and never duplicates a round.
 docs/reliability.md lists what is guaranteed and each failure's message.
-The training loop (workflow/program.py) uses them.
+The training loop (workflow/training/program.py) uses them.
 """
 
 import csv
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from workflow import run_dir
+from workflow.training import run_dir
 
 
 class IncompatibleCheckpoint(ValueError):

@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from workflow import stats
-from workflow import sweep
+from workflow.sweeps import stats
+from workflow.sweeps import sweep
 
 
 def read_columns(metrics_csv: str) -> dict[str, list[float]]:

@@ -11,7 +11,7 @@ settings beside their final `eval/*` and `train/*` metrics.
 import os
 from typing import Any
 
-from workflow import config
+from workflow.flags import config
 
 # Where the run writes and how it is executed: not hyperparameters.
 NOT_HPARAMS = frozenset({'root_output_dir', 'experiment_name', 'data_dir', 'client_state_dir',

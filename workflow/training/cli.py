@@ -5,8 +5,8 @@ Kept out of the binary so that tests (and users' own scripts) can call
 settings of `config_from_args([...])`. It returns the result or
 raises a `workflow.errors.RunError` (a usage error, a failed run, a stop by
 signal) that says what to print and with which status to exit; only bin/train
-exits. The flag checks are workflow/validation.py's, the run's name and
-directory workflow/experiment.py's.
+exits. The flag checks are workflow/flags/validation.py's, the run's name and
+directory workflow/training/experiment.py's.
 """
 
 import contextlib
@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from absl import flags
 from absl import logging
 
-from workflow import config
 from workflow import errors
-from workflow import experiment
-from workflow import flagfiles
-from workflow import library_flags
-from workflow import train_flags
-from workflow import validation
+from workflow.flags import config
+from workflow.flags import flagfiles
+from workflow.flags import library_flags
+from workflow.flags import train_flags
+from workflow.flags import validation
+from workflow.training import experiment
 
 
 HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
@@ -73,13 +73,13 @@ def resolve_flags(flag_values: flags.FlagValues) -> tuple[config.Settings, list[
   """The settings of parsed bin/train flags: --preset, then the algorithm's defaults.
 
   Flags given on the command line win over the preset, and both over the
-  algorithm's defaults (`workflow.algorithms.AlgorithmEntry.defaults`).
+  algorithm's defaults (`workflow.flags.algorithms.AlgorithmEntry.defaults`).
   Returns (settings, notes): what the preset and the defaults set, one line
   each, for `run_training` to print once the settings are known to be valid.
   Raises UsageError for an unknown preset.
   """
-  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
-  from workflow import presets  # pylint: disable=g-import-not-at-top
+  from workflow.flags import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow.flags import presets  # pylint: disable=g-import-not-at-top
   explicit = train_flags.explicit_flags(flag_values)
   notes = []
   if flag_values['preset'].value:
@@ -128,7 +128,7 @@ def check_settings(settings: config.Settings) -> None:
 def _round_schedules(settings: config.Settings, task, process):
   """The K/η/η_s schedule driver; UsageError (naming the flag) if `process` cannot follow it."""
   from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
-  from workflow import schedule_flags  # pylint: disable=g-import-not-at-top
+  from workflow.flags import schedule_flags  # pylint: disable=g-import-not-at-top
   driver = schedule_flags.from_settings(settings)
   try:
     driver.check_process(process, data_on_workers=settings.execution.data_on_workers)
@@ -190,7 +190,7 @@ _received: list = []
 
 def _raise_interrupted(signum, frame):
   del frame
-  from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow.training import program  # pylint: disable=g-import-not-at-top
   _received.append(signum)
   raise program.Interrupted(signum)
 
@@ -248,7 +248,7 @@ def _raise_if_signalled() -> None:
   """Stops the run if a signal came whose Interrupted was swallowed (after the build,
   after each round)."""
   if _received:
-    from workflow import program  # pylint: disable=g-import-not-at-top
+    from workflow.training import program  # pylint: disable=g-import-not-at-top
     raise program.Interrupted(_received[0])
 
 
@@ -268,7 +268,7 @@ def _stopped(signum: int, out, progress) -> errors.Stopped:
   asyncio_log = std_logging.getLogger('asyncio')
   if _drop_abandoned_tasks not in asyncio_log.filters:
     asyncio_log.addFilter(_drop_abandoned_tasks)
-  from workflow import run_files  # pylint: disable=g-import-not-at-top
+  from workflow.training import run_files  # pylint: disable=g-import-not-at-top
   if out is not None:
     run_files.remove_partial_checkpoints(os.path.join(out, 'checkpoints'))
     # The checkpoints on disk, not what the loop last noted: the signal may
@@ -303,7 +303,7 @@ def run_training(settings: config.Settings, notes=()):
   # disarmed even when the command is refused (tff_adaptive.execution.runtime).
   runtime.track_tff_workers()
   check_settings(settings)
-  from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow.training import program  # pylint: disable=g-import-not-at-top
   previous_handlers = install_signal_handlers()
   state = {'out': None, 'progress': None}
   stopped = False
@@ -349,8 +349,8 @@ def _build(settings: config.Settings, status: dict):
   """
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from workflow import algorithm_builders  # pylint: disable=g-import-not-at-top
-  from workflow import personalization  # pylint: disable=g-import-not-at-top
+  from workflow.training import algorithm_builders  # pylint: disable=g-import-not-at-top
+  from workflow.training import personalization  # pylint: disable=g-import-not-at-top
   run_dir = experiment.experiment_dir(settings)
   try:
     task = task_registry.create_task(
@@ -368,7 +368,7 @@ def _build(settings: config.Settings, status: dict):
     out = experiment.prepare_output_dir(settings)
     status['out'] = out
     if fresh:  # the run's settings in TensorBoard's HParams table (once per run)
-      from workflow import tensorboard_hparams  # pylint: disable=g-import-not-at-top
+      from workflow.training import tensorboard_hparams  # pylint: disable=g-import-not-at-top
       tensorboard_hparams.write_hparams(out, settings)
     runtime.set_worker_log_dir(out)  # worker.log beside the run's other files
     # Personalised algorithms: noisy clients, the per-client state store
@@ -400,7 +400,7 @@ def _data_on_workers(settings: config.Settings, task, process):
 
 
 def _loop_config(settings: config.Settings, out: str, schedules, client_state, line: str):
-  from workflow import program  # pylint: disable=g-import-not-at-top
+  from workflow.training import program  # pylint: disable=g-import-not-at-top
   loop, reliability = settings.loop, settings.reliability
   return program.LoopConfig(
       total_rounds=loop.total_rounds, clients_per_round=settings.client.clients_per_round,
@@ -415,12 +415,12 @@ def _loop_config(settings: config.Settings, out: str, schedules, client_state, l
 
 
 def _run_training(settings: config.Settings, status: dict, notes=()):
-  from workflow import divergence  # pylint: disable=g-import-not-at-top
-  from workflow import program  # pylint: disable=g-import-not-at-top
-  from workflow import run_files  # pylint: disable=g-import-not-at-top
+  from workflow.training import divergence  # pylint: disable=g-import-not-at-top
+  from workflow.training import program  # pylint: disable=g-import-not-at-top
+  from workflow.training import run_files  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
-  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow.flags import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
   addresses = _connect_workers(settings.execution)
   # Before building: TFF logs at INFO while it wraps Keras models, which would
   # bury the one-line error of a flag that only the built process can refute.

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Optional
 
 from tff_adaptive.execution import parent_death
-from workflow import sweep
+from workflow.sweeps import sweep
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_PY = os.path.join(REPO_ROOT, 'bin', 'train.py')
 
 

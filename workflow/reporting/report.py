@@ -2,8 +2,8 @@
 
 What the papers report, computed from bin/train's metrics.csv files:
   * a score per configuration, mean ± 95% Student-t CI over seeds
-    (FedGBO paper Table 6.4; `workflow.stats`), with the selection rule of
-    `workflow.sweep` picking each group's best hyperparameters;
+    (FedGBO paper Table 6.4; `workflow.sweeps.stats`), with the selection rule of
+    `workflow.sweeps.sweep` picking each group's best hyperparameters;
   * the rounds, uploaded bits, client FLOPs and simulated minutes needed to
     reach a target metric (FedGBO paper Table 6.4's right half; thesis Tables
     3.1-3.3 "rounds required to reach target test accuracies"; thesis ch. 5's
@@ -29,10 +29,10 @@ from typing import Optional
 
 import numpy as np
 
-from workflow import plotting
-from workflow import selection
-from workflow import stats
-from workflow import sweep
+from workflow.reporting import plotting
+from workflow.sweeps import selection
+from workflow.sweeps import stats
+from workflow.sweeps import sweep
 
 import matplotlib  # pylint: disable=g-bad-import-order
 matplotlib.use('Agg')

@@ -1,23 +1,23 @@
-"""bin/train's --help: the flag table (`workflow/train_flags.py`) with what the
+"""bin/train's --help: the flag table (`workflow/flags/train_flags.py`) with what the
 algorithm registry says about each flag (its readers, per-algorithm values and
 defaults).
 
 Apart from the table so that the table imports no registry: the registry reads
-the typed settings (`workflow/config.py`), which are built from the table.
+the typed settings (`workflow/flags/config.py`), which are built from the table.
 """
 
 import textwrap
 from collections.abc import Mapping
 from typing import Any
 
-from workflow import train_flags
-from workflow.train_flags import GROUPS, Flag, Having
+from workflow.flags import train_flags
+from workflow.flags.train_flags import GROUPS, Flag, Having
 
 
 def readers(f: Flag) -> tuple[str, ...]:
   """The algorithms that read flag `f` (empty: every algorithm)."""
   if isinstance(f.algorithms, Having):
-    from workflow import algorithms  # pylint: disable=g-import-not-at-top
+    from workflow.flags import algorithms  # pylint: disable=g-import-not-at-top
     return algorithms.having(f.algorithms.feature)
   return f.algorithms
 
@@ -28,7 +28,7 @@ def _readers(f: Flag) -> str:
 
 def _algorithm_notes(name: str) -> list[str]:
   """Per-algorithm values and defaults of `name`, from the algorithm registry."""
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  from workflow.flags import algorithms  # pylint: disable=g-import-not-at-top
   notes = []
   if name == 'algorithm':
     notes.append('values: ' + ' | '.join(algorithms.ALGORITHMS))

@@ -2,7 +2,7 @@
 
 A `Check` says what a value must be and, when it is not, the one line
 bin/train prints: `--<flag> must be <wording>; got <value>`.
-`workflow.validation` runs every entry's checks, in the table's order; the
+`workflow.flags.validation` runs every entry's checks, in the table's order; the
 rules that relate several flags are its own. Plain Python: bin/train refuses
 a bad value before it imports TensorFlow.
 """

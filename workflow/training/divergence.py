@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from workflow import data_checks
-from workflow import run_files
+from workflow.training import data_checks
+from workflow.training import run_files
 
 _ADVICE = 'try a smaller --client_learning_rate or --server_learning_rate'
 

@@ -4,7 +4,7 @@ Program state (the learning process state, the round number and the running
 totals) goes through `tff.program.FileProgramStateManager`; metrics go through
 `tff.program.CSVFileReleaseManager` and `TensorBoardReleaseManager`. A rerun
 into the same directory resumes from the latest saved state that loads
-(workflow/run_files.py's `recover`: damaged checkpoints are set aside, partial
+(workflow/training/run_files.py's `recover`: damaged checkpoints are set aside, partial
 ones removed); rows of
 metrics.csv and TensorBoard events of rounds after that state are dropped, so a
 crash, Ctrl-C or full disk loses no more than the rounds since the last intact
@@ -32,10 +32,10 @@ import tqdm
 from tasks import base as task_base
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import layout
-from workflow import cohort_feed
-from workflow import divergence
-from workflow import run_files
-from workflow import train_flags
+from workflow.flags import train_flags
+from workflow.training import cohort_feed
+from workflow.training import divergence
+from workflow.training import run_files
 
 
 class WriteFailed(RuntimeError):
@@ -87,10 +87,10 @@ class LoopConfig:
   # long (with show_progress; 0: never): a long round shows it is alive.
   heartbeat_seconds: float = 10.0
   # Called after each round; raises to stop the run (bin/train: a signal whose
-  # exception the interpreter swallowed, workflow/cli.py).
+  # exception the interpreter swallowed, workflow/training/cli.py).
   after_round: Optional[Callable[[], None]] = None
   # Printed when the rounds start (with show_progress): how they run
-  # (workflow.algorithm_builders.execution_line), after every check that may
+  # (workflow.training.algorithm_builders.execution_line), after every check that may
   # still refuse the command in one line.
   execution_line: str = ''
   # Filled in as the run goes (for messages after an interruption).

@@ -45,9 +45,9 @@ import tensorflow_federated as tff
 
 from tasks import base as task_base
 from tff_adaptive.personalization import client_state
-from workflow import algorithms
-from workflow import config
-from workflow import program
+from workflow.flags import algorithms
+from workflow.flags import config
+from workflow.training import program
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import stateful

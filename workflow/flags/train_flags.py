@@ -3,11 +3,11 @@
 One table (`GROUPS`) defines every flag of bin/train: its name, kind, default,
 help, group, readers, checks and the library arguments it sets (`Flag`).
 Everything else about flags is derived from it: the typed settings
-(`workflow.config`, a field per flag), the value checks
-(`workflow.validation`), library errors told in flag words
-(`workflow.library_flags`, through `ARGUMENT_FLAGS`), --help and flags.json.
+(`workflow.flags.config`, a field per flag), the value checks
+(`workflow.flags.validation`), library errors told in flag words
+(`workflow.flags.library_flags`, through `ARGUMENT_FLAGS`), --help and flags.json.
 Adding a flag is its entry here plus the code that uses its value (e.g. the
-builder in workflow/algorithm_builders.py that passes it to the library).
+builder in workflow/training/algorithm_builders.py that passes it to the library).
 
 `define_flags()` turns the table into absl flags whose "module" is the group,
 so `bin/train.py --helpfull` lists them group by group;
@@ -28,15 +28,15 @@ from absl import flags
 
 from tasks import settings as task_settings
 from tff_adaptive.algorithms import names as library_names
-from workflow import flag_checks
-from workflow import schedule_flags
+from workflow.flags import flag_checks
+from workflow.flags import schedule_flags
 
 
 @dataclasses.dataclass(frozen=True)
 class Having:
   """The readers of a flag: the algorithms whose registry entry has `feature`.
 
-  `feature` is a key of `workflow.algorithms.FEATURES`, resolved into names by
+  `feature` is a key of `workflow.flags.algorithms.FEATURES`, resolved into names by
   --help (`readers`); absl's --helpfull, defined without importing the
   registry (which imports TFF: bin/sweep defines these flags to parse values),
   says `who` instead.
@@ -62,20 +62,20 @@ class Flag:
   """One bin/train flag: everything about it that is not the code that uses its value.
 
   Attributes:
-    name: the flag name (without --); also its field in `workflow.config.Settings`.
+    name: the flag name (without --); also its field in `workflow.flags.config.Settings`.
     kind: 'string' | 'enum' | 'integer' | 'float' | 'bool'.
     default: the default (before any algorithm default).
     help: one-paragraph description.
     values: an enum's allowed values.
     algorithms: the algorithms that read the flag (names, or `Having` a
       feature of their registry entries); empty: every algorithm.
-    checks: what a value must be (`workflow.flag_checks`), checked in order by
-      `workflow.validation` before anything is built.
+    checks: what a value must be (`workflow.flags.flag_checks`), checked in order by
+      `workflow.flags.validation` before anything is built.
     feeds: the library arguments the flag sets, as (owner, argument) of the
       `tff_adaptive.errors.ArgumentError` that refuses them; owner None: that
       argument of any owner; argument None: the owner's refusal as a whole.
       A refusal of one of them is told in the flag's words
-      (`workflow.library_flags`).
+      (`workflow.flags.library_flags`).
   """
   name: str
   kind: str
@@ -327,7 +327,7 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'model size per client per round (simulation only, not counted in cost/ bits).',
            _DRIFT),
     ]),
-    ('preset', 'Paper presets (workflow/presets.py)', [
+    ('preset', 'Paper presets (workflow/flags/presets.py)', [
         _s('preset', '', 'Set a paper\'s published settings, <paper>:<task> (e.g. '
            'fedgbo:femnist, fedopt:emnist_character, decayk:femnist). Flags given on the command '
            'line win; --data_dir is never set by a preset.'),

@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-from workflow import experiment
+from workflow.training import experiment
 
 # metrics.csv column (exact) -> words with units.
 EXACT_LABELS = {
@@ -129,9 +129,9 @@ def describe_runs(flag_sets: Sequence[Optional[Mapping[str, Any]]]
   Shared: equal in every run and not a default. Own: differing between runs,
   unless every run has its own default (FedAdam's server lr beside FedAvg's).
   """
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top
-  from workflow import config  # pylint: disable=g-import-not-at-top
-  from workflow import train_flags  # pylint: disable=g-import-not-at-top
+  from workflow.flags import algorithms  # pylint: disable=g-import-not-at-top
+  from workflow.flags import config  # pylint: disable=g-import-not-at-top
+  from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
   known = [f for f in flag_sets if f is not None]
   if not known:
     return {}, [{} for _ in flag_sets]

@@ -4,7 +4,7 @@
 each flag's own checks first (its table entry's `checks`, in table order),
 then the rules that relate flags, one function per settings group. What the
 chosen algorithm supports is its registry entry's to check
-(`workflow.algorithms.check`). `check_task_counts` runs once the task is built.
+(`workflow.flags.algorithms.check`). `check_task_counts` runs once the task is built.
 """
 
 import math
@@ -13,17 +13,17 @@ from typing import Any
 
 from tasks.settings import TaskSettings
 from tff_adaptive.algorithms import names as library_names
-from workflow import config
 from workflow import errors
-from workflow import library_flags
-from workflow import schedule_flags
-from workflow import train_flags
+from workflow.flags import config
+from workflow.flags import library_flags
+from workflow.flags import schedule_flags
+from workflow.flags import train_flags
 
 
 def validate(settings: config.Settings) -> None:
   """Raises UsageError naming the first bad flag."""
   _check_task_name(settings.task)
-  from workflow import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
+  from workflow.flags import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
   try:
     algorithm_registry.check_known(settings.server.algorithm)
   except algorithm_registry.ConfigError as e:
@@ -46,7 +46,7 @@ def validate(settings: config.Settings) -> None:
 
 def check_personalized(settings: config.Settings) -> None:
   """Noisy clients and the client-state flags against the algorithm's entry."""
-  from workflow import algorithms  # pylint: disable=g-import-not-at-top
+  from workflow.flags import algorithms  # pylint: disable=g-import-not-at-top
   personalized, algorithm = settings.personalized, settings.server.algorithm
   fraction = personalized.noisy_client_fraction or 0.0
   with_ua = algorithms.having('personalized')

@@ -3,7 +3,7 @@
 The binary (or a test, or a script) turns its flag values into a `Settings`
 here, once; everything below receives a `Settings`, one of its groups, or
 plain keyword arguments, never the flag dict. The groups are the flag table's
-(`workflow/train_flags.py:GROUPS`: names, kinds, defaults and help live there
+(`workflow/flags/train_flags.py:GROUPS`: names, kinds, defaults and help live there
 only) and their classes are made from it, a field per flag with its flag's
 name: a new flag's entry is its field, and a message about a field names the
 flag (`--client_learning_rate`) with no table in between. The task group is
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from tasks.settings import TaskSettings
-from workflow import train_flags
+from workflow.flags import train_flags
 
 
 _TYPES = {'string': str, 'enum': str, 'integer': int, 'float': float, 'bool': bool}
@@ -101,7 +101,7 @@ def from_flags(values: Mapping[str, Any]) -> Settings:
   """The settings of {flag: value} (bin/train's flag names); absent flags take their defaults.
 
   Only names and grouping are checked here (TypeError naming an unknown flag);
-  values are checked by `workflow.validation.validate(settings)`.
+  values are checked by `workflow.flags.validation.validate(settings)`.
   """
   unknown = sorted(set(values) - set(train_flags.TRAIN_FLAG_NAMES))
   if unknown:

@@ -6,7 +6,7 @@
 library's schedules (`tff_adaptive.schedules`); every ValueError they raise
 names the flag to fix. The library itself speaks in parameters: the driver's
 `ScheduleError`s name `RoundSchedules`' arguments (`local_steps`, `client_lr`,
-`server_lr`), and `workflow.library_flags` names the flags whose table
+`server_lr`), and `workflow.flags.library_flags` names the flags whose table
 entries feed them.
 """
 
@@ -232,7 +232,7 @@ def _lr_schedule(name: str, base: float, decay_rate: Optional[float], steps: int
                                       quantity=core.LEARNING_RATE)
 
 
-# `settings` below is a `workflow.config.Settings`, not imported: workflow.config
+# `settings` below is a `workflow.flags.config.Settings`, not imported: workflow.flags.config
 # reads the flag table (train_flags), which imports this module.
 def from_settings(settings) -> round_schedules.RoundSchedules:
   """Builds the driver from bin/train's settings; ValueError names the bad flag."""

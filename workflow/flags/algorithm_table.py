@@ -1,14 +1,14 @@
 """The README's table of what each algorithm supports, generated from the registry.
 
-`markdown()` renders `workflow.algorithms.ALGORITHMS`; README.md holds its
+`markdown()` renders `workflow.flags.algorithms.ALGORITHMS`; README.md holds its
 output between `BEGIN` and `END` (bin/algorithm_table.py --write puts it
 there, tests/test_algorithm_registry.py fails when the two differ), so the
 table cannot drift from what bin/train validates.
 """
 
-from workflow import algorithms
+from workflow.flags import algorithms
 
-BEGIN = ('<!-- BEGIN algorithm-table: generated from workflow/algorithms.py by '
+BEGIN = ('<!-- BEGIN algorithm-table: generated from workflow/flags/algorithms.py by '
          'bin/algorithm_table.py --write; do not edit -->')
 END = '<!-- END algorithm-table -->'
 COLUMNS = ('`--algorithm`', 'in one line', '`--client_optimizer`', 'needs `--local_steps`',

@@ -13,11 +13,11 @@ import contextlib
 from typing import TYPE_CHECKING, Optional
 
 from tff_adaptive import errors as library_errors
-from workflow import algorithms
-from workflow import train_flags
+from workflow.flags import algorithms
+from workflow.flags import train_flags
 
 if TYPE_CHECKING:  # cli imports this module before it may import TensorFlow
-  from workflow import config
+  from workflow.flags import config
 
 
 def _flag(owner: str, argument: Optional[str]) -> Optional[str]:

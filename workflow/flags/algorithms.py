@@ -4,11 +4,11 @@
 client optimisers, whether it needs K, takes the aggregation flags, compresses
 its uploads, is personalised, keeps client state, measures client drift, runs
 as a cohort, and its defaults. Validation (`check`), bin/train's --help
-(`having`) and the README's table (workflow/algorithm_table.py) are derived
+(`having`) and the README's table (workflow/flags/algorithm_table.py) are derived
 from the entries. The algorithm itself lives in its own module of
 tff_adaptive/algorithms/; each entry names the function of
-workflow/algorithm_builders.py that turns the typed settings
-(`workflow.config.Settings`) into its builder's arguments, and
+workflow/training/algorithm_builders.py that turns the typed settings
+(`workflow.flags.config.Settings`) into its builder's arguments, and
 `algorithm_builders.build` builds the process. Adding an algorithm = its
 module, its function there and one entry here, its defaults included.
 
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 from tff_adaptive.algorithms import names as library_names
-from workflow import config
+from workflow.flags import config
 
 
 class ConfigError(ValueError):
@@ -76,7 +76,7 @@ class AlgorithmEntry:
   """An algorithm of `--algorithm`: how to build it and what it supports.
 
   Attributes:
-    build: the name of its function in workflow/algorithm_builders.py,
+    build: the name of its function in workflow/training/algorithm_builders.py,
       (task, settings, **round options) -> learning process (the round
       options are `composer.RoundOptions`' `measure_client_drift` and
       `execution`); or 'package.module:function', a library builder with the
@@ -131,7 +131,7 @@ _MIME_UPLOAD = 'its gradient upload besides Δ is averaged uncompressed'
 # below FedAvg's 1, τ = 1e-3); 0.01 is the demo's value on digits.
 _ADAPTIVE_SERVER = _fixed(server_learning_rate=0.01)
 # MTFL keeps a batch-norm patch private (thesis ch. 4): per task, the model flag and a model with
-# batch normalisation (the MTFL defaults, and the hint of workflow/library_flags.py).
+# batch normalisation (the MTFL defaults, and the hint of workflow/flags/library_flags.py).
 MTFL_MODELS = {'digits': ('digits_model', 'cnn_bn'), 'mnist': ('mnist_model', 'mtfl_2nn'),
                'cifar10': ('cifar10_model', 'mtfl_cnn')}
 
