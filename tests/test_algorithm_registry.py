@@ -41,10 +41,11 @@ def test_readme_table_is_the_generated_one():
 
 def test_lists_are_derived_from_the_entries():
   assert personalization.PERSONALIZED_ALGORITHMS == ('mtfl', 'perfedavg', 'pfedme')
-  assert personalization.CLIENT_STATE_ALGORITHMS == ('mtfl', 'perfedavg', 'pfedme', 'scaffold')
+  assert personalization.CLIENT_STATE_ALGORITHMS == ('mtfl', 'perfedavg', 'pfedme', 'feddyn',
+                                                     'scaffold')
   assert algorithms.per_client_only() == {}  # every algorithm runs as a cohort
   assert set(algorithms.ALGORITHMS) - set(algorithms.having('compressible')) == {
-      'mimelite', 'mimexlite', 'mtfl', 'perfedavg', 'pfedme', 'scaffold'}
+      'feddyn', 'mimelite', 'mimexlite', 'mtfl', 'perfedavg', 'pfedme', 'scaffold'}
   assert set(algorithms.ALGORITHMS) - set(algorithms.having('measures_client_drift')) == {
       'mtfl', 'perfedavg', 'pfedme'}
   readers = train_help.readers(train_flags.FLAGS_BY_NAME['upload_compression'])

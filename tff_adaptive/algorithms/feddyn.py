@@ -115,8 +115,8 @@ def build_feddyn(
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
     raise errors.ArgumentError('feddyn', 'alpha', f'must be a number > 0; got {alpha!r}')
   if isinstance(total_clients, bool) or not isinstance(total_clients, int) or total_clients < 1:
-    raise errors.ArgumentError('feddyn', 'total_clients',
-                               f'must be a positive integer (m); got {total_clients!r}')
+    raise ValueError(f'feddyn: total_clients (m) must be a positive integer; got '
+                     f'{total_clients!r}')
   # local_steps < 0 is refused by `composer.build_process`, naming it.
   learning_rate = adapters.sgd_learning_rate(client_optimizer_fn, algorithm='feddyn')
   return composer.build_process(
