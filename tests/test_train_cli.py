@@ -127,8 +127,10 @@ def test_a_refused_task_function_is_one_line_on_stderr_and_exit_2(tmp_path, func
 def test_ctrl_c_while_the_task_module_loads_is_one_line(tmp_path):
   ready = tmp_path / 'ready'
   command, env = _train_task_module(tmp_path, 'raises', TASK_MODULE_READY=str(ready))
+  # SIGINT's default action, whatever the suite inherited: a shell starts a
+  # background job (`make test &`) with SIGINT ignored, which exec keeps.
   proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          env=env)
+                          env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   deadline = time.time() + 240
   while not ready.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
