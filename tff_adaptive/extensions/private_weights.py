@@ -59,6 +59,13 @@ class SplitWeights(extension.WeightsSplit):
         trainable=tuple(t[i] for i in shared(self.trainable, len(t))),
         non_trainable=tuple(n[i] for i in averaged))
 
+  def cohort_unsupported(self, view, others: tuple):
+    # The program does not thread the statistics that extra training passes
+    # move, and these weights keep or average them.
+    if any(o.extra_training_passes for o in others) and view.has_non_trainable:
+      return extension.MOVED_STATISTICS
+    return None
+
   def kept(self, carry) -> list:
     return ([carry['y'][i] for i in self.trainable] +
             [carry['n'][i] for i in self.non_trainable])
