@@ -77,13 +77,9 @@ def _section_lines(data) -> list:
 
 def _overhead_lines(data) -> list:
   """An overhead section: its rows against raw compute."""
-  lines = []
-  s = data['setting']
-  lines.append(f"{s['model']}, {s['clients']} clients × {s['local_steps']} steps × batch "
-               f"{s['batch']}; {data['reps']} interleaved reps; raw compute "
-               f"{statistics.median(data['raw_times_s']):.3f} s; load "
-               f"{data['load_before']} → {data['load_after']}")
-  lines.append('')
+  lines = [f"{_round_shape(data['setting'])}; {data['reps']} interleaved reps; raw compute "
+           f"{statistics.median(data['raw_times_s']):.3f} s; load "
+           f"{data['load_before']} → {data['load_after']}", '']
   if 'raw_pipeline_times_s' in data:
     lines.append(f"raw compute fed by tf.data (raw_pipeline) "
                  f"{statistics.median(data['raw_pipeline_times_s']):.3f} s "
@@ -109,22 +105,17 @@ def _overhead_lines(data) -> list:
 
 def _native_profile_lines(data) -> list:
   """bench/native_profile.py's perf samples."""
-  lines = []
-  s = data['setting']
-  lines.append(f"`perf` samples of this process and its worker_binary, {s['model']}, "
-               f"{s['clients']} clients × {s['local_steps']} steps × batch {s['batch']}, "
-               f"{data['rounds']} rounds each, concurrency "
-               f"{data['execution_concurrency']}; load {data['load_before']} → "
-               f"{data['load_after']}")
-  lines.append('')
-  lines.append('| measured | wall s/round | CPU s/round | cores used | CPU ÷ raw CPU | '
-               'largest shares of CPU samples |')
-  lines.append('|---|---|---|---|---|---|')
+  lines = [f"`perf` samples of this process and its worker_binary, "
+           f"{_round_shape(data['setting'])}, {data['rounds']} rounds each, concurrency "
+           f"{data['execution_concurrency']}; load {data['load_before']} → "
+           f"{data['load_after']}", '']
+  rows = []
   for name, r in data['profiles'].items():
     top = '; '.join(f'{k} {v:.0f}%' for k, v in list(r['categories_percent'].items())[:6])
-    lines.append(f"| {name} | {r['wall_s_per_round']:.3f} | {r['cpu_s_per_round']:.3f} | "
-                 f"{r['cores_used']:.2f} | {r['cpu_over_raw_cpu']:.2f} | {top} |")
-  return lines
+    rows.append([name, f"{r['wall_s_per_round']:.3f}", f"{r['cpu_s_per_round']:.3f}",
+                 f"{r['cores_used']:.2f}", f"{r['cpu_over_raw_cpu']:.2f}", top])
+  return lines + _table(['measured', 'wall s/round', 'CPU s/round', 'cores used',
+                         'CPU ÷ raw CPU', 'largest shares of CPU samples'], rows)
 
 
 def _memory_lines(data) -> list:
@@ -136,30 +127,32 @@ def _memory_lines(data) -> list:
              f"{data['padding_waste']:.1%}" if 'cohort_sizes' in data
              else f"{s['clients']} clients")
   lines.append(f"{data['algorithm']} ({data.get('data', data.get('execution'))}), "
-               f"{s['model']}, {clients}, "
-               f"{data['rounds']} rounds in {data['seconds']:.0f} s: RSS "
-               f"{data['rss_first_kib'] / 1024:.0f} → {data['rss_last_kib'] / 1024:.0f} MiB, "
-               f"peak {data['peak_rss_kib'] / 1024:.0f} MiB, slope over the second half "
-               f"{data['slope_second_half_kib_per_round']:.1f} KiB/round; load "
-               f"{data['load_before']} → {data['load_after']}")
+               f"{s['model']}, {clients}, {data['rounds']} rounds in {data['seconds']:.0f} s: "
+               f"{_rss_summary(data, '')}; load {data['load_before']} → {data['load_after']}")
   if 'worker_rss_kib' in data:
-    lines.append('')
-    lines.append(f"worker_binary (the executor): RSS {data['worker_rss_first_kib'] / 1024:.0f} "
-                 f"→ {data['worker_rss_last_kib'] / 1024:.0f} MiB, peak "
-                 f"{data['worker_peak_rss_kib'] / 1024:.0f} MiB, slope over the second half "
-                 f"{data['worker_slope_second_half_kib_per_round']:.1f} KiB/round")
+    lines += ['', f"worker_binary (the executor): {_rss_summary(data, 'worker_')}"]
   return lines
+
+
+def _rss_summary(data, prefix: str) -> str:
+  """First → last resident memory, its peak and its growth (keys starting `prefix`)."""
+  mib = lambda key: f"{data[prefix + key] / 1024:.0f}"
+  return (f"RSS {mib('rss_first_kib')} → {mib('rss_last_kib')} MiB, peak "
+          f"{mib('peak_rss_kib')} MiB, slope over the second half "
+          f"{data[prefix + 'slope_second_half_kib_per_round']:.1f} KiB/round")
 
 
 def _entries_lines(data) -> list:
   """A table of entries (the scaling section, other scripts' tables)."""
-  lines = []
-  lines.append('| ' + ' | '.join(data['columns']) + ' |')
-  lines.append('|' + '---|' * len(data['columns']))
-  for e in data['entries']:
-    lines.append('| ' + ' | '.join(
-        _cell(e[c]) if c in e else '–' for c in data['columns']) + ' |')
-  return lines
+  columns = data['columns']
+  return _table(columns, [[_cell(e[c]) if c in e else '–' for c in columns]
+                          for e in data['entries']])
+
+
+def _table(header, rows) -> list:
+  """Markdown table lines: the header, its rule, one line per row of cells."""
+  return (['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+          + ['| ' + ' | '.join(row) + ' |' for row in rows])
 
 
 def _data_path_lines(data) -> list:
@@ -189,6 +182,11 @@ def _data_path_lines(data) -> list:
                    f"{m['round_mem_s']:.2f} | {100 * r['python_data_share']:.1f}% | "
                    f"{r['pipeline_over_round']:.2f} | {r['peak_rss_mib']:.0f} |")
   return lines
+
+
+def _round_shape(setting) -> str:
+  return (f"{setting['model']}, {setting['clients']} clients × {setting['local_steps']} steps "
+          f"× batch {setting['batch']}")
 
 
 def _cell(value) -> str:
