@@ -33,6 +33,8 @@
   cohort_aggregation.py how the program runs an aggregator's program form (the
                         aggregators themselves: tff_adaptive/aggregators/)
   recurrent.py          recurrent layers unrolled, so the cohort vectorises them
+  population.py         a population of runs: P members of one cohort process as one
+                        program, its lanes member × client (state with a member axis)
 
 `tff_adaptive.algorithms.composer` is the entry point algorithms use.
 """

@@ -242,10 +242,9 @@ def _traced(program: cohort_program.CohortProgram, xla: bool, message_type, data
                          tff.types.type_to_tf_tensor_specs(data_type)]).get_concrete_function()
 
 
-def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
-          options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
-  """The cohort `LearningProcess` (see module docstring)."""
-  processes.check_client_state_options(recipe, options)
+def _program(model_fn, recipe: recipe_lib.Recipe, options: options_lib.RoundOptions,
+             info: model_info_lib.ModelInfo, local_steps: int):
+  """(the shard program, what `CohortExecution.jit_compile` resolved to)."""
   execution = execution_of(options)
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
   view = functional.FunctionalView(model_fn, generic_rnn=bool(execution.jit_compile))
@@ -258,10 +257,19 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   trainable_structure = client_lib.delta_structure(
       recipe, tff.types.type_to_tf_tensor_specs(info.weights_type.trainable),
       tff.types.type_to_tf_tensor_specs(info.weights_type.non_trainable))
-  aggregation = cohort_aggregation.for_options(options, recipe)
-  program = cohort_program.CohortProgram(view, loop, vectorized, trainable_structure,
-                          jit_compile=jit_compile == 'step',
-                          aggregation=aggregation)
+  program = cohort_program.CohortProgram(
+      view, loop, vectorized, trainable_structure, jit_compile=jit_compile == 'step',
+      aggregation=cohort_aggregation.for_options(options, recipe))
+  return program, jit_compile
+
+
+def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, local_steps: int,
+          options: options_lib.RoundOptions, info: model_info_lib.ModelInfo):
+  """The cohort `LearningProcess` (see module docstring)."""
+  processes.check_client_state_options(recipe, options)
+  execution = execution_of(options)
+  program, jit_compile = _program(model_fn, recipe, options, info, local_steps)
+  loop, vectorized, aggregation = program.loop, program.vectorized, program.aggregation
   stateful_clients = recipe.has_client_output
   client_state_arguments = (processes.client_state_arguments(recipe, info)
                             if stateful_clients else {})
@@ -306,9 +314,11 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   # they run eagerly on the summed values, outside the server's tf.function.
   unfinalized = server_lib.ServerRound(recipe, server_round.costs, None,
                                        options.measure_client_drift)
-  in_process = cohort_next.InProcessNext(
-      next_fn, functools.partial(program_message, recipe, aggregation), program, traced,
-      unfinalized, info, sums_type, steps)
+  parts = cohort_next.RoundParts(
+      message_fn=functools.partial(program_message, recipe, aggregation), program=program,
+      traced_shard=traced, server_round=unfinalized, info=info, sums_type=sums_type,
+      steps=steps, jit_compile=jit_compile)
+  in_process = cohort_next.InProcessNext(next_fn, parts)
   process_class = StatefulCohortProcess if stateful_clients else CohortProcess
   if recipe.evaluates_clients:
     process_class = PersonalizedCohortProcess
@@ -320,7 +330,8 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
       initialize_fn, next_fn, state_type, info, recipe,
       process_class=functools.partial(process_class, recipe=recipe),
       execution=execution, in_process_next=in_process if execution.in_process else None,
-      vectorized=vectorized, jit_compile=jit_compile, **client_state_arguments)
+      vectorized=vectorized, jit_compile=jit_compile, round_parts=parts,
+      **client_state_arguments)
 
 
 def program_message_type(message_type, aggregation) -> tff.Type:
@@ -362,14 +373,17 @@ class _CohortRounds:
   datasets or `make_shards`' shards; it runs the shards in process when
   `execution.in_process`, else through the TFF computation `tff_next`, whose
   `type_signature` it has. `recipe` is the algorithm's `Recipe` the program
-  runs, for tools that time or inspect its functions on their own.
+  runs, for tools that time or inspect its functions on their own;
+  `round_parts` what the round is made of (`cohort_next.RoundParts`), for
+  executions that run it in other forms (a population of runs).
   """
   stateful_clients = False
 
   def __init__(self, *args, recipe: recipe_lib.Recipe, execution, in_process_next,
-               vectorized: bool, jit_compile, **kwargs):
+               vectorized: bool, jit_compile, round_parts: cohort_next.RoundParts, **kwargs):
     super().__init__(*args, **kwargs)
     self.recipe = recipe
+    self.round_parts = round_parts
     self.execution = execution
     self.vectorized = vectorized
     self.jit_compile = jit_compile  # what `execution.jit_compile` resolved to

@@ -22,7 +22,8 @@ round.
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -123,29 +124,59 @@ def _in_input_order(stacked_outputs, shards, client_output):
   return clients
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundParts:
+  """What a cohort round is made of, for executions that run it in this process
+  (`InProcessNext`; a population of runs, `population.py`).
+
+  Attributes:
+    message_fn: (x_t, s_t, hparams[, aggregator state]) → the shard program's message.
+    program: the shard program (`cohort_program.CohortProgram`).
+    traced_shard: the program traced with relaxed shapes (XLA when asked for).
+    server_round: the server step without the Keras metric finalizers
+      (`server.ServerRound`), run by `program.aggregation.server`.
+    info: the model's and the recipe's types (`model_info.ModelInfo`).
+    sums_type: the TFF type of Σ over the clients.
+    steps: the round's `skeleton.RoundSteps` (TFF computations).
+    jit_compile: what `CohortExecution.jit_compile` resolved to.
+  """
+  message_fn: Callable
+  program: Any
+  traced_shard: Any
+  server_round: Any
+  info: Any
+  sums_type: tff.Type
+  steps: skeleton.RoundSteps
+  jit_compile: Any = False
+
+  def tensor_specs(self):
+    """TensorSpecs of (x_t, s_t, hparams[, the aggregator's state]), the message's inputs."""
+    specs = [tff.types.type_to_tf_tensor_specs(t)
+             for t in (self.info.weights_type, self.info.stats_type, layout.HPARAMS_TYPE)]
+    if self.steps.message_takes_aggregator_state:
+      specs.append(tff.types.type_to_tf_tensor_specs(
+          self.steps.aggregation.process.initialize.type_signature.result.member))
+    return specs
+
+
 class InProcessNext:
   """The shards' round in this process: `skeleton.run_round` with `IN_PROCESS`
   placement, over the same programs as `tff_next`, without an executor."""
 
-  def __init__(self, tff_next, message_fn, program, traced_shard, server_round, info,
-               sums_type, steps: skeleton.RoundSteps):
+  def __init__(self, tff_next, parts: RoundParts):
     self.type_signature = tff_next.type_signature
-    self._view = program.view
-    message = tf.function(message_fn)
-    server = tf.function(functools.partial(program.aggregation.server, server_round))
+    self._view = parts.program.view
+    message = tf.function(parts.message_fn)
+    server = tf.function(functools.partial(parts.program.aggregation.server, parts.server_round))
     # Traced now, as the TFF computations are: the first round then costs what
     # the others do (a state of another nesting would trace again, not fail).
-    specs = [tff.types.type_to_tf_tensor_specs(t)
-             for t in (info.weights_type, info.stats_type, layout.HPARAMS_TYPE)]
-    aggregator_specs = ([tff.types.type_to_tf_tensor_specs(
-        steps.aggregation.process.initialize.type_signature.result.member)]
-                        if steps.message_takes_aggregator_state else [])
-    message.get_concrete_function(*specs, *aggregator_specs)
-    server.get_concrete_function(*specs, tff.types.type_to_tf_tensor_specs(sums_type))
+    specs = parts.tensor_specs()
+    message.get_concrete_function(*specs)
+    server.get_concrete_function(*specs[:3], tff.types.type_to_tf_tensor_specs(parts.sums_type))
     self._message, self._server = message, server
     # relaxed shapes: one trace of the shard program for every cohort
-    self._steps = dataclasses.replace(steps, message=self._message_step,
-                                      client_phase=traced_shard, server=self._server_step)
+    self._steps = dataclasses.replace(parts.steps, message=self._message_step,
+                                      client_phase=parts.traced_shard, server=self._server_step)
 
   def __call__(self, state, shards):
     return skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, shards)
@@ -161,7 +192,7 @@ class InProcessNext:
     new_weights, new_stats, metrics = self._server(tensors, *_as_tensors((stats, hparams)),
                                                    sums)
     metrics['train'] = self._view.finalize(sums['metrics'])
-    return (_numpy_like(weights, new_weights), _numpy_like(stats, new_stats),
+    return (numpy_like(weights, new_weights), numpy_like(stats, new_stats),
             tf.nest.map_structure(np.asarray, metrics))
 
 
@@ -169,6 +200,6 @@ def _as_tensors(structure):
   return tf.nest.map_structure(tf.convert_to_tensor, structure)
 
 
-def _numpy_like(like, tensors):
+def numpy_like(like, tensors):
   """`tensors` as NumPy values in the containers of `like` (what TFF returns)."""
   return tf.nest.pack_sequence_as(like, [t.numpy() for t in tf.nest.flatten(tensors)])

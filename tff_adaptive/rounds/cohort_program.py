@@ -64,7 +64,7 @@ class CohortProgram:
     return self.loop.recipe.has_client_output
 
   def __call__(self, message, shard):
-    x_t = [tf.convert_to_tensor(t) for t in tf.nest.flatten(message['model_weights'].trainable)]
+    x_t = _trainable(message)
     if self.vectorized and steps_outside(self.view):
       out = self._clients_in_parallel(message, x_t, shard)
     elif self.vectorized:
@@ -75,6 +75,43 @@ class CohortProgram:
     sums, states = out if self.stateful else (out, None)
     sums = tf.nest.map_structure(lambda t: tf.reduce_sum(t, axis=0), sums)
     return (sums, states) if self.stateful else sums
+
+  def lanes(self, messages, shard):
+    """Σ per member of its clients' round sums: a population's client phase.
+
+    `messages`: each member's message, stacked [P, ...]; `shard`: its leaves
+    [P, C, ...], member p's C clients. Every (member, client) pair is one
+    lane, started from its member's message (x_t, η, ...), so the lanes run
+    as the shard program runs a cohort's clients (vectorised or in sequence)
+    with the weights' lane axis [P × C] in place of the client axis.
+    """
+    if self.stateful:
+      raise ValueError(f'{self.loop.recipe.name}: clients that keep state or measure user '
+                       'accuracy have no population form yet')
+    if self.vectorized and steps_outside(self.view):
+      raise ValueError('a population of recurrent models runs its lanes in sequence: '
+                       "CohortExecution(mode='sequential')")
+    size = tf.shape(shard['mask'])[:2]
+    lanes = tf.nest.map_structure(
+        lambda t: tf.reshape(t, tf.concat([[size[0] * size[1]], tf.shape(t)[2:]], 0)),
+        self._client_elems(shard))
+    lane_messages = tf.nest.map_structure(lambda t: tf.repeat(t, size[1], axis=0), messages)
+
+    def one(elems):
+      message, client = elems
+      return self._one_client(message, _trainable(message), client)
+
+    if self.vectorized:
+      sums = tf.vectorized_map(one, (lane_messages, lanes), fallback_to_while_loop=True)
+    else:
+      first = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype),
+                                    (lane_messages, lanes))
+      graph = tf.function(one).get_concrete_function(first)
+      sums = tf.map_fn(one, (lane_messages, lanes), fn_output_signature=tf.nest.map_structure(
+          lambda t: tf.TensorSpec(t.shape, t.dtype), graph.structured_outputs))
+    return tf.nest.map_structure(
+        lambda t: tf.reduce_sum(tf.reshape(t, tf.concat([size, tf.shape(t)[1:]], 0)), axis=1),
+        sums)
 
   def _client_elems(self, shard):
     """A shard's per-client parts: its batches and mask, and what the recipe's
@@ -251,6 +288,10 @@ def steps_outside(view: functional.FunctionalView) -> bool:
   1.03-1.11x the round of the clients outside in three interleaved runs
   (bench/cohort_nesting.py), so they keep the nesting pfor converts whole."""
   return view.has_rnn
+
+
+def _trainable(message) -> list:
+  return [tf.convert_to_tensor(t) for t in tf.nest.flatten(message['model_weights'].trainable)]
 
 
 def _non_trainable(message) -> list:

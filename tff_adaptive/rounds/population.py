@@ -1,0 +1,232 @@
+"""A population of runs: P members of one algorithm on one model, one program.
+
+  state = the process's `LearningAlgorithmState`, each leaf with a leading
+          member axis [P] (`stack` / `member` / `with_member`)
+  next(state, member_data):    member_data[p]: member p's client datasets
+    message = over members: the cohort's message(x_p, s_p, hparams_p)
+    sums    = program.lanes(messages, shard)     lanes: member × client, each
+                                                 from its member's x_p and η_p
+    server  = over members: the cohort's server step(x_p, s_p, hparams_p, sums_p)
+    then, per member: the Keras metric finalizers, the aggregator's after_round
+
+The round is `skeleton.run_round` with these steps: the same skeleton, the
+same recipe, shard program and server step as the member's own cohort process
+(`cohort.build`), batched over a member axis.
+
+Where hyperparameters live: in the state, so members differ by their state
+only. The client learning rate and K are `state.client_work`; the server
+optimiser's learning rate, β₁, β₂, ε (TFF's optimisers keep them in their
+state, as optax's `inject_hyperparams` does for this reason) are in
+`state.finalizer`, set by the ordinary `process.set_hparams`; a seed decides
+a member's initial weights (the state `initialize` made under it) and the
+clients it samples (the data its caller passes). K must be the same for
+every member: it fixes the shard's shape. What a recipe holds as a Python
+constant (FedProx's μ, a schedule's shape) is the same for every member of
+one population.
+"""
+
+import collections
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_adaptive.rounds import cohort_data
+from tff_adaptive.rounds import cohort_next
+from tff_adaptive.rounds import skeleton
+
+
+def stack(states: Sequence):
+  """The population state whose member p is `states[p]` (ordinary states)."""
+  if not states:
+    raise ValueError('stack: a population needs at least one member state')
+  return tf.nest.map_structure(lambda *leaves: np.stack([np.asarray(x) for x in leaves]),
+                               *states)
+
+
+def size(state) -> int:
+  """How many members a population state has."""
+  return int(np.shape(tf.nest.flatten(state)[0])[0])
+
+
+def member(state, index: int):
+  """Member `index`'s ordinary state (what its own process's `next` takes)."""
+  _check_index(state, index)
+  return tf.nest.map_structure(lambda leaf: np.asarray(leaf)[index], state)
+
+
+def with_member(state, index: int, member_state):
+  """The population state with member `index` replaced by `member_state`."""
+  _check_index(state, index)
+
+  def put(leaf, value):
+    leaf = np.array(leaf)
+    leaf[index] = np.asarray(value)
+    return leaf
+
+  return tf.nest.map_structure(put, state, member_state)
+
+
+def _check_index(state, index: int):
+  if tf.nest.flatten(state) and not 0 <= index < size(state):
+    raise ValueError(f'member index must be in [0, {size(state)}); got {index}')
+
+
+def member_metrics(metrics, index: int):
+  """Member `index`'s round metrics (as its own process's `next` returns them)."""
+  return tf.nest.map_structure(lambda leaf: np.asarray(leaf)[index], metrics)
+
+
+class PopulationProcess:
+  """P runs of one cohort process, one program (module docstring).
+
+  `initialize(size)`: P copies of the process's initial state (then make them
+  differ with `set_hparams` / `with_member`, or build the population state
+  from member states with `stack`); `next(state, member_data)` → a
+  `LearningProcessOutput` whose state and metrics have the member axis;
+  `member(state, p)` is member p's ordinary state: its own process's
+  `next`, checkpoints and accessors take it.
+
+  Attributes:
+    process: the members' own process (a cohort process run in this process).
+  """
+
+  def __init__(self, process):
+    parts = getattr(process, 'round_parts', None)
+    execution = getattr(process, 'execution', None)
+    if parts is None or not getattr(execution, 'in_process', False):
+      raise TypeError('build_population takes a cohort process run in this process (built '
+                      'with execution=CohortExecution(in_process=True) and no option that '
+                      f'runs it per client); got {type(process).__name__}')
+    if getattr(process, 'stateful_clients', False):
+      raise ValueError(f'{process.recipe.name}: clients that keep state or measure user '
+                       'accuracy have no population form yet')
+    self.process = process
+    self.next = PopulationNext(parts, process.batches_per_client)
+
+  def initialize(self, size: int):
+    if size < 1:
+      raise ValueError(f'size must be at least 1; got {size}')
+    return stack([self.process.initialize()] * size)
+
+  def get_model_weights(self, state, index: int):
+    return self.process.get_model_weights(member(state, index))
+
+  def set_hparams(self, state, index: int, hparams):
+    """The population state with member `index`'s hyperparameters set
+    (`process.set_hparams`' structure: client_work, finalizer)."""
+    return with_member(state, index, self.process.set_hparams(member(state, index), hparams))
+
+  stack = staticmethod(stack)
+  member = staticmethod(member)
+  with_member = staticmethod(with_member)
+  member_metrics = staticmethod(member_metrics)
+
+
+def build_population(process) -> PopulationProcess:
+  """A population of `process`'s runs (`PopulationProcess`)."""
+  return PopulationProcess(process)
+
+
+class PopulationNext:
+  """`next(state, member_data)` of a population of one cohort process's runs."""
+
+  def __init__(self, parts: cohort_next.RoundParts, batches_per_client):
+    self._parts = parts
+    self._batches_per_client = batches_per_client
+    program, aggregation = parts.program, parts.program.aggregation
+    over_members = lambda fn: lambda *args: tf.vectorized_map(
+        lambda a: fn(*a), args, fallback_to_while_loop=True)
+    specs = [_with_member_axis(s) for s in parts.tensor_specs()]
+    self._message = tf.function(over_members(parts.message_fn), autograph=False)
+    self._message.get_concrete_function(*specs)
+    self._lanes = tf.function(program.lanes, autograph=False,
+                              jit_compile=parts.jit_compile == 'program')
+    server = lambda *args: aggregation.server(parts.server_round, *args)
+    self._server = tf.function(over_members(server), autograph=False)
+    self._server.get_concrete_function(
+        *specs[:3], _with_member_axis(tff.types.type_to_tf_tensor_specs(parts.sums_type)))
+    self._steps = skeleton.RoundSteps(
+        message=self._message_step, client_phase=self._lanes, server=self._server_step,
+        aggregation=_PerMember(parts.steps.aggregation),
+        message_takes_aggregator_state=parts.steps.message_takes_aggregator_state,
+        measure_client_drift=parts.steps.measure_client_drift)
+
+  def __call__(self, state, member_data):
+    shard = self.shard(state, member_data)
+    return skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, [shard])
+
+  def shard(self, state, member_data):
+    """`member_data` (one list of client datasets, or of `cohort_data.client_batches`,
+    per member; or a shard with leaves [P, C, ...]) as the population's shard."""
+    members = size(state)
+    if isinstance(member_data, collections.abc.Mapping):
+      return member_data
+    if not isinstance(member_data, (list, tuple)) or len(member_data) != members:
+      raise ValueError(f'next takes one list of client datasets per member ({members}); got '
+                       f'{_describe(member_data)}')
+    cohorts = {len(clients) for clients in member_data}
+    if len(cohorts) != 1:
+      raise ValueError('every member of a population trains the same number of clients per '
+                       f'round (it fixes the program\'s shape); got {sorted(cohorts)}')
+    local_steps = {int(k) for k in np.asarray(state.client_work['local_steps'])}
+    if len(local_steps) != 1:
+      raise ValueError('every member of a population runs the same local steps K (it fixes '
+                       f'the program\'s shape); got {sorted(local_steps)}')
+    steps = self._batches_per_client(local_steps.pop())
+    clients = [c if isinstance(c, list) else cohort_data.client_batches(c, steps)
+               for cohort in member_data for c in cohort]
+    if not any(clients):
+      raise ValueError('the sampled clients have no data')
+    flat = cohort_data.pad(clients)
+    per_member = cohorts.pop()
+    return tf.nest.map_structure(
+        lambda a: a.reshape((members, per_member) + a.shape[1:]), flat)
+
+  def _message_step(self, weights, stats, hparams, *aggregator_state):
+    weights = tff.learning.models.ModelWeights(*_as_tensors(weights))
+    return self._message(weights, *_as_tensors((stats, hparams, *aggregator_state)))
+
+  def _server_step(self, weights, stats, hparams, sums):
+    """The members' server steps at once; then, per member and eagerly, the Keras
+    metric finalizers (they build metrics, i.e. variables, when called)."""
+    tensors = tff.learning.models.ModelWeights(*_as_tensors(weights))
+    new_weights, new_stats, metrics = self._server(tensors, *_as_tensors((stats, hparams)),
+                                                   sums)
+    finalize = self._parts.program.view.finalize
+    metrics['train'] = stack([finalize(member_metrics(sums['metrics'], p))
+                              for p in range(size(weights))])
+    return (cohort_next.numpy_like(weights, new_weights),
+            cohort_next.numpy_like(stats, new_stats), tf.nest.map_structure(np.asarray, metrics))
+
+
+class _PerMember:
+  """The cohort's aggregation for a population: the sums are per member
+  already; the aggregator's `after_round` runs once per member."""
+
+  def __init__(self, summed: skeleton.Summed):
+    self._summed = summed
+
+  def aggregate(self, placement, aggregator_state, results):
+    return self._summed.aggregate(placement, aggregator_state, results)
+
+  def after_round(self, placement, aggregator_state, sums, round_metrics):
+    answers = [self._summed.after_round(placement, member_metrics(aggregator_state, p),
+                                        member_metrics(sums, p), member_metrics(round_metrics, p))
+               for p in range(size(sums))]
+    return stack([a[0] for a in answers]), stack([a[1] for a in answers])
+
+
+def _with_member_axis(specs):
+  return tf.nest.map_structure(lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype), specs)
+
+
+def _as_tensors(structure):
+  return tf.nest.map_structure(tf.convert_to_tensor, structure)
+
+
+def _describe(value) -> str:
+  if isinstance(value, (list, tuple)):
+    return f'a list of {len(value)}'
+  return type(value).__name__
