@@ -44,6 +44,10 @@ flags.DEFINE_string('select_metric', 'eval/accuracy', 'metrics.csv column to sel
 flags.DEFINE_string('select_rule', 'last_mean:3', 'last_mean:N | max | min | final (per seed; '
                     'then averaged over seeds).')
 flags.DEFINE_enum('select_mode', 'max', ['max', 'min'], 'Whether larger scores are better.')
+flags.DEFINE_bool('together', False, 'Run the trials that differ only in '
+                  '--client_learning_rate, --server_learning_rate and --seed as one bin/train '
+                  'process (bin/train --together: a population, one program over member x '
+                  'client); each trial keeps its own directory and files.')
 flags.DEFINE_bool('dry_run', False, 'List the trials (and which are finished) without running.')
 FLAGS = flags.FLAGS
 
@@ -83,7 +87,7 @@ def main(argv):
     return
   try:
     outcomes = sweep_runner.run_sweep(trials, FLAGS.sweep_dir, fixed=fixed,
-                                      max_parallel=FLAGS.max_parallel)
+                                      max_parallel=FLAGS.max_parallel, together=FLAGS.together)
   except sweep.SpecError as e:
     _fail(str(e))
   except KeyboardInterrupt:

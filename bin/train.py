@@ -34,6 +34,7 @@ from workflow import errors
 from workflow.flags import train_flags
 from workflow.flags import train_help
 from workflow.training import cli
+from workflow.training import together
 
 train_flags.define_flags()  # the table of workflow/flags/train_flags.py, in groups
 FLAGS = flags.FLAGS
@@ -55,10 +56,12 @@ def parse_flags(argv):
     if len(rest) > 1:
       raise errors.UsageError(f'unexpected arguments: {" ".join(rest[1:])}')
     settings, notes = cli.resolve_flags(FLAGS)
-    cli.check_settings(settings)
+    members = together.members_of(settings, FLAGS, cli.config_from_args)
+    for member, _ in members or [(settings, notes)]:
+      cli.check_settings(member)
   except errors.UsageError as e:
     sys.exit(errors.report(e))
-  _RESOLVED.append((settings, notes))
+  _RESOLVED.append((settings, notes, members))
   # TensorFlow loads here, before absl calls main(): imported inside main(),
   # Keras 2.14 builds Sequential models from plain tensors and fails.
   import tensorflow  # pylint: disable=unused-import
@@ -70,7 +73,7 @@ def main(argv):
   # First: from here on TFF's workers are tracked, whichever way this program ends.
   runtime.track_tff_workers()
   try:
-    cli.run_training(*_RESOLVED[-1])
+    cli.run_training(*_RESOLVED[-1])  # settings, notes, --together's members
   except errors.RunError as e:
     sys.exit(errors.report(e))
 

@@ -29,6 +29,7 @@ from workflow.flags import flag_checks
 from workflow.sweeps import sweep
 from workflow.training import cli
 from workflow.training import experiment
+from workflow.training import heartbeat
 from workflow.training import program
 from workflow.training import run_dir
 from workflow.training import run_files
@@ -287,7 +288,7 @@ def test_a_long_round_shows_that_it_is_running(tmp_path):
                               heartbeat_seconds=0.05)
   err = io.StringIO()
   with contextlib.redirect_stderr(err):
-    with program._heartbeat(2, config):  # pylint: disable=protected-access
+    with heartbeat.while_running(2, config):
       time.sleep(0.5)
     time.sleep(0.2)  # and silence once the round is over
   lines = err.getvalue().strip().splitlines()
@@ -295,7 +296,7 @@ def test_a_long_round_shows_that_it_is_running(tmp_path):
   config.show_progress = False
   err = io.StringIO()
   with contextlib.redirect_stderr(err):
-    with program._heartbeat(2, config):  # pylint: disable=protected-access
+    with heartbeat.while_running(2, config):
       time.sleep(0.2)
   assert not err.getvalue()
 

@@ -74,8 +74,25 @@ def _in_process(run, program: str) -> tuple[int, str]:
 
 def train(args, program: str = 'train.py') -> tuple[int, str]:
   """(exit status, output) of bin/train's command line `args`, run in this process: what
-  bin/train does once absl has parsed it (resolve the flags, check them, run, report)."""
-  return _in_process(lambda: cli.run_training(*cli.config_from_args(args)), program)
+  bin/train does once absl has parsed it (resolve the flags, check them, run, report;
+  --together: its members')."""
+  def run():
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
+    from workflow.training import together  # pylint: disable=g-import-not-at-top
+    values = flags.FlagValues()
+    train_flags.define_flags(values)
+    try:
+      values([program, *args])
+    except flags.Error as e:
+      raise errors.UsageError(str(e)) from None
+    settings, notes = cli.resolve_flags(values)
+    members = together.members_of(settings, values, cli.config_from_args)
+    for member, _ in members or [(settings, notes)]:
+      cli.check_settings(member)
+    cli.run_training(settings, notes, members)
+
+  return _in_process(run, program)
 
 
 def train_settings(settings: config.Settings) -> tuple[int, list[str]]:

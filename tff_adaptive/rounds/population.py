@@ -40,7 +40,7 @@ from tff_adaptive.rounds import skeleton
 def stack(states: Sequence):
   """The population state whose member p is `states[p]` (ordinary states)."""
   if not states:
-    raise ValueError('stack: a population needs at least one member state')
+    raise ValueError('a population needs at least one member state; stack got none')
   return tf.nest.map_structure(lambda *leaves: np.stack([np.asarray(x) for x in leaves]),
                                *states)
 
@@ -158,31 +158,28 @@ class PopulationNext:
     return skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, [shard])
 
   def shard(self, state, member_data):
-    """`member_data` (one list of client datasets, or of `cohort_data.client_batches`,
-    per member; or a shard with leaves [P, C, ...]) as the population's shard."""
+    """`member_data` as the population's shard (leaves [P, C, ...]). Per member:
+    a list of client datasets, of `cohort_data.client_batches`, or the member's
+    own shards (`process.make_shards`); or, whole, a shard with leaves [P, C, ...]."""
     members = size(state)
     if isinstance(member_data, collections.abc.Mapping):
       return member_data
     if not isinstance(member_data, (list, tuple)) or len(member_data) != members:
       raise ValueError(f'next takes one list of client datasets per member ({members}); got '
                        f'{_describe(member_data)}')
-    cohorts = {len(clients) for clients in member_data}
-    if len(cohorts) != 1:
-      raise ValueError('every member of a population trains the same number of clients per '
-                       f'round (it fixes the program\'s shape); got {sorted(cohorts)}')
     local_steps = {int(k) for k in np.asarray(state.client_work['local_steps'])}
     if len(local_steps) != 1:
       raise ValueError('every member of a population runs the same local steps K (it fixes '
                        f'the program\'s shape); got {sorted(local_steps)}')
     steps = self._batches_per_client(local_steps.pop())
-    clients = [c if isinstance(c, list) else cohort_data.client_batches(c, steps)
-               for cohort in member_data for c in cohort]
-    if not any(clients):
-      raise ValueError('the sampled clients have no data')
-    flat = cohort_data.pad(clients)
-    per_member = cohorts.pop()
-    return tf.nest.map_structure(
-        lambda a: a.reshape((members, per_member) + a.shape[1:]), flat)
+    shards = [_member_shard(cohort, steps) for cohort in member_data]
+    cohorts = {int(np.shape(s['mask'])[0]) for s in shards}
+    if len(cohorts) != 1:
+      raise ValueError('every member of a population trains the same number of clients per '
+                       f'round (it fixes the program\'s shape); got {sorted(cohorts)}')
+    shape = tuple(max(np.shape(s['mask'])[i] for s in shards) for i in (1, 2))
+    return tf.nest.map_structure(lambda *leaves: np.stack(leaves),
+                                 *[_padded(s, shape) for s in shards])
 
   def _message_step(self, weights, stats, hparams, *aggregator_state):
     weights = tff.learning.models.ModelWeights(*_as_tensors(weights))
@@ -216,6 +213,28 @@ class _PerMember:
                                         member_metrics(sums, p), member_metrics(round_metrics, p))
                for p in range(size(sums))]
     return stack([a[0] for a in answers]), stack([a[1] for a in answers])
+
+
+def _member_shard(cohort, steps: int):
+  """One member's clients as one shard ([C, S, B, ...]): its shards joined, or
+  its clients' batches padded."""
+  if cohort and all(isinstance(c, collections.abc.Mapping) and 'mask' in c for c in cohort):
+    shape = tuple(max(np.shape(s['mask'])[i] for s in cohort) for i in (1, 2))
+    padded = [_padded(s, shape) for s in cohort]
+    return tf.nest.map_structure(lambda *leaves: np.concatenate(leaves), *padded)
+  clients = [c if isinstance(c, list) else cohort_data.client_batches(c, steps) for c in cohort]
+  if not any(clients):
+    raise ValueError('the sampled clients have no data')
+  return cohort_data.pad(clients)
+
+
+def _padded(shard, shape):
+  """`shard` with its steps and rows axes padded to `shape` (zeros, mask 0)."""
+  def pad(leaf):
+    leaf = np.asarray(leaf)
+    widths = [(0, 0), (0, shape[0] - leaf.shape[1]), (0, shape[1] - leaf.shape[2])]
+    return np.pad(leaf, widths + [(0, 0)] * (leaf.ndim - 3))
+  return tf.nest.map_structure(pad, dict(shard))
 
 
 def _with_member_axis(specs):

@@ -353,6 +353,10 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _i('seed', 0, 'Seed for data splits, client sampling and shuffling.',
            check=(flag_checks.NON_NEGATIVE_INT, flag_checks.SEED)),
         _b('show_progress', True, 'Show a progress bar.'),
+        _s('together', '', 'A JSON file holding a list of bin/train command lines (each a '
+           'list of flags): run them as one process, a population whose client phase is one '
+           'program over (member x client) (docs/training.md); no other flag with it. '
+           'bin/sweep.py --together writes it.'),
     ]),
     ('reliability', 'Reliability: when a run stops, resuming damaged runs (docs/reliability.md)', [
         _f('divergence_factor', 10.0, 'Stop (exit 1) when the training loss exceeds this '

@@ -9,6 +9,7 @@ are listed at the end. Trials get SIGTERM if the sweep dies
 """
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -65,7 +66,7 @@ def _start(argv: Sequence[str], log_file: str) -> subprocess.Popen:
 def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
               fixed: Optional[Mapping[str, str]] = None,
               max_parallel: int = 1, command: Optional[Sequence[str]] = None,
-              poll_seconds: float = 0.2,
+              together: bool = False, poll_seconds: float = 0.2,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)
               ) -> list[TrialOutcome]:
   """Runs every unfinished trial, at most `max_parallel` at a time.
@@ -78,6 +79,9 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
     command: the trial program, default `[python, bin/train.py]`; it gets
       `--flag=value` arguments and must write `<root_output_dir>/
       <experiment_name>/metrics.csv` (tests pass a fake one).
+    together: the unfinished trials that differ only in `TOGETHER` flags run
+      as one `command --together=<file>` process (a population,
+      workflow/training/together.py), the file in <sweep_dir>/together/.
     poll_seconds: how often finished processes are reaped.
     log: progress lines.
 
@@ -91,9 +95,10 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
     raise sweep.SpecError(f'--max_parallel must be a positive integer; got {max_parallel}')
   command = list(command or [sys.executable, TRAIN_PY])
   _prepare(sweep_dir, trials, fixed)
-  runner = _Runner(trials, sweep_dir, fixed, command, log)
+  runner = _Runner(trials, sweep_dir, fixed, command, log, together)
   log(f'sweep: {len(trials)} trials, {runner.done_before} already finished, '
-      f'{len(runner.pending)} to run ({max_parallel} at a time) in {sweep_dir}')
+      f'{sum(map(len, runner.pending))} to run in {len(runner.pending)} processes '
+      f'({max_parallel} at a time) in {sweep_dir}')
   try:
     while runner.pending or runner.running:
       while runner.pending and len(runner.running) < max_parallel:
@@ -117,24 +122,42 @@ def _prepare(sweep_dir: str, trials: Sequence[sweep.Trial], fixed: Mapping[str, 
                           f'{e.filename or sweep_dir}: {e.strerror}') from None
 
 
-class _Runner:
-  """A sweep's trials by where they are: pending, running or with an outcome."""
+# The flags in which the trials of one --together process may differ (and the seed).
+TOGETHER = ('client_learning_rate', 'server_learning_rate')
 
-  def __init__(self, trials, sweep_dir, fixed, command, log):
+
+def _jobs(trials: Sequence[sweep.Trial], together: bool) -> list[list[sweep.Trial]]:
+  """The processes to run: one trial each, or (together) the trials of one program shape."""
+  if not together:
+    return [[t] for t in trials]
+  jobs: dict[tuple, list] = {}
+  for trial in trials:
+    jobs.setdefault(tuple(sorted((k, v) for k, v in trial.flags if k not in TOGETHER)),
+                    []).append(trial)
+  return list(jobs.values())
+
+
+class _Runner:
+  """A sweep's trials by where they are: pending, running or with an outcome.
+  A job is the trials one process runs (one, or a --together population)."""
+
+  def __init__(self, trials, sweep_dir, fixed, command, log, together=False):
     self.trials, self.sweep_dir, self.fixed, self.command, self.log = (trials, sweep_dir, fixed,
                                                                        command, log)
     self.outcomes: dict[str, TrialOutcome] = {}
-    self.pending = []
+    todo = []
     for trial in trials:
       if sweep.is_finished(sweep_dir, trial, fixed):
         self.outcomes[trial.name] = TrialOutcome(trial, 'skipped',
                                                  sweep.log_path(sweep_dir, trial))
       else:
-        self.pending.append(trial)
+        todo.append(trial)
+    self.pending = _jobs(todo, together)
     self.pending.reverse()  # pop() from the end keeps the given order
     self.done_before = len(self.outcomes)
-    # name -> (process, start time, the last round its metrics.csv had at the start)
-    self.running: dict[str, tuple[subprocess.Popen, float, int]] = {}
+    # first trial's name -> (process, start time, the trials, the last round each
+    # one's metrics.csv had at the start, the process's log)
+    self.running: dict[str, tuple[subprocess.Popen, float, list, list[int], str]] = {}
     self.completed = 0
 
   def _record(self, outcome: TrialOutcome) -> str:
@@ -143,41 +166,58 @@ class _Runner:
     self.completed += 1
     return f'[{self.completed + self.done_before}/{len(self.trials)}]'
 
-  def start(self, trial: sweep.Trial):
-    argv = sweep.trial_argv(self.sweep_dir, trial, self.fixed, self.command)
-    start_round = sweep.last_round(
-        os.path.join(sweep.trial_dir(self.sweep_dir, trial), 'metrics.csv'))
-    path = sweep.log_path(self.sweep_dir, trial)
+  def start(self, job: list):
+    argvs = [sweep.trial_argv(self.sweep_dir, t, self.fixed, self.command) for t in job]
+    argv, path = argvs[0], sweep.log_path(self.sweep_dir, job[0])
+    if len(job) > 1:
+      argv, path = self._together(job, argvs)
+    start_rounds = [sweep.last_round(os.path.join(sweep.trial_dir(self.sweep_dir, t),
+                                                  'metrics.csv')) for t in job]
     try:
       proc = _start(argv, path)
     except OSError as e:
-      outcome = TrialOutcome(trial, 'failed', path, message=f'cannot start {argv[0]}: {e}')
-      self.log(f'{self._record(outcome)} failed {trial.name}: {outcome.message}')
+      for trial in job:
+        outcome = TrialOutcome(trial, 'failed', path, message=f'cannot start {argv[0]}: {e}')
+        self.log(f'{self._record(outcome)} failed {trial.name}: {outcome.message}')
       return
-    self.running[trial.name] = (proc, time.monotonic(), start_round)
+    self.running[job[0].name] = (proc, time.monotonic(), job, start_rounds, path)
+
+  def _together(self, job, argvs):
+    """(the --together command, its log) of a job of several trials."""
+    folder = os.path.join(self.sweep_dir, 'together')
+    os.makedirs(folder, exist_ok=True)
+    name = f'{job[0].name}+{len(job) - 1}'
+    members = os.path.abspath(os.path.join(folder, f'{name}.json'))
+    with open(members, 'w') as f:
+      json.dump([a[len(self.command):] for a in argvs], f, indent=1)
+    return ([*self.command, f'--together={members}'],
+            os.path.join(self.sweep_dir, 'logs', f'{name}.log'))
 
   def reap_exited(self):
-    for name, (proc, started, start_round) in list(self.running.items()):
+    for name, (proc, started, job, start_rounds, path) in list(self.running.items()):
       cpu = _try_wait(proc)
       if proc.returncode is not None:
         del self.running[name]
-        self._reap(name, proc, started, cpu, start_round)
+        for trial, start_round in zip(job, start_rounds):
+          self._reap(trial, proc, started, cpu and cpu / len(job), start_round, path, len(job))
 
-  def _reap(self, name, proc, started, cpu, start_round):
-    trial = next(t for t in self.trials if t.name == name)
+  def _reap(self, trial, proc, started, cpu, start_round, path, members=1):
+    """A trial's outcome (a member of a population: finished when its own run is)."""
     seconds = time.monotonic() - started
-    path = sweep.log_path(self.sweep_dir, trial)
-    if proc.returncode == 0 and sweep.is_finished(self.sweep_dir, trial, self.fixed):
+    if sweep.is_finished(self.sweep_dir, trial, self.fixed) and (proc.returncode == 0
+                                                                  or members > 1):
       outcome = TrialOutcome(trial, 'finished', path, 0, seconds, cpu_seconds=cpu)
-      sweep.record_trial_seconds(self.sweep_dir, name, seconds, cpu, start_round)
+      sweep.record_trial_seconds(self.sweep_dir, trial.name, seconds, cpu, start_round)
     else:
       why = (f'exit status {proc.returncode}' if proc.returncode != 0
              else 'exited 0 but metrics.csv does not reach the final round')
       outcome = TrialOutcome(trial, 'failed', path, proc.returncode, seconds,
                              cpu_seconds=cpu, message=f'{why}: {_last_line(path)}')
     cpu_text = '' if cpu is None else f', {cpu:.0f} s CPU'
-    self.log(f'{self._record(outcome)} {outcome.status} {name} ({seconds:.0f} s{cpu_text})' +
-             (f': {outcome.message}' if outcome.status == 'failed' else ''))
+    shared = f', one of {members} in one process' if members > 1 else ''
+    self.log(f'{self._record(outcome)} {outcome.status} {trial.name} ({seconds:.0f} s'
+             f'{cpu_text}{shared})' + (f': {outcome.message}' if outcome.status == 'failed'
+                                        else ''))
 
 
 def _try_wait(proc: subprocess.Popen) -> Optional[float]:

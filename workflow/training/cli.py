@@ -286,7 +286,7 @@ def stopped_before_start(signum: int) -> errors.Stopped:
   return _stopped(signum, None, None)
 
 
-def run_training(settings: config.Settings, notes=()):
+def run_training(settings: config.Settings, notes=(), members=None):
   """Validates `settings`, builds task and algorithm, trains; returns (state, last metrics).
 
   `notes` (from `resolve_flags`: what a preset and the algorithm's defaults
@@ -305,10 +305,12 @@ def run_training(settings: config.Settings, notes=()):
   check_settings(settings)
   from workflow.training import program  # pylint: disable=g-import-not-at-top
   previous_handlers = install_signal_handlers()
-  state = {'out': None, 'progress': None}
+  state = {'out': None, 'outs': [], 'progress': None}
   stopped = False
   try:
     with _keep_swallowed_interrupts():
+      if members:  # --together: `members` are their (settings, notes)
+        return _run_together([m for m, _ in members], state, [n for _, ns in members for n in ns])
       return _run_training(settings, state, notes)
   except program.Interrupted as e:
     stopped = True
@@ -322,8 +324,8 @@ def run_training(settings: config.Settings, notes=()):
     stopped = True  # the signal, reported by a C call as another error: a stop all the same
     raise _stopped(_received[0], state['out'], state['progress']) from None
   finally:
-    if state['out'] is not None:
-      experiment.unlock_run_dir(state['out'])
+    for out in state['outs']:
+      experiment.unlock_run_dir(out)
     if not stopped:  # after a stop they stay the default action (`_stopped`)
       restore_signal_handlers(previous_handlers)
 
@@ -341,8 +343,9 @@ def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
   return addresses
 
 
-def _build(settings: config.Settings, status: dict):
+def _build(settings: config.Settings, status: dict, process=None):
   """Task, process, schedules and client set-up, and the prepared run directory.
+  `process`: a population's, built for its first member (None: built here).
 
   Returns (task, process, schedules, client_data_fn, client_state, out, the line that says
   how rounds run).
@@ -357,16 +360,19 @@ def _build(settings: config.Settings, status: dict):
         settings.task, batch_size=settings.client.client_batch_size,
         num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
     validation.check_task_counts(settings, task)
-    built = algorithm_builders.built(task, settings)
-    process = built.process
-    line = algorithm_builders.execution_line(built, bool(settings.execution.data_on_workers))
+    line = ''
+    if process is None:
+      built = algorithm_builders.built(task, settings)
+      process = built.process
+      line = algorithm_builders.execution_line(built, bool(settings.execution.data_on_workers))
     schedules = _round_schedules(settings, task, process)
     client_data_fn = None
     if settings.execution.data_on_workers:
       process, client_data_fn = _data_on_workers(settings, task, process)
     fresh = not os.path.exists(os.path.join(run_dir, 'flags.json'))
     out = experiment.prepare_output_dir(settings)
-    status['out'] = out
+    status['out'] = status['out'] or out
+    status['outs'].append(out)
     if fresh:  # the run's settings in TensorBoard's HParams table (once per run)
       from workflow.training import tensorboard_hparams  # pylint: disable=g-import-not-at-top
       tensorboard_hparams.write_hparams(out, settings)
@@ -414,10 +420,23 @@ def _loop_config(settings: config.Settings, out: str, schedules, client_state, l
       execution_line=line)
 
 
-def _run_training(settings: config.Settings, status: dict, notes=()):
+@contextlib.contextmanager
+def _run_errors():
+  """A run's own failures as bin/train's errors: a checkpoint that cannot resume
+  (UsageError), a diverged run or a failed write (RunFailed)."""
   from workflow.training import divergence  # pylint: disable=g-import-not-at-top
   from workflow.training import program  # pylint: disable=g-import-not-at-top
   from workflow.training import run_files  # pylint: disable=g-import-not-at-top
+  try:
+    yield
+  except (run_files.IncompatibleCheckpoint, run_files.NoIntactCheckpoint) as e:
+    raise errors.UsageError(str(e)) from None
+  except (divergence.TrainingDiverged, program.WriteFailed) as e:
+    raise errors.RunFailed(str(e)) from None
+
+
+def _run_training(settings: config.Settings, status: dict, notes=()):
+  from workflow.training import program  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   from workflow.flags import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
@@ -440,12 +459,9 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   print(f'Training {settings.server.algorithm} on {settings.task.task}{where}: output in {out}',
         file=sys.stderr)
   try:
-    result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(settings, task),
-                         client_data_fn=client_data_fn)
-  except (run_files.IncompatibleCheckpoint, run_files.NoIntactCheckpoint) as e:
-    raise errors.UsageError(str(e)) from None
-  except (divergence.TrainingDiverged, program.WriteFailed) as e:
-    raise errors.RunFailed(str(e)) from None
+    with _run_errors():
+      result = program.run(process, task, loop, round_metrics_fn=_dp_metrics_fn(settings, task),
+                           client_data_fn=client_data_fn)
   except worker_process.WorkerError as e:
     # One readable message, no TFF traceback: the fix is operational.
     raise errors.RunFailed(str(e), [*getattr(e, '__notes__', ()),
@@ -454,3 +470,31 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   finally:
     runtime.shutdown_workers()
   return result
+
+
+def _run_together(members, status: dict, notes=()):
+  """--together: the members' runs as one population (workflow/training/together.py)."""
+  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  from workflow.training import together  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+  first = _build(members[0], status)
+  pop = together.population_of(first[1])
+  built = [first] + [_build(settings, status, pop.process) for settings in members[1:]]
+  runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
+  loops = [together.member_loop(
+      pop.process, task, _loop_config(settings, out, schedules, client_state, line),
+      _dp_metrics_fn(settings, task), together.initial_state(pop.process, members[0], settings,
+                                                             task))
+           for settings, (task, _, schedules, _, client_state, out, line) in zip(members, built)]
+  status['progress'] = loops[0].config.progress
+  for note in dict.fromkeys(notes):
+    print(note, file=sys.stderr)
+  print(f'Training {len(members)} runs of {members[0].server.algorithm} on '
+        f'{members[0].task.task} together: outputs in {", ".join(status["outs"])}',
+        file=sys.stderr)
+  with _run_errors():
+    stopped = together.run_members(pop, loops, members[0].loop.show_progress,
+                                   _raise_if_signalled)
+  if stopped:
+    raise errors.RunFailed(f'{len(stopped)} of {len(members)} members diverged (the others '
+                           f'finished): {"; ".join(stopped.values())}')

@@ -31,7 +31,9 @@ RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'first_eval_ro
                                'execution', 'cohort_mode', 'cohort_jit_compile',
                                # When to stop a run, not what a round computes.
                                'divergence_factor', 'divergence_rounds',
-                               'trust_command_line'})
+                               'trust_command_line',
+                               # Which other runs share this one's process.
+                               'together'})
 
 # Flags that do not name a run: where it runs and for how long (resumable
 # changes), where its files and data are.

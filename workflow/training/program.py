@@ -14,12 +14,10 @@ guaranteed, each failure's message and how to recover by hand.
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
@@ -35,6 +33,7 @@ from tff_adaptive.rounds import layout
 from workflow.flags import train_flags
 from workflow.training import cohort_feed
 from workflow.training import divergence
+from workflow.training import heartbeat
 from workflow.training import run_files
 
 
@@ -220,7 +219,7 @@ def _model_weights(process, state):
 
 
 async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feeder):
-  loop = _Loop(process, task, config, round_metrics_fn, client_data_fn, feeder)
+  loop = Loop(process, task, config, round_metrics_fn, client_data_fn, feeder)
   await loop.resume()
   bar = loop.progress_bar()
   row = {}
@@ -230,16 +229,7 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
       started = time.monotonic()
       sampled = loop.sample(round_num)
       output, schedule_row = loop.train(round_num, sampled)
-      row, weights = loop.measure(round_num, output)
-      loop.divergence_rule.check(round_num, row, weights, task, sampled, loop.where_to_resume)
-      loop.state = output.state
-      loop.update_client_states(round_num, sampled, output, row)
-      loop.add_totals(row)
-      row['round_seconds'] = time.monotonic() - started
-      loop.evaluate_if_due(round_num, weights, row)
-      loop.observe_schedules(round_num, schedule_row, len(sampled), row)
-      await loop.write_metrics(round_num, row)
-      await loop.checkpoint_if_due(round_num)
+      row = await loop.finish_round(round_num, sampled, output, schedule_row, started)
       loop.show_progress(bar, round_num, row)
       if config.after_round is not None:
         config.after_round()
@@ -248,7 +238,7 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
   return loop.state, row
 
 
-class _Loop:
+class Loop:
   """The training loop's steps and what they carry from round to round.
 
   `resume` sets the process state, running totals, schedules and client state
@@ -256,8 +246,11 @@ class _Loop:
   is one part of a round, in the order `_rounds` calls them.
   """
 
-  def __init__(self, process, task, config, round_metrics_fn, client_data_fn, feeder):
+  def __init__(self, process, task, config, round_metrics_fn, client_data_fn, feeder,
+               initial_state=None):
     self.process, self.task, self.config = process, task, config
+    # A population member's own start (its weights and hyperparameters), else initialize()'s.
+    self.initial_state = initial_state
     self.round_metrics_fn, self.client_data_fn, self.feeder = (round_metrics_fn, client_data_fn,
                                                                feeder)
     self.sched, self.hook = config.schedules, config.client_state
@@ -274,7 +267,8 @@ class _Loop:
 
   async def resume(self):
     """The program state of the newest intact checkpoint, else the initial one."""
-    initial = self.process.initialize()
+    initial = (self.process.initialize() if self.initial_state is None
+               else self.initial_state)
     # Schedules' state is JSON text: feedback windows and plateau counters are
     # small Python structures that a SavedModel does not hold natively.
     # Running totals are JSON text too: their keys (the process's cost metrics)
@@ -330,21 +324,43 @@ class _Loop:
 
   def train(self, round_num: int, sampled: list[str]):
     """This round's schedules applied, then `process.next`; returns (output, schedule row)."""
+    try:
+      data, schedule_row = self.prepare(round_num, sampled)
+      with heartbeat.while_running(round_num, self.config):
+        output = self.process.next(self.state, data)
+    except Exception as e:
+      self.note_failure(e, round_num)
+      raise
+    return output, schedule_row
+
+  def note_failure(self, e: Exception, round_num: int) -> None:
+    # The caller (bin/train) reports where a rerun resumes; the type is kept.
+    e.add_note(f'Round {round_num} failed; {self.where_to_resume()}.')
+
+  def prepare(self, round_num: int, sampled: list[str]):
+    """This round's schedules applied to the state; (the clients' data, schedule row)."""
     # Composer-built processes run K steps themselves (K is in their state).
     data_steps = None if _has_round_hparams(self.state) else self.config.local_steps
     schedule_row = {}
     if self.sched is not None:
       self.state, scheduled_steps, schedule_row = self.sched.apply(self.state, round_num)
       data_steps = scheduled_steps if scheduled_steps is not None else data_steps
-    try:
-      data = self._client_data(round_num, sampled, data_steps)
-      with _heartbeat(round_num, self.config):
-        output = self.process.next(self.state, data)
-    except Exception as e:
-      # The caller (bin/train) reports where a rerun resumes; the type is kept.
-      e.add_note(f'Round {round_num} failed; {self.where_to_resume()}.')
-      raise
-    return output, schedule_row
+    return self._client_data(round_num, sampled, data_steps), schedule_row
+
+  async def finish_round(self, round_num: int, sampled: list[str], output, schedule_row,
+                         started: float) -> dict:
+    """Everything after `process.next`: measure, check, evaluate, write, checkpoint; the row."""
+    row, weights = self.measure(round_num, output)
+    self.divergence_rule.check(round_num, row, weights, self.task, sampled, self.where_to_resume)
+    self.state = output.state
+    self.update_client_states(round_num, sampled, output, row)
+    self.add_totals(row)
+    row['round_seconds'] = time.monotonic() - started
+    self.evaluate_if_due(round_num, weights, row)
+    self.observe_schedules(round_num, schedule_row, len(sampled), row)
+    await self.write_metrics(round_num, row)
+    await self.checkpoint_if_due(round_num)
+    return row
 
   def _client_data(self, round_num: int, sampled: list[str], data_steps: Optional[int]):
     if self.feeder is not None:  # K is this round's (schedules may change it)
@@ -439,32 +455,6 @@ class _Loop:
 def _text(saved) -> str:
   # A checkpoint gives back JSON text as bytes; a fresh program state holds str.
   return saved.decode() if isinstance(saved, bytes) else str(saved)
-
-
-@contextlib.contextmanager
-def _heartbeat(round_num: int, config: LoopConfig):
-  """While the block runs: a line after `heartbeat_seconds`, then every 6x as long."""
-  if not (config.show_progress and config.heartbeat_seconds > 0):
-    yield
-    return
-  done = threading.Event()
-  started = time.monotonic()
-
-  def beat():
-    wait = config.heartbeat_seconds
-    while not done.wait(wait):
-      tqdm.tqdm.write(f'round {round_num}/{config.total_rounds}: still running after '
-                      f'{time.monotonic() - started:.0f} s', file=sys.stderr)
-      sys.stderr.flush()
-      wait = 6 * config.heartbeat_seconds
-
-  thread = threading.Thread(target=beat, name='round-heartbeat', daemon=True)
-  thread.start()
-  try:
-    yield
-  finally:
-    done.set()
-    thread.join()
 
 
 def with_hparams_of(process, state, initial):
