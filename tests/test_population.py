@@ -15,6 +15,7 @@ import pytest
 import tensorflow_federated as tff
 
 import algorithm_testing as at
+from tff_adaptive.aggregators import dp
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import fedprox
@@ -144,6 +145,11 @@ def test_refusals_name_the_reason(datasets):
                                         execution=cohort.CohortExecution())
   with pytest.raises(ValueError, match='scaffold: clients that keep state'):
     population.build_population(keeps_state)
+  noisy = fedopt.build_fedavg(at.model_fn, _sgd(), local_steps=2,
+                              model_aggregator=dp.dp_aggregator(0.0, 1.0, 2),
+                              execution=cohort.CohortExecution())
+  with pytest.raises(ValueError, match='fedavg: fixed-clip DP has no population form yet'):
+    population.build_population(noisy)
   pop = population.build_population(BUILDERS['fedavg'](cohort.CohortExecution()))
   state = pop.initialize(2)
   with pytest.raises(ValueError, match=r'one list of client datasets per member \(2\)'):

@@ -3,7 +3,8 @@
 A population's members write exactly what their own runs write: each member's
 metrics.csv equals its separate run's (within 1e-5 relative), on a 2 × 2 grid
 (client η × seed; the seed moves the data split, the sampling and the weights'
-start), and a server-η member. A member that diverges stops alone; a
+start), and a server-η member; a member's directory then resumes as an ordinary
+run. A member that diverges stops alone; a
 population killed with SIGKILL resumes to the uninterrupted population's
 result; what cannot run together is refused in one line before anything is
 written.
@@ -82,6 +83,13 @@ def test_members_equal_their_separate_runs(tmp_path):
   finals = {_rows(tmp_path / 'together' / _flag(m, 'experiment_name'))[-1][
       'train/client_work/train/loss'] for m in members}
   assert len(finals) == len(members)  # the members differ
+  # A member's directory is an ordinary run's: bin/train without --together extends it.
+  extended = [a for a in members[0] if not a.startswith('--total_rounds')] + ['--total_rounds=4']
+  code, output = train_config.train(extended)
+  assert code == 0, output[-3000:]
+  assert 'Resuming from the checkpoint after round 3' in output
+  name = _flag(members[0], 'experiment_name')
+  assert [r['round'] for r in _rows(tmp_path / 'together' / name)] == ['1', '2', '3', '4']
 
 
 def test_a_member_that_diverges_stops_alone(tmp_path):

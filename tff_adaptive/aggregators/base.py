@@ -140,6 +140,9 @@ class InProgram:
   keep what the build's types determine (robust: its measurements' layout).
   """
   weighted_delta = True  # the sums hold Σ w·Δ; False: Σ Δ (an unweighted sum)
+  # Why a population of runs (rounds/population.py) cannot aggregate with this
+  # form (None: it can); its server part runs once per member there.
+  not_in_population: Optional[str] = None
 
   def __init__(self, aggregator: Aggregator, sum_extra: bool):
     self.aggregator = aggregator

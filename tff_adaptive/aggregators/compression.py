@@ -129,6 +129,7 @@ class InProgram(base.InProgram):
   values (Δ and extra alike, as `create`'s MeanFactory does: a summed extra
   upload is averaged too), and the encoded bits averaged over clients
   (`upload_bits_per_client`)."""
+  not_in_population = 'CE-FedAvg compression has no population form yet (the mean has)'
 
   def __init__(self, aggregator: SharedIndexCompressionFactory, sum_extra: bool):
     del sum_extra  # averaged, as `create` averages it

@@ -62,6 +62,7 @@ class InProgram(base.InProgram):
   the sum, NormalizedQuery divides by clients_per_round (a constant, not the
   cohort's size). The extra upload is averaged as in the per-client round.
   """
+  not_in_population = 'fixed-clip DP has no population form yet (the mean has)'
   weighted_delta = False
 
   def __init__(self, aggregator: GaussianFixed, sum_extra: bool):

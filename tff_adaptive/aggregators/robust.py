@@ -96,6 +96,7 @@ class InProgram(base.InProgram):
   state) gives the next estimate; the measurements are the norms used and
   the counts, nested as TFF's (zeroing/clipping/mean).
   """
+  not_in_population = 'robust aggregation has no population form yet (the mean has)'
 
   def __init__(self, aggregator: RobustFactory, sum_extra: bool):
     super().__init__(aggregator, sum_extra)

@@ -102,6 +102,9 @@ class PopulationProcess:
     if getattr(process, 'stateful_clients', False):
       raise ValueError(f'{process.recipe.name}: clients that keep state or measure user '
                        'accuracy have no population form yet')
+    why = parts.program.aggregation.form.not_in_population
+    if why:
+      raise ValueError(f'{process.recipe.name}: {why}')
     self.process = process
     self.next = PopulationNext(parts, process.batches_per_client)
 
@@ -141,8 +144,13 @@ class PopulationNext:
     specs = [_with_member_axis(s) for s in parts.tensor_specs()]
     self._message = tf.function(over_members(parts.message_fn), autograph=False)
     self._message.get_concrete_function(*specs)
+    # The shard program's relaxed signature with a member axis: one trace for
+    # every population size and shard shape (epochs pad to other step counts).
+    message_spec, shard_spec = parts.traced_shard.structured_input_signature[0]
     self._lanes = tf.function(program.lanes, autograph=False,
-                              jit_compile=parts.jit_compile == 'program')
+                              jit_compile=parts.jit_compile == 'program',
+                              input_signature=[_with_member_axis(message_spec),
+                                               _with_member_axis(shard_spec)])
     server = lambda *args: aggregation.server(parts.server_round, *args)
     self._server = tf.function(over_members(server), autograph=False)
     self._server.get_concrete_function(

@@ -1,0 +1,141 @@
+"""A sweep as separate bin/train processes against one population (bin/sweep --together).
+
+The same sweep, started as a user starts it (`bin/sweep.py`, a fresh --sweep_dir each
+time, start-up included), in one run on this machine:
+
+  separate_1    every trial its own bin/train process, --max_parallel=1
+  separate_2    the same, --max_parallel=2 (both cores)
+  together      bin/sweep --together: the trials of one program shape as one process
+
+The setting (--setting): `digits` is the issue's: FedAdam on the digits MLP, 5 client ×
+5 server learning rates (25 members), 10 clients per round, 100 rounds, evaluation at
+the last round. `digits_small` is 2 × 2 members and 10 rounds (the shape, quickly).
+
+Reported per mode: the sweep's wall-clock and CPU seconds (the children's user +
+system), member-rounds per second, the training FLOPs the runs counted
+(`cost/client_flops` of every metrics.csv row) per wall second beside this CPU's
+matmul rate (a 2048² float32 matmul, same run), the peak resident memory of the largest
+child (one bin/train process, or the population), the load before and after; and the
+largest relative difference of any member's final train loss and eval accuracy from its
+separate run's. Regenerate bench/results/population_<setting>.json:
+
+  .venv/bin/python bench/population.py --setting=digits
+"""
+
+import argparse
+import csv
+import glob
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
+
+import machine_info  # pylint: disable=g-import-not-at-top
+
+SETTINGS = {
+    'digits': dict(client_lrs='0.03,0.1,0.3,1,3', server_lrs='0.001,0.003,0.01,0.03,0.1',
+                   rounds=100),
+    'digits_small': dict(client_lrs='0.1,0.3', server_lrs='0.01,0.03', rounds=10),
+}
+MODES = {'separate_1': ['--max_parallel=1'], 'separate_2': ['--max_parallel=2'],
+         'together': ['--together']}
+
+
+def sweep_command(setting: dict, sweep_dir: str, mode: str) -> list[str]:
+  fixed = (f"task=digits;algorithm=fedadam;total_rounds={setting['rounds']};"
+           f"clients_per_round=10;rounds_per_eval={setting['rounds']};show_progress=false")
+  grid = (f"client_learning_rate={setting['client_lrs']};"
+          f"server_learning_rate={setting['server_lrs']}")
+  return [sys.executable, os.path.join(ROOT, 'bin', 'sweep.py'), f'--sweep_dir={sweep_dir}',
+          f'--fixed={fixed}', f'--grid={grid}', '--select_rule=final', *MODES[mode]]
+
+
+def run_mode(setting: dict, mode: str, work: str) -> dict:
+  """One sweep from a fresh directory: its cost and every trial's metrics.csv rows."""
+  sweep_dir = os.path.join(work, mode)
+  shutil.rmtree(sweep_dir, ignore_errors=True)
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  load_before = machine_info.load_average()
+  started = time.monotonic()
+  result = subprocess.run(sweep_command(setting, sweep_dir, mode), capture_output=True,
+                          text=True, cwd=ROOT, check=False)
+  seconds = time.monotonic() - started
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  if result.returncode != 0:
+    raise SystemExit(f'{mode}: bin/sweep exited {result.returncode}: {result.stderr[-2000:]}')
+  trials = {}
+  for path in glob.glob(os.path.join(sweep_dir, 'trials', '*', 'metrics.csv')):
+    with open(path, newline='') as f:
+      trials[os.path.basename(os.path.dirname(path))] = list(csv.DictReader(f))
+  rounds = sum(len(rows) for rows in trials.values())
+  flops = sum(float(r.get('cost/client_flops') or 0) for rows in trials.values() for r in rows)
+  return dict(mode=mode, seconds=seconds,
+              cpu_seconds=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+              member_rounds=rounds, member_rounds_per_s=rounds / seconds,
+              train_gflop_per_s=flops / seconds / 1e9,
+              peak_child_rss_mib=after.ru_maxrss / 1024, load_before=load_before,
+              load_after=machine_info.load_average(), trials=trials)
+
+
+def matmul_gflops() -> float:
+  """This CPU's float32 matmul rate through TensorFlow (2048², best of 5)."""
+  code = ('import time, tensorflow as tf\n'
+          'a = tf.random.normal([2048, 2048]); b = tf.random.normal([2048, 2048])\n'
+          'f = tf.function(lambda: tf.matmul(a, b)); f().numpy()\n'
+          'best = min(((lambda t: (f().numpy(), time.perf_counter() - t)[1])('
+          'time.perf_counter())) for _ in range(5))\n'
+          'print(2 * 2048 ** 3 / best / 1e9)\n')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  return float(out.stdout.strip().splitlines()[-1])
+
+
+def largest_difference(separate: dict, together: dict) -> dict:
+  """Largest relative difference of the members' final values from their separate runs'."""
+  worst = {}
+  for key in ('train/client_work/train/loss', 'eval/accuracy'):
+    diffs = []
+    for name, rows in separate.items():
+      want, got = float(rows[-1][key]), float(together[name][-1][key])
+      diffs.append(abs(got - want) / max(abs(want), 1e-12))
+    worst[key] = max(diffs)
+  return worst
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--setting', choices=sorted(SETTINGS), default='digits')
+  parser.add_argument('--out', default=os.path.join(ROOT, 'bench', 'results'))
+  args = parser.parse_args()
+  setting = SETTINGS[args.setting]
+  work = tempfile.mkdtemp(prefix='population_bench_')
+  try:
+    peak = matmul_gflops()
+    results = {mode: run_mode(setting, mode, work) for mode in MODES}
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+  separate = results['separate_2']
+  report = dict(
+      machine=machine_info.machine(), setting=dict(args.setting and setting, name=args.setting),
+      matmul_gflop_per_s=peak,
+      modes={m: {k: v for k, v in r.items() if k != 'trials'} for m, r in results.items()},
+      together_over_separate_2=separate['seconds'] / results['together']['seconds'],
+      together_over_separate_1=results['separate_1']['seconds'] / results['together']['seconds'],
+      largest_relative_difference=largest_difference(separate['trials'],
+                                                     results['together']['trials']))
+  path = os.path.join(args.out, f'population_{args.setting}.json')
+  with open(path, 'w') as f:
+    json.dump(report, f, indent=1)
+  print(json.dumps({k: v for k, v in report.items() if k != 'machine'}, indent=1))
+  print(path)
+
+
+if __name__ == '__main__':
+  main()
