@@ -15,9 +15,10 @@ Reported per mode: the sweep's wall-clock and CPU seconds (the children's user +
 system), member-rounds per second, the training FLOPs the runs counted
 (`cost/client_flops` of every metrics.csv row) per wall second beside this CPU's
 matmul rate (a 2048² float32 matmul, same run), the peak resident memory of the largest
-child (one bin/train process, or the population), the load before and after; and the
-largest relative difference of any member's final train loss and eval accuracy from its
-separate run's. Regenerate bench/results/population_<setting>.json:
+child (one bin/train process, or the population), the load before and after; and per
+member, the first round whose train loss differs from its separate run's (--max_parallel=2)
+by more than 1e-5 relative, and the final relative differences of train loss and eval
+accuracy (float summation order differs; unstable members amplify it). Regenerate bench/results/population_<setting>.json:
 
   .venv/bin/python bench/population.py --setting=digits
 """
@@ -97,16 +98,18 @@ def matmul_gflops() -> float:
   return float(out.stdout.strip().splitlines()[-1])
 
 
-def largest_difference(separate: dict, together: dict) -> dict:
-  """Largest relative difference of the members' final values from their separate runs'."""
-  worst = {}
-  for key in ('train/client_work/train/loss', 'eval/accuracy'):
-    diffs = []
-    for name, rows in separate.items():
-      want, got = float(rows[-1][key]), float(together[name][-1][key])
-      diffs.append(abs(got - want) / max(abs(want), 1e-12))
-    worst[key] = max(diffs)
-  return worst
+def differences(separate: dict, together: dict, key='train/client_work/train/loss') -> dict:
+  """Per member: the first round whose `key` differs from its separate run's by more than
+  1e-5 relative (None: none), and the final relative differences."""
+  out = {}
+  for name, rows in separate.items():
+    pairs = [(float(a[key]), float(b[key]), int(a['round'])) for a, b in zip(rows, together[name])]
+    first = next((r for want, got, r in pairs if abs(got - want) > 1e-5 * abs(want)), None)
+    final = {k: abs(float(together[name][-1][k]) - float(rows[-1][k])) /
+             max(abs(float(rows[-1][k])), 1e-12) for k in (key, 'eval/accuracy')}
+    out[name] = dict(first_round_over_1e5=first, final_relative=final,
+                     final_loss=float(rows[-1][key]))
+  return out
 
 
 def main():
@@ -128,8 +131,7 @@ def main():
       modes={m: {k: v for k, v in r.items() if k != 'trials'} for m, r in results.items()},
       together_over_separate_2=separate['seconds'] / results['together']['seconds'],
       together_over_separate_1=results['separate_1']['seconds'] / results['together']['seconds'],
-      largest_relative_difference=largest_difference(separate['trials'],
-                                                     results['together']['trials']))
+      member_differences=differences(separate['trials'], results['together']['trials']))
   path = os.path.join(args.out, f'population_{args.setting}.json')
   with open(path, 'w') as f:
     json.dump(report, f, indent=1)

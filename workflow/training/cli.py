@@ -481,17 +481,17 @@ def _run_together(members, status: dict, notes=()):
   pop = together.population_of(first[1])
   built = [first] + [_build(settings, status, pop.process) for settings in members[1:]]
   runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
+  evaluators = {}
   loops = [together.member_loop(
       pop.process, task, _loop_config(settings, out, schedules, client_state, line),
       _dp_metrics_fn(settings, task), together.initial_state(pop.process, members[0], settings,
-                                                             task))
+                                                             task), evaluators)
            for settings, (task, _, schedules, _, client_state, out, line) in zip(members, built)]
   status['progress'] = loops[0].config.progress
   for note in dict.fromkeys(notes):
     print(note, file=sys.stderr)
-  print(f'Training {len(members)} runs of {members[0].server.algorithm} on '
-        f'{members[0].task.task} together: outputs in {", ".join(status["outs"])}',
-        file=sys.stderr)
+  print(f'Training {len(members)} runs of {members[0].server.algorithm} on {members[0].task.task}'
+        f' together: outputs in {", ".join(status["outs"])}', file=sys.stderr)
   with _run_errors():
     stopped = together.run_members(pop, loops, members[0].loop.show_progress,
                                    _raise_if_signalled)

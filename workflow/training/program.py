@@ -247,7 +247,7 @@ class Loop:
   """
 
   def __init__(self, process, task, config, round_metrics_fn, client_data_fn, feeder,
-               initial_state=None):
+               initial_state=None, evaluate=None):
     self.process, self.task, self.config = process, task, config
     # A population member's own start (its weights and hyperparameters), else initialize()'s.
     self.initial_state = initial_state
@@ -256,7 +256,8 @@ class Loop:
     self.sched, self.hook = config.schedules, config.client_state
     self.state_manager = tff.program.FileProgramStateManager(
         os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
-    self.evaluate = KerasEvaluator(task, config.eval_stride)
+    # A population's members of one seed share theirs (together.py).
+    self.evaluate = evaluate or KerasEvaluator(task, config.eval_stride)
     self.client_ids = list(task.train_data.client_ids)
     self.divergence_rule = divergence.Rule(config.divergence_factor, config.divergence_rounds)
     self.last_eval = {}

@@ -200,12 +200,32 @@ def population_of(process):
     raise errors.UsageError(f'--together: {e}') from None
 
 
-def member_loop(process, task, loop_config, round_metrics_fn, start):
-  """A member's loop (`program.Loop`): its task, run directory, feeder and start."""
+def member_loop(process, task, loop_config, round_metrics_fn, start, evaluators: dict):
+  """A member's loop (`program.Loop`): its task, run directory, feeder and start.
+  Members of one seed (one task's test data) share an evaluator (`evaluators`)."""
   from workflow.training import cohort_feed  # pylint: disable=g-import-not-at-top
   from workflow.training import program  # pylint: disable=g-import-not-at-top
+  key = (id(type(task)), loop_config.seed, loop_config.eval_stride)
+  if key not in evaluators:
+    evaluators[key] = _Remembered(program.KerasEvaluator(task, loop_config.eval_stride))
   return program.Loop(process, task, loop_config, round_metrics_fn, None,
-                      cohort_feed.CohortFeeder(task, process), initial_state=start)
+                      cohort_feed.CohortFeeder(task, process), initial_state=start,
+                      evaluate=evaluators[key])
+
+
+class _Remembered:
+  """An evaluator that answers again for the weights it last evaluated (the
+  members of one seed start from the same weights: one evaluation of them)."""
+
+  def __init__(self, evaluate):
+    self._evaluate, self._last = evaluate, (None, None)
+
+  def __call__(self, model_weights):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    key = b''.join(np.asarray(w).tobytes() for w in tf.nest.flatten(model_weights))
+    if self._last[0] != key:
+      self._last = (key, self._evaluate(model_weights))
+    return dict(self._last[1])
 
 
 def run_members(pop, loops, show_progress: bool, after_round=None) -> dict:
