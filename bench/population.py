@@ -18,7 +18,8 @@ matmul rate (a 2048² float32 matmul, same run), the peak resident memory of the
 child (one bin/train process, or the population), the load before and after; and per
 member, the first round whose train loss differs from its separate run's (--max_parallel=2)
 by more than 1e-5 relative, and the final relative differences of train loss and eval
-accuracy (float summation order differs; unstable members amplify it). Regenerate bench/results/population_<setting>.json:
+accuracy (float summation order differs; unstable members amplify it). Regenerate
+bench/results/population_<setting>.json:
 
   .venv/bin/python bench/population.py --setting=digits
 """

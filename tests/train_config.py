@@ -77,15 +77,8 @@ def train(args, program: str = 'train.py') -> tuple[int, str]:
   bin/train does once absl has parsed it (resolve the flags, check them, run, report;
   --together: its members')."""
   def run():
-    from absl import flags  # pylint: disable=g-import-not-at-top
-    from workflow.flags import train_flags  # pylint: disable=g-import-not-at-top
     from workflow.training import together  # pylint: disable=g-import-not-at-top
-    values = flags.FlagValues()
-    train_flags.define_flags(values)
-    try:
-      values([program, *args])
-    except flags.Error as e:
-      raise errors.UsageError(str(e)) from None
+    values = cli.parsed_args(args, program)
     settings, notes = cli.resolve_flags(values)
     members = together.members_of(settings, values, cli.config_from_args)
     for member, _ in members or [(settings, notes)]:

@@ -99,16 +99,18 @@ def resolve_flags(flag_values: flags.FlagValues) -> tuple[config.Settings, list[
 def config_from_args(args, program: str = 'bin/train.py') -> tuple[config.Settings, list[str]]:
   """`resolve_flags` of a bin/train command line (without the program), parsed on its own
   FlagValues: what bin/train would run, for tests and scripts that run in-process."""
+  return resolve_flags(parsed_args(args, program))
+
+
+def parsed_args(args, program: str = 'bin/train.py') -> flags.FlagValues:
+  """bin/train's flags parsed from a command line (without the program), on their own."""
   values = flags.FlagValues()
   train_flags.define_flags(values)
   try:
     values([program, *args])
   except flags.Error as e:
     raise errors.UsageError(str(e)) from None
-  return resolve_flags(values)
-
-
-# Re-exported: tests and scripts use them as cli's.
+  return values
 
 
 def check_settings(settings: config.Settings) -> None:
@@ -492,9 +494,5 @@ def _run_together(members, status: dict, notes=()):
     print(note, file=sys.stderr)
   print(f'Training {len(members)} runs of {members[0].server.algorithm} on {members[0].task.task}'
         f' together: outputs in {", ".join(status["outs"])}', file=sys.stderr)
-  with _run_errors():
-    stopped = together.run_members(pop, loops, members[0].loop.show_progress,
-                                   _raise_if_signalled)
-  if stopped:
-    raise errors.RunFailed(f'{len(stopped)} of {len(members)} members diverged (the others '
-                           f'finished): {"; ".join(stopped.values())}')
+  with _run_errors():  # RunFailed naming the members that diverged, once the others finished
+    together.run_members(pop, loops, members[0].loop.show_progress, _raise_if_signalled)

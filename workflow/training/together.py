@@ -228,12 +228,16 @@ class _Remembered:
     return dict(self._last[1])
 
 
-def run_members(pop, loops, show_progress: bool, after_round=None) -> dict:
-  """`run_rounds` to the end; the members' feeders closed however it ends."""
+def run_members(pop, loops, show_progress: bool, after_round=None) -> None:
+  """`run_rounds` to the end, the members' feeders closed however it ends; RunFailed
+  naming the members that diverged (the others finished)."""
   import asyncio  # pylint: disable=g-import-not-at-top
   try:
     stopped = asyncio.run(run_rounds(pop, loops, show_progress, after_round))
   finally:
     for loop in loops:
       loop.feeder.close()
-  return {loop.config.output_dir: why for loop, why in stopped.items()}
+  if stopped:
+    which = '; '.join(f'{loop.config.output_dir}: {why}' for loop, why in stopped.items())
+    raise errors.RunFailed(f'{len(stopped)} of {len(loops)} members diverged (the others '
+                           f'finished): {which}')
