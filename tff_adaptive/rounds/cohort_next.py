@@ -181,19 +181,21 @@ class InProcessNext:
   def __call__(self, state, shards):
     return skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, shards)
 
-  def _message_step(self, weights, stats, hparams, *aggregator_state):
-    weights = tff.learning.models.ModelWeights(*_as_tensors(weights))
-    return self._message(weights, *_as_tensors((stats, hparams, *aggregator_state)))
+  def _message_step(self, weights, *rest):
+    return with_tensors(self._message, weights, *rest)
 
   def _server_step(self, weights, stats, hparams, sums):
     """The server's tf.function; then, eagerly, the Keras metric finalizers (they
     build metrics, i.e. variables, when called) and TFF's NumPy containers."""
-    tensors = tff.learning.models.ModelWeights(*_as_tensors(weights))
-    new_weights, new_stats, metrics = self._server(tensors, *_as_tensors((stats, hparams)),
-                                                   sums)
+    new_weights, new_stats, metrics = with_tensors(self._server, weights, stats, hparams, sums)
     metrics['train'] = self._view.finalize(sums['metrics'])
     return (numpy_like(weights, new_weights), numpy_like(stats, new_stats),
             tf.nest.map_structure(np.asarray, metrics))
+
+
+def with_tensors(fn, weights, *rest):
+  """fn(x_t, ...) called with TFF's NumPy containers as tensors (x_t a `ModelWeights`)."""
+  return fn(tff.learning.models.ModelWeights(*_as_tensors(weights)), *_as_tensors(rest))
 
 
 def _as_tensors(structure):

@@ -85,12 +85,9 @@ class CohortProgram:
     as the shard program runs a cohort's clients (vectorised or in sequence)
     with the weights' lane axis [P × C] in place of the client axis.
     """
-    if self.stateful:
-      raise ValueError(f'{self.loop.recipe.name}: clients that keep state or measure user '
-                       'accuracy have no population form yet')
-    if self.vectorized and steps_outside(self.view):
-      raise ValueError('a population of recurrent models runs its lanes in sequence: '
-                       "CohortExecution(mode='sequential')")
+    why = self.why_no_lanes()
+    if why:
+      raise ValueError(why)
     size = tf.shape(shard['mask'])[:2]
     lanes = tf.nest.map_structure(
         lambda t: tf.reshape(t, tf.concat([[size[0] * size[1]], tf.shape(t)[2:]], 0)),
@@ -104,14 +101,20 @@ class CohortProgram:
     if self.vectorized:
       sums = tf.vectorized_map(one, (lane_messages, lanes), fallback_to_while_loop=True)
     else:
-      first = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype),
-                                    (lane_messages, lanes))
-      graph = tf.function(one).get_concrete_function(first)
-      sums = tf.map_fn(one, (lane_messages, lanes), fn_output_signature=tf.nest.map_structure(
-          lambda t: tf.TensorSpec(t.shape, t.dtype), graph.structured_outputs))
+      sums = _in_sequence(one, (lane_messages, lanes))
     return tf.nest.map_structure(
         lambda t: tf.reduce_sum(tf.reshape(t, tf.concat([size, tf.shape(t)[1:]], 0)), axis=1),
         sums)
+
+  def why_no_lanes(self):
+    """Why `lanes` cannot run this program (None: it can)."""
+    if self.stateful:
+      return (f'{self.loop.recipe.name}: clients that keep state or measure user accuracy '
+              'have no population form yet')
+    if self.vectorized and steps_outside(self.view):
+      return ("a population of recurrent models runs its lanes in sequence: "
+              "CohortExecution(mode='sequential')")
+    return None
 
   def _client_elems(self, shard):
     """A shard's per-client parts: its batches and mask, and what the recipe's
@@ -163,16 +166,8 @@ class CohortProgram:
   # Each client's whole round: in sequence (map_fn), or vectorised whole.
 
   def _clients_in_sequence(self, message, x_t, shard):
-    one = lambda client: self._one_client(message, x_t, client)
-    elems = self._client_elems(shard)
-    return tf.map_fn(one, elems, fn_output_signature=self._signature(message, x_t, elems))
-
-  def _signature(self, message, x_t, elems):
-    first = tf.nest.map_structure(lambda t: t[0], elems)
-    graph = tf.function(lambda c: self._one_client(message, x_t, c)).get_concrete_function(
-        tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first))
-    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
-                                 graph.structured_outputs)
+    return _in_sequence(lambda client: self._one_client(message, x_t, client),
+                        self._client_elems(shard))
 
   def _one_client(self, message, x_t, client):
     client_state = client.get('client_state', ())
@@ -288,6 +283,15 @@ def steps_outside(view: functional.FunctionalView) -> bool:
   1.03-1.11x the round of the clients outside in three interleaved runs
   (bench/cohort_nesting.py), so they keep the nesting pfor converts whole."""
   return view.has_rnn
+
+
+def _in_sequence(fn, elems):
+  """fn(element) for each element of `elems` in turn (`tf.map_fn`), its output
+  signature read from one trace of `fn`."""
+  first = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), elems)
+  graph = tf.function(fn).get_concrete_function(first)
+  return tf.map_fn(fn, elems, fn_output_signature=tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype), graph.structured_outputs))
 
 
 def _trainable(message) -> list:

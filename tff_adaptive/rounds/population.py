@@ -99,9 +99,9 @@ class PopulationProcess:
       raise TypeError('build_population takes a cohort process run in this process (built '
                       'with execution=CohortExecution(in_process=True) and no option that '
                       f'runs it per client); got {type(process).__name__}')
-    if getattr(process, 'stateful_clients', False):
-      raise ValueError(f'{process.recipe.name}: clients that keep state or measure user '
-                       'accuracy have no population form yet')
+    why = parts.program.why_no_lanes()
+    if why:
+      raise ValueError(why)
     why = parts.program.aggregation.form.not_in_population
     if why:
       raise ValueError(f'{process.recipe.name}: {why}')
@@ -189,16 +189,14 @@ class PopulationNext:
     return tf.nest.map_structure(lambda *leaves: np.stack(leaves),
                                  *[_padded(s, shape) for s in shards])
 
-  def _message_step(self, weights, stats, hparams, *aggregator_state):
-    weights = tff.learning.models.ModelWeights(*_as_tensors(weights))
-    return self._message(weights, *_as_tensors((stats, hparams, *aggregator_state)))
+  def _message_step(self, weights, *rest):
+    return cohort_next.with_tensors(self._message, weights, *rest)
 
   def _server_step(self, weights, stats, hparams, sums):
     """The members' server steps at once; then, per member and eagerly, the Keras
     metric finalizers (they build metrics, i.e. variables, when called)."""
-    tensors = tff.learning.models.ModelWeights(*_as_tensors(weights))
-    new_weights, new_stats, metrics = self._server(tensors, *_as_tensors((stats, hparams)),
-                                                   sums)
+    new_weights, new_stats, metrics = cohort_next.with_tensors(self._server, weights, stats,
+                                                               hparams, sums)
     finalize = self._parts.program.view.finalize
     metrics['train'] = stack([finalize(member_metrics(sums['metrics'], p))
                               for p in range(size(weights))])
@@ -247,10 +245,6 @@ def _padded(shard, shape):
 
 def _with_member_axis(specs):
   return tf.nest.map_structure(lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype), specs)
-
-
-def _as_tensors(structure):
-  return tf.nest.map_structure(tf.convert_to_tensor, structure)
 
 
 def _describe(value) -> str:

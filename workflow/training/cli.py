@@ -483,11 +483,11 @@ def _run_together(members, status: dict, notes=()):
   pop = together.population_of(first[1])
   built = [first] + [_build(settings, status, pop.process) for settings in members[1:]]
   runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
-  evaluators = {}
+  evaluators, initial = {}, pop.process.initialize()
   loops = [together.member_loop(
       pop.process, task, _loop_config(settings, out, schedules, client_state, line),
-      _dp_metrics_fn(settings, task), together.initial_state(pop.process, members[0], settings,
-                                                             task), evaluators)
+      _dp_metrics_fn(settings, task),
+      together.initial_state(pop.process, initial, members[0], settings, task), evaluators)
            for settings, (task, _, schedules, _, client_state, out, line) in zip(members, built)]
   status['progress'] = loops[0].config.progress
   for note in dict.fromkeys(notes):

@@ -90,8 +90,9 @@ def check_members(members, path: str) -> None:
     raise errors.UsageError(f'--together={path}: two members would write {twice}')
 
 
-def initial_state(process, first: config.Settings, settings: config.Settings, task):
-  """A member's start: `process.initialize()` with its rates and its seed's weights.
+def initial_state(process, initial, first: config.Settings, settings: config.Settings, task):
+  """A member's start: `initial` (`process.initialize()`'s, computed once) with its rates
+  and its seed's weights.
 
   The rates are set where the process keeps them (client η in `client_work`,
   the server optimiser's in `finalizer`), and only where the flag reaches the
@@ -99,7 +100,7 @@ def initial_state(process, first: config.Settings, settings: config.Settings, ta
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  state = process.initialize()
+  state = initial
   if settings.loop.seed != first.loop.seed:  # the seed's task builds the model
     weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
     state = process.set_model_weights(state, tf.nest.map_structure(np.asarray, weights))
@@ -205,12 +206,12 @@ def member_loop(process, task, loop_config, round_metrics_fn, start, evaluators:
   Members of one seed (one task's test data) share an evaluator (`evaluators`)."""
   from workflow.training import cohort_feed  # pylint: disable=g-import-not-at-top
   from workflow.training import program  # pylint: disable=g-import-not-at-top
-  key = (id(type(task)), loop_config.seed, loop_config.eval_stride)
-  if key not in evaluators:
-    evaluators[key] = _Remembered(program.KerasEvaluator(task, loop_config.eval_stride))
+  seed = loop_config.seed  # the one setting of the task members may differ in
+  if seed not in evaluators:
+    evaluators[seed] = _Remembered(program.KerasEvaluator(task, loop_config.eval_stride))
   return program.Loop(process, task, loop_config, round_metrics_fn, None,
                       cohort_feed.CohortFeeder(task, process), initial_state=start,
-                      evaluate=evaluators[key])
+                      evaluate=evaluators[seed])
 
 
 class _Remembered:
