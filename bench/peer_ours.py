@@ -94,6 +94,9 @@ class OursDefault:
   FLAGS = {}
 
   def __init__(self, data: peer_common.SettingData):
+    # As bin/train's --intra_op_threads=0 runs the tasks with recurrent models.
+    if not runtime.set_intra_op_threads(int(data.setting.model == 'gru')):
+      raise RuntimeError('TensorFlow ran an op before the intra-op threads were set')
     runtime.use_local_cpp_context()
     built = _build(data, '', **self.FLAGS)
     self.process = built.process

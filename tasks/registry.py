@@ -81,6 +81,11 @@ TASKS: dict[str, Union[str, Callable[..., 'base.FederatedTask']]] = {
 }
 
 
+# Tasks whose models are recurrent (GRU, LSTM): bin/train's --intra_op_threads=0
+# runs them with one intra-op thread (their cohort's lanes, docs/performance.md).
+RECURRENT_TASKS = frozenset({'shakespeare_character', 'stackoverflow_word', 'shakespeare_leaf'})
+
+
 def factory(name: str) -> Callable[..., 'base.FederatedTask']:
   """The factory of the registered task `name` (its module imported now)."""
   target = TASKS[name]

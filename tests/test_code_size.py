@@ -18,7 +18,10 @@ MAX_FUNCTION_LINES = 80
 def _python_files():
   for top in CHECKED:
     for where, dirs, files in os.walk(os.path.join(ROOT, top)):
-      dirs[:] = [d for d in dirs if d != '__pycache__']
+      # Not the package's code: caches, and the peers' virtual environments
+      # (bench/peers.py, gitignored).
+      dirs[:] = [d for d in dirs if d != '__pycache__' and
+                 not os.path.exists(os.path.join(where, d, 'pyvenv.cfg'))]
       yield from (os.path.join(where, f) for f in sorted(files) if f.endswith('.py'))
 
 

@@ -162,3 +162,26 @@ def test_refusals_name_the_reason(datasets):
                                          pop.member(state, 1))['finalizer']})
   with pytest.raises(ValueError, match=r'same local steps K.*\[2, 3\]'):
     pop.next(state, [datasets[:2], datasets[2:4]])
+
+
+def test_a_recurrent_population_runs_its_lanes_with_the_lane_axis_on_the_weights():
+  """The tiny masked GRU of test_recurrent_cohort: 2 client η × 2 server η members
+  of FedAdam, their lanes (member × client) one lane-axis program (lanes.py),
+  equal to each member's own cohort run over 2 rounds of all 3 clients."""
+  import test_recurrent_cohort as rc  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  process = fedopt.build_fedadam(rc._model_fn(tf.keras.layers.GRU), _sgd(), 0.01, local_steps=2,
+                                 execution=cohort.CohortExecution())
+  assert process.vectorized and process.round_parts.program.view.lane_model is not None
+  grid = list(itertools.product(CLIENT_RATES, SERVER_RATES['fedadam'], (0,)))
+  alone = [_member_state(process, *member) for member in grid]
+  pop = population.build_population(process)
+  state, clients = pop.stack(alone), rc._datasets()
+  for round_num in range(2):
+    output = pop.next(state, [clients] * len(grid))
+    state = output.state
+    for m in range(len(grid)):
+      own = process.next(alone[m], clients)
+      alone[m] = own.state
+      _assert_member_equal(own.state, own.metrics, state, output.metrics, m,
+                           f'gru member {grid[m]} round {round_num}')

@@ -2,12 +2,14 @@
 
 A tiny GRU and a tiny LSTM (6 positions, Embedding(mask_zero=True) as the
 Shakespeare models), 3 clients of unequal sizes with partial batches: the
-vectorised cohort (recurrent layers unrolled, `tf.vectorized_map`) equals the
+vectorised cohort (the lane axis on the weights, lanes.py; or, for a GRU
+without reset_after, the layers unrolled under `tf.vectorized_map`) equals the
 per-client round within 1e-5 over 2 rounds, weights, server state and metrics
-(also Mime Lite's full-gradient pass, and SCAFFOLD's per-client state); building it never asks pfor to convert
-a while loop (the step loop is outside the vectorised code); `auto` keeps recurrent models in sequence beyond `MAX_UNROLLED_CELLS`; a length
-the layers cannot be unrolled over keeps them in sequence, and 'vectorized' is
-then refused in one line.
+(also Mime Lite's full-gradient pass, and SCAFFOLD's per-client state);
+building the unrolled one never asks pfor to convert a while loop (the step
+loop is outside the vectorised code); `auto` picks the lanes where the model
+has them; a model with neither keeps its clients in sequence, and
+'vectorized' is then refused in one line.
 """
 
 import collections
@@ -74,10 +76,16 @@ def _assert_equal(a, b, what):
                                  rtol=1e-5, atol=1e-5, err_msg=f'{what}: {name}')
 
 
+def _unrolled_gru(*args, **kwargs):
+  """A GRU without a lane form (reset_after=False): vectorised unrolled, through pfor."""
+  return tf.keras.layers.GRU(*args, reset_after=False, **kwargs)
+
+
 @pytest.mark.parametrize('layer, local_steps, mode, jit_compile', [
-    (tf.keras.layers.GRU, 2, 'vectorized', False),
-    (tf.keras.layers.LSTM, 0, 'vectorized', 'auto'),  # epochs: 1-4 batches, padded steps
-    (tf.keras.layers.GRU, 1, 'vectorized', 'step'),  # XLA per step inside vectorized_map
+    (tf.keras.layers.GRU, 2, 'auto', False),  # the lanes
+    (tf.keras.layers.LSTM, 0, 'auto', 'auto'),  # the lanes; epochs: 1-4 batches, padded steps
+    (tf.keras.layers.GRU, 1, 'vectorized', 'step'),  # the lanes, XLA over each step
+    (_unrolled_gru, 2, 'vectorized', False),  # unrolled, pfor
 ])
 def test_vectorised_recurrent_cohort_equals_the_per_client_round(layer, local_steps, mode,
                                                                  jit_compile):
@@ -152,9 +160,9 @@ def test_the_vectorised_program_converts_no_while_loop(monkeypatch):
     return original(self)
 
   monkeypatch.setattr(pfor_lib.WhileV2, '__call__', spy)
-  for name, build in [('fedavg', lambda **kw: _build(_model_fn(tf.keras.layers.GRU), 2, **kw)),
+  for name, build in [('fedavg', lambda **kw: _build(_model_fn(_unrolled_gru), 2, **kw)),
                       ('mimelite', lambda **kw: mimelite.build_mimelite(
-                          _model_fn(tf.keras.layers.GRU), tff.learning.optimizers.build_sgdm(0.5),
+                          _model_fn(_unrolled_gru), tff.learning.optimizers.build_sgdm(0.5),
                           local_steps=2, execution=cohort.CohortExecution(**kw)))]:
     assert build(mode='vectorized').vectorized
     assert not converted, f'{name}: pfor converted {converted}'
@@ -165,29 +173,30 @@ def test_the_vectorised_program_converts_no_while_loop(monkeypatch):
   assert converted
 
 
-def test_layers_without_a_static_length_stay_in_sequence_and_vectorized_is_refused():
-  model_fn = _model_fn(tf.keras.layers.GRU, length=None)
+def test_layers_without_a_lane_form_or_static_length_stay_in_sequence_and_vectorized_is_refused():
+  model_fn = _model_fn(_unrolled_gru, length=None)
   assert not _build(model_fn, 1, mode='auto').vectorized
   with pytest.raises(ValueError, match="mode='vectorized' cannot vectorise the recurrent"):
     _build(model_fn, 1, mode='vectorized')
+  # The lanes need no static length: the same GRU with reset_after vectorises.
+  assert _build(_model_fn(tf.keras.layers.GRU, length=None), 1, mode='auto').vectorized
 
 
-@pytest.mark.parametrize('conv, cells, mode, jit_compile, expected', [
-    # The Shakespeare GRU (2 layers x 80 positions): its vectorised round was
-    # no faster than in sequence with XLA (recurrent.py), so auto keeps it so.
-    (False, 160, 'auto', 'auto', False),
-    (False, 160, 'vectorized', 'auto', True),  # asked for
-    (False, 160, 'vectorized', 'step', True),
-    (False, recurrent.MAX_UNROLLED_CELLS, 'auto', 'auto', True),  # within the bound
-    (False, recurrent.MAX_UNROLLED_CELLS, 'auto', 'step', False),  # XLA asked for
-    (True, recurrent.MAX_UNROLLED_CELLS, 'auto', 'auto', False),  # convolutions
-    (False, 160, 'sequential', 'auto', False),
+@pytest.mark.parametrize('lanes, conv, mode, jit_compile, blocked, expected', [
+    (True, False, 'auto', 'auto', False, True),  # the lane form: picked
+    (True, False, 'auto', 'step', False, False),  # XLA asked for: in sequence
+    (True, True, 'auto', 'auto', False, False),  # convolutions
+    (True, False, 'auto', 'auto', True, False),  # an extension needs the clients one by one
+    (False, False, 'auto', 'auto', False, False),  # unrolled only: never by auto
+    (False, False, 'vectorized', 'auto', False, True),  # asked for
+    (True, False, 'sequential', 'auto', False, False),
 ])
-def test_auto_vectorises_only_recurrent_models_within_the_bound(conv, cells, mode, jit_compile,
-                                                                expected):
+def test_auto_vectorises_recurrent_models_with_a_lane_form(lanes, conv, mode, jit_compile,
+                                                           blocked, expected):
   view = types.SimpleNamespace(has_rnn=True, has_conv=conv, has_conv_or_rnn=True,
-                               rnn_unrolled_cells=cells, rnn_vectorise_reason=None)
-  assert recurrent.vectorise(mode, view, jit_compile) is expected
-  view.unroll_rnn = expected
-  assert cohort.resolved_jit_compile('auto', view, 10) == (
+                               lane_model=object() if lanes else None,
+                               rnn_vectorise_reason=None)
+  ext = types.SimpleNamespace(steps_outside_unsupported='needs them' if blocked else None)
+  assert recurrent.vectorise(mode, view, jit_compile, [ext]) is expected
+  assert cohort.resolved_jit_compile('auto', view, 10, expected) == (
       recurrent.AUTO_JIT_COMPILE if expected else 'step')

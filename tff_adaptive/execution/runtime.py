@@ -32,6 +32,7 @@ import tempfile
 import threading
 from typing import Optional
 
+from tff_adaptive import errors
 from tff_adaptive.execution import parent_death
 from tff_adaptive.execution import tff_patches
 
@@ -235,6 +236,35 @@ def resolve_concurrency(max_concurrent_computation_calls: Optional[int]) -> int:
   if not max_concurrent_computation_calls:
     return CONCURRENT_CLIENTS_PER_CORE * usable_cores()
   return max(int(max_concurrent_computation_calls), -1)
+
+
+def set_intra_op_threads(threads: Optional[int]) -> bool:
+  """TensorFlow's intra-op threads (the threads one op is split over); None or
+  0: TensorFlow's default. Whether TensorFlow runs with them: they can be
+  set only before it runs its first op (False: it already ran with others).
+
+  One thread suits recurrent models whose cohort runs with the lane axis on
+  the weights (tff_adaptive/rounds/lanes.py): their step is thousands of
+  small ops in independent chains, which TensorFlow's inter-op threads run
+  side by side, while splitting each small op over threads costs more than
+  it gains (docs/performance.md). ValueError naming `threads` if negative.
+  """
+  if threads is not None and threads < 0:
+    raise errors.ArgumentError('set_intra_op_threads', 'threads',
+                               'must be 0 (the default) or positive', value=threads)
+  if not threads:
+    return True
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if tf.config.threading.get_intra_op_parallelism_threads() == threads:
+    return True
+  try:
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+  except RuntimeError:  # TensorFlow's context is initialised
+    return False
+  # Also read when TensorFlow makes its thread pools: with the context's
+  # setting alone the Shakespeare GRU round took 0.75 s, with both 0.60 s.
+  os.environ['TF_NUM_INTRAOP_THREADS'] = str(threads)
+  return True
 
 
 def use_local_cpp_context(max_concurrent_computation_calls: Optional[int] = 0,

@@ -28,6 +28,8 @@ class MoreGradients(extension.Extension):
   """
   name = 'more_gradients'
   extra_training_passes = True
+  steps_outside_unsupported = ('takes more gradients per step (grad_at), which the '
+                               'vectorised recurrent program does not give')
 
   def __init__(self, batches_per_step: int = 1,
                gradient_at: Optional[Callable[..., list]] = None,

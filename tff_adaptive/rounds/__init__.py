@@ -26,13 +26,17 @@
   per_client.py         client phase 1: each client its own TFF computation call
   cohort.py             client phase 2: the whole cohort as one compiled program, and
                         the cohort processes (plain, stateful clients, personalised)
-  cohort_program.py     that program: the clients in sequence, or vectorised step by step
+  cohort_program.py     that program: the clients in sequence, or vectorised (whole,
+                        or step by step over lanes for recurrent models)
   cohort_next.py        the cohort process's `next`: client datasets or shards in,
                         the round in process or through TFF
   cohort_data.py        the cohort's client data as padded tensors, cached
   cohort_aggregation.py how the program runs an aggregator's program form (the
                         aggregators themselves: tff_adaptive/aggregators/)
-  recurrent.py          recurrent layers unrolled, so the cohort vectorises them
+  lanes.py              recurrent models (Embedding, GRU, LSTM, Dense) computed for
+                        many lanes at once, the lane axis on their weights
+  recurrent.py          which recurrent cohorts vectorise: with lanes.py, or their
+                        layers unrolled under tf.vectorized_map
   population.py         a population of runs: P members of one cohort process as one
                         program, its lanes member × client (state with a member axis)
 

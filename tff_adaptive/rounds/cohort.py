@@ -79,13 +79,14 @@ class CohortExecution:
   """How the cohort program runs.
 
   Attributes:
-    mode: 'vectorized' (clients in parallel, `tf.vectorized_map`),
-      'sequential' (`tf.map_fn`), or 'auto': sequential for models with
-      convolutions (pfor runs their gradients as while loops: slower than in
-      sequence, docs/performance.md) or recurrent layers (vectorised, they run
-      unrolled, recurrent.py: the Shakespeare GRU's program builds in about
-      3.5 minutes and its round was no faster than in sequence with XLA),
-      else vectorized.
+    mode: 'vectorized' (clients in parallel, `tf.vectorized_map`; recurrent
+      models with the client axis on their weights, lanes.py, or else
+      unrolled), 'sequential' (`tf.map_fn`), or 'auto': sequential for
+      models with convolutions (pfor runs their gradients as while loops:
+      slower than in sequence, docs/performance.md) or recurrent layers
+      without a lane form (unrolled, the Shakespeare GRU's program built in
+      about 3.5 minutes and its round was no faster than in sequence with
+      XLA), else vectorized (recurrent.vectorise).
     in_process: run the shard program as a `tf.function` in this process
       (single-machine simulation); False: through the current TFF context.
     num_shards: split the cohort into this many shards (e.g. one per TFF
@@ -93,8 +94,8 @@ class CohortExecution:
     max_waste: see `cohort_data.group_by_size`.
     jit_compile: XLA. False: none. True or 'step': compile one client step
       (gradient, optimiser step, metrics; for vectorised recurrent models the
-      whole cohort's step, cohort_program.py); it pays for recurrent models,
-      whose steps are many small ops (a GRU step of TFF's Shakespeare task:
+      whole cohort's step, cohort_program.py); it pays for recurrent models
+      run in sequence, whose steps are many small ops (a GRU step of TFF's Shakespeare task:
       3x faster per round), small feed-forward models gain nothing.
       'program': compile the whole shard program (every client's every
       step) as one XLA computation: no per-op dispatch at all, which is
@@ -102,9 +103,11 @@ class CohortExecution:
       docs/performance.md); XLA compiles once per shard shape
       [clients, steps, rows], so it suits rounds of fixed shape (K local
       steps, a fixed cohort) and costs a compilation per new shape otherwise.
-      'auto': 'step' for recurrent models, 'program' for fixed-K rounds
-      (local_steps > 0) of models without convolutions, else none: the
-      cases measured faster (docs/performance.md; a CNN under XLA was not).
+      'auto': none for recurrent models vectorised (XLA over their lanes'
+      recurrence ran slower), 'step' for those in sequence, 'program' for
+      fixed-K rounds (local_steps > 0) of models without convolutions, else
+      none: the cases measured faster (docs/performance.md; a CNN under XLA
+      was not).
       The default stays False so that a library user opts in to compiling.
   """
   mode: str = 'auto'
@@ -216,12 +219,13 @@ def _pfor_fallbacks_in_one_line():
                      "CohortExecution(mode='sequential') may be faster", ', '.join(sorted(ops)))
 
 
-def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_steps: int):
+def resolved_jit_compile(jit_compile, view: functional.FunctionalView, local_steps: int,
+                         vectorized: bool = False):
   """False, 'step' or 'program' for `CohortExecution.jit_compile` (see there)."""
   if jit_compile != 'auto':
     return 'step' if jit_compile is True else jit_compile
   if view.has_rnn:
-    return recurrent.AUTO_JIT_COMPILE if getattr(view, 'unroll_rnn', False) else 'step'
+    return recurrent.AUTO_JIT_COMPILE if vectorized else 'step'
   return 'program' if local_steps > 0 and not view.has_conv_or_rnn else False
 
 
@@ -249,9 +253,10 @@ def _program(model_fn, recipe: recipe_lib.Recipe, options: options_lib.RoundOpti
   # Keras' GRU/LSTM fast path recompiles at every XLA call (functional._generic_rnn).
   view = functional.FunctionalView(model_fn, generic_rnn=bool(execution.jit_compile))
   # Recurrent layers vectorise unrolled, or run in sequence (recurrent.py).
-  vectorized = recurrent.vectorise(execution.mode, view, execution.jit_compile)
-  view.unroll_rnn = vectorized and view.has_rnn
-  jit_compile = resolved_jit_compile(execution.jit_compile, view, local_steps)
+  vectorized = recurrent.vectorise(execution.mode, view, execution.jit_compile,
+                                   recipe.extensions)
+  view.unroll_rnn = vectorized and view.has_rnn and view.lane_model is None
+  jit_compile = resolved_jit_compile(execution.jit_compile, view, local_steps, vectorized)
   loop = client_lib.ClientLoop(recipe, options.weighting_for(recipe), options.measure_client_drift,
                                branchless=vectorized)
   trainable_structure = client_lib.delta_structure(

@@ -13,20 +13,23 @@ each client's round runs whole:
   Σ over clients of client_sums(result)
 
 Vectorised for recurrent models (`steps_outside`), the same functions run
-with the nesting swapped: the steps are the
-outer loop and each phase is one `tf.vectorized_map` over the clients,
+with the nesting swapped, over lanes: a lane is a client of the cohort (or a
+(member, client) pair of a population, `lanes`), each with its own message.
+The steps are the outer loop; each phase is one `tf.vectorized_map` over the
+lanes, and each step's model pass one call for every lane:
 
-  carries = vectorized_map(loop.init)                    (the clients' states stacked)
-  carries = loop.before_steps(carries, passes)           (each pass: while step < S,
-                                                          vectorized_map over the clients)
-  while step < S:  carries = vectorized_map(loss_and_grads, loop.step, metrics; step s)
+  carries = vectorized_map(loop.init)                    (the lanes' states stacked)
+  carries = loop.before_steps(carries, passes)           (each pass: the steps below)
+  while step < S:  points = vectorized_map(where each lane's pass is taken)
+                   passes = view.lane_train_pass(points, batches)   lanes.py: the lane
+                            axis on the weights (or vectorized_map of the unrolled view)
+                   carries = vectorized_map(metrics, loop.step; step s)
   sums = vectorized_map(loop.final, client_sums)
 
 so that pfor never converts a `while_loop`. Converting the client's step loop
 as a whole (pfor's `WhileV2` converter, which converts the loop body again
 inside a new while loop) did not finish in 14 minutes for the Shakespeare GRU
-unrolled over its 80 positions (docs/performance.md); converting one step's
-body, outside any loop, is the conversion pfor does for one cohort gradient.
+unrolled over its 80 positions (docs/performance.md).
 
 Either way a step without real rows (a client shorter than the shard's
 longest) changes nothing of its client's carry, and the arithmetic per client
@@ -35,6 +38,7 @@ is the same, so the two executions give the same round.
 
 import collections
 import functools
+from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
@@ -66,7 +70,10 @@ class CohortProgram:
   def __call__(self, message, shard):
     x_t = _trainable(message)
     if self.vectorized and steps_outside(self.view):
-      out = self._clients_in_parallel(message, x_t, shard)
+      clients = tf.shape(shard['mask'])[0]
+      out = self._lanes_in_parallel(
+          tf.nest.map_structure(lambda t: tf.repeat(t[tf.newaxis], clients, axis=0), message),
+          self._client_elems(shard))
     elif self.vectorized:
       out = tf.vectorized_map(lambda client: self._one_client(message, x_t, client),
                               self._client_elems(shard), fallback_to_while_loop=True)
@@ -98,7 +105,9 @@ class CohortProgram:
       message, client = elems
       return self._one_client(message, _trainable(message), client)
 
-    if self.vectorized:
+    if self.vectorized and steps_outside(self.view):
+      sums = self._lanes_in_parallel(lane_messages, lanes)
+    elif self.vectorized:
       sums = tf.vectorized_map(one, (lane_messages, lanes), fallback_to_while_loop=True)
     else:
       sums = _in_sequence(one, (lane_messages, lanes))
@@ -111,9 +120,6 @@ class CohortProgram:
     if self.stateful:
       return (f'{self.loop.recipe.name}: clients that keep state or measure user accuracy '
               'have no population form yet')
-    if self.vectorized and steps_outside(self.view):
-      return ("a population of recurrent models runs its lanes in sequence: "
-              "CohortExecution(mode='sequential')")
     return None
 
   def _client_elems(self, shard):
@@ -127,25 +133,29 @@ class CohortProgram:
     carry = self.loop.init(x_t, message['broadcast'], client_state, _non_trainable(message))
     return carry, self.view.zero_metrics()
 
-  def _train_step(self, message):
-    lr, n_t = message['hparams']['learning_rate'], _non_trainable(message)
+  def _train_step(self):
+    """One local step: the pass it takes (`point`: where) and what follows it."""
 
-    def step(state, group):
+    def point(state, message):
+      carry, _ = state
+      return self.loop.gradient_point(carry), self.loop.statistics(carry, _non_trainable(message))
+
+    def after(state, group, message, out):
       carry, metrics = state
+      grads, loss, data_loss, predictions, moved = out
       batch, rows = group[0]
-      statistics = self.loop.statistics(carry, n_t)
-      grads, loss, data_loss, predictions, moved = self.view.train_pass(
-          self.loop.gradient_point(carry), batch, rows, statistics)
       metrics = self.view.add_metrics(metrics, batch, predictions, rows, data_loss)
       n = tf.add_n([tf.reduce_sum(r) for _, r in group])
       passes = []  # `grad_at`'s forward passes, counted in the metrics after the step
+      statistics = self.loop.statistics(carry, _non_trainable(message))
       grad_at = functools.partial(self._grad_at, group, passes, statistics)
-      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), lr, grad_at)
+      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64),
+                               message['hparams']['learning_rate'], grad_at)
       for args in passes:
         metrics = self.view.add_metrics(metrics, *args)
       return self.loop.with_non_trainable(stepped, moved), metrics
 
-    return step
+    return _Step(point, after)
 
   def _final(self, message, x_t, state):
     carry, metrics = state
@@ -174,56 +184,84 @@ class CohortProgram:
     start = self.loop.start_weights(x_t, _non_trainable(message), client_state)
     carry, metrics = self._init(message, x_t, client_state)
     carry = self.loop.before_steps(carry, _ProgramPasses(self, message, client, start))
-    state = self._over_steps(self._train_step(message), client['batches'], client['mask'],
-                             (carry, metrics), self.loop.recipe.batches_per_step)
+    state = self._over_steps(self._train_step().of_one(self.view, message), client['batches'],
+                             client['mask'], (carry, metrics), self.loop.recipe.batches_per_step)
     return self._final(message, x_t, state)
 
-  # Vectorised with the steps outside: each phase one vectorized_map over the clients.
+  # The steps outside: each phase one vectorised map over the lanes, each step's
+  # pass one call for every lane.
 
-  def _clients_in_parallel(self, message, x_t, shard):
+  def _lanes_in_parallel(self, messages, lanes):
+    """Each lane's round sums; `messages` and `lanes` with a leading lane axis
+    (a cohort's clients all with its one message, or a population's lanes)."""
     for ext in self.loop.extensions:
       if ext.steps_outside_unsupported:
         raise ValueError(f'CohortExecution: {self.loop.recipe.name} '
                          f'{ext.steps_outside_unsupported}')
-    batches, mask = shard['batches'], shard['mask']
-    if 'client_state' in shard:
-      state = _over_clients(lambda c: self._init(message, x_t, c), (shard['client_state'],))
-    else:
-      # The same start for every client, computed once and repeated: a
-      # vectorized_map whose outputs ignore the client leaves pfor's index
-      # placeholder in the graph, which XLA refuses (jit_compile='program').
-      clients = tf.shape(mask)[0]
-      state = tf.nest.map_structure(lambda t: tf.repeat(t[tf.newaxis], clients, axis=0),
-                                    self._init(message, x_t))
-    carry, metrics = state
-    # The passes before the steps start at x_t: this nesting patches no client's weights.
-    passes = _ProgramPasses(self, message, shard, (x_t, _non_trainable(message)),
-                            clients_axis=True)
-    state = (self.loop.before_steps(carry, passes), metrics)
-    state = self._over_steps(self._train_step(message), batches, mask, state,
-                             self.loop.recipe.batches_per_step, clients_axis=True)
-    return _over_clients(lambda *s: self._final(message, x_t, s), state)
 
-  def _over_steps(self, step_fn, batches, mask, state, per_step: int = 1, clients_axis=False):
+    def init(message, client_state=()):
+      return self.loop.init(_trainable(message), message['broadcast'], client_state,
+                            _non_trainable(message))
+
+    carry = _over_clients(init, (messages,) + ((lanes['client_state'],)
+                                               if 'client_state' in lanes else ()))
+    # Zeros for every lane, made once: pfor's outputs that ignore the lane keep
+    # its index placeholder in the graph, which XLA refuses (jit_compile='program').
+    metrics = tf.nest.map_structure(
+        lambda t: tf.repeat(t[tf.newaxis], tf.shape(lanes['mask'])[0], axis=0),
+        self.view.zero_metrics())
+    # The passes before the steps start at x_t: this nesting patches no client's weights.
+    passes = _ProgramPasses(self, messages, lanes,
+                            (_trainable(messages), _non_trainable(messages)), clients_axis=True)
+    state = (self.loop.before_steps(carry, passes), metrics)
+    state = self._over_lane_steps(self._train_step(), lanes['batches'], lanes['mask'], state,
+                                  messages, self.loop.recipe.batches_per_step)
+    return _over_clients(lambda m, *s: self._final(m, _trainable(m), s), (messages,) + state)
+
+  def _over_lane_steps(self, step, batches, mask, state, context, per_step: int = 1):
+    """`_over_steps` with a lane axis on batches, mask, state and `context`
+    (what `step` reads besides, per lane): where each lane's pass is taken
+    (vectorised), the pass of every lane at once (`_pass_of_lanes`), each
+    lane's step after it (vectorised); a lane without real rows stays."""
+
+    def lane_step(state, group):
+      weights, statistics = _over_clients(step.point, (state, context))
+      out = self._pass_of_lanes(weights, statistics, *group[0])
+
+      def after(state, group, context, out):
+        active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
+        new = step.after(state, group, context, out)
+        return tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
+
+      return _over_clients(after, (state, group, context, out))
+
+    return self._over_steps(lane_step, batches, mask, state, per_step, lanes_axis=True)
+
+  def _pass_of_lanes(self, weights, statistics, batch, rows):
+    """`view.train_pass` of every lane: one call on the lane-axis model
+    (`lanes.LaneModel`, recurrent models), or vectorised over the lanes."""
+    if self.view.lane_model is not None:
+      return self.view.lane_train_pass(weights, batch, rows)
+    return _over_clients(lambda w, s, b, r: self.view.train_pass(w, b, r, s),
+                         (weights, statistics, batch, rows))
+
+  def _over_steps(self, step_fn, batches, mask, state, per_step: int = 1, lanes_axis=False):
     """state = step_fn(state, group) for each step of the padded batches, group
     being `per_step` consecutive (batch, rows) pairs (under XLA when
     `jit_compile`); a client's step with a batch without real rows (a shorter
     client, a last incomplete group) changes nothing of its state.
-    `clients_axis`: batches, mask and state have a leading clients dimension,
-    and each step is one `tf.vectorized_map` of step_fn over them."""
-    if self.jit_compile and not clients_axis:
+    `lanes_axis`: batches, mask and state have a leading lane dimension, and
+    step_fn steps every lane (`_over_lane_steps`)."""
+    if self.jit_compile:
       step_fn = tf.function(step_fn, jit_compile=True)
+    step, axis = step_fn, 1
+    if not lanes_axis:
+      axis = 0
 
-    def masked(state, group):
-      new = step_fn(state, group)
-      active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
-      return tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
-
-    step, axis = masked, 0
-    if clients_axis:  # XLA compiles the whole cohort's step
-      step = lambda state, group: _over_clients(masked, (state, group))
-      step = tf.function(step, jit_compile=True) if self.jit_compile else step
-      axis = 1
+      def step(state, group):
+        new = step_fn(state, group)
+        active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
+        return tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
 
     def body(s, state):
       at = lambda i: lambda t: tf.gather(t, i, axis=axis)
@@ -236,6 +274,21 @@ class CohortProgram:
     return state
 
 
+class _Step(NamedTuple):
+  """A step over a client's batches as the model pass it takes and what follows:
+  `point(state, context)` → (weights, statistics) of the pass, `after(state,
+  group, context, pass)` → the state after the step (`pass`: `train_pass`'s)."""
+  point: Callable
+  after: Callable
+
+  def of_one(self, view, context):
+    """step(state, group) of one client, its pass from the view."""
+    def step(state, group):
+      weights, statistics = self.point(state, context)
+      return self.after(state, group, context, view.train_pass(weights, *group[0], statistics))
+    return step
+
+
 class _ProgramPasses(extension.ClientPasses):
   """`extension.ClientPasses` in the shard program: over the client's padded
   batches (`clients_axis`: every client's at once, the steps-outside nesting)."""
@@ -246,16 +299,24 @@ class _ProgramPasses(extension.ClientPasses):
     self.learning_rate = message['hparams']['learning_rate']
 
   def over_batches(self, fn, carry):
-    y0, n0 = tuple(self.start[0]), self.start[1]
-    view = self.program.view
+    start = (tuple(self.start[0]), self.start[1])
 
-    def one(carry, group):
-      batch, rows = group[0]
-      grads, _, _, _ = view.loss_and_grads(y0, batch, rows, n0)
-      return fn(carry, grads, tf.cast(tf.reduce_sum(rows), tf.int64))
+    # Named functions, not lambdas: autograph (XLA steps) reads a lambda's
+    # source and confuses two lambdas on neighbouring lines.
+    def at_start(carry, start):
+      del carry
+      return start
 
-    return self.program._over_steps(one, self.client['batches'], self.client['mask'], carry,
-                                    clients_axis=self.clients_axis)
+    def add(carry, group, start, out):
+      del start
+      return fn(carry, out[0], tf.cast(tf.reduce_sum(group[0][1]), tf.int64))
+
+    step = _Step(at_start, add)
+    batches, mask = self.client['batches'], self.client['mask']
+    if self.clients_axis:
+      return self.program._over_lane_steps(step, batches, mask, carry, start)
+    return self.program._over_steps(step.of_one(self.program.view, start), batches, mask,
+                                    carry)
 
   def evaluate(self, personalize=None):
     y0, n0 = self.start

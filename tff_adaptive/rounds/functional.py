@@ -31,6 +31,7 @@ import tensorflow as tf
 # (tff.learning.metrics.create_functional_metric_fns), which drops sample weights.
 from tensorflow_federated.python.core.environments.tensorflow_frontend import variable_utils
 
+from tff_adaptive.rounds import lanes
 from tff_adaptive.rounds import recurrent
 
 
@@ -131,6 +132,12 @@ class FunctionalView:
       # (recurrent.py); the cohort sets `unroll_rnn` when it does so.
       self.rnn_unrolled_cells = recurrent.unrolled_cells(self._keras_model)
       self.rnn_vectorise_reason = recurrent.why_not_vectorised(self._keras_model)
+      # Recurrent models whose lanes run with the lane axis on their weights.
+      self.lane_reason = lanes.why_not(self._keras_model) if self.has_rnn else 'no recurrence'
+      self._unreduced_loss = _unreduced(self._loss_fn)
+      if self._unreduced_loss is None:
+        self.lane_reason = 'the loss has no unreduced form (from_config with reduction none)'
+      self.lane_model = lanes.LaneModel(self._keras_model) if self.lane_reason is None else None
     self.unroll_rnn = False
     self._check_clone_order(shapes, statistics)
 
@@ -195,6 +202,34 @@ class FunctionalView:
              for g, w in zip(grads, trainable)]
     return grads, loss, data_loss, predictions, [s.read_value() for s in statistics]
 
+  def lane_train_pass(self, trainable, batch, mask):
+    """`train_pass` of every lane at once on the lane-axis model (`lane_model`):
+    each argument and result with a leading lane axis [L, ...]."""
+    x, y = _inputs(batch)
+    trainable = list(trainable)
+    with tf.GradientTape() as tape:
+      tape.watch(trainable)
+      predictions = self.lane_model(trainable, x)
+      data_loss = self._lane_losses(y, predictions, mask)
+      # The sum's gradient wrt a lane's weights is that lane's own gradient.
+      total = tf.reduce_sum(data_loss)
+    grads = tape.gradient(total, trainable)
+    grads = [tf.zeros_like(w) if g is None else tf.convert_to_tensor(g)
+             for g, w in zip(grads, trainable)]
+    return grads, data_loss, data_loss, predictions, []
+
+  def _lane_losses(self, y, predictions, mask):
+    """Each lane's loss as the model's (SUM_OVER_BATCH_SIZE) on its real rows:
+    the unreduced loss's weighted sum over the lane's elements, per element,
+    scaled by B / n: the lanes as one batch of L × B rows, no loop over them."""
+    lanes, rows = tf.shape(mask)[0], tf.shape(mask)[1]
+    flat = lambda t: tf.reshape(t, tf.concat([[lanes * rows], tf.shape(t)[2:]], 0))
+    losses = self._unreduced_loss(flat(y), flat(predictions), sample_weight=flat(mask))
+    losses = tf.reshape(losses, [lanes, -1])
+    per_element = tf.reduce_sum(losses, axis=1) / tf.cast(tf.shape(losses)[1], tf.float32)
+    return per_element * tf.math.divide_no_nan(tf.cast(rows, tf.float32),
+                                               tf.reduce_sum(mask, axis=1))
+
   def evaluate(self, trainable, batch, mask, non_trainable=()):
     """(labels, predictions, loss) in inference mode on the real rows of a batch
     (user accuracy: what `forward_pass(batch, training=False)` gives)."""
@@ -249,6 +284,15 @@ class FunctionalView:
           variable.assign(value)
         result[name] = metric.result().numpy()
     return result
+
+
+def _unreduced(loss_fn):
+  """The same Keras loss reducing nothing (per example), or None."""
+  try:
+    return type(loss_fn).from_config({**loss_fn.get_config(),
+                                      'reduction': tf.keras.losses.Reduction.NONE})
+  except (TypeError, ValueError, NotImplementedError):
+    return None
 
 
 def _generic_rnn(model):

@@ -16,6 +16,10 @@ over the clients (cohort_program.py), so pfor converts the unrolled gradient
 once, outside any loop; converting it inside the client's step loop (pfor's
 `WhileV2` converter) did not finish in 14 minutes for the Shakespeare GRU.
 
+Models that `lanes.LaneModel` computes (Embedding, GRU, LSTM, Dense) run
+their lanes with the lane axis on the weights instead, without unrolling
+(lanes.py); the unrolled form is for the other recurrent models.
+
 Measured on the Shakespeare GRU (2 × GRU 128, 80 positions, FedAvg, 10 clients
 × 10 steps × B4, one bench run, load 2.7-7.5; bench/results/overhead_gru_vec.json,
 docs/performance.md): the vectorised program builds in 86 s (tracing, pfor) plus
@@ -35,14 +39,6 @@ import tensorflow as tf
 
 from tff_adaptive import errors
 
-# Positions × recurrent layers that `auto` unrolls: none. The vectorised
-# Shakespeare GRU (2 × 80 cells) builds in about 3.5 minutes (86 s tracing,
-# 124 s first round, load 3-7) and its round is 0.80× the raw loop, no faster
-# than in sequence with XLA per step (0.78×, the `auto` path) or over the
-# program (0.67×), in the same bench run; no smaller model was measured faster
-# as a round. So `auto` keeps recurrent cohorts in sequence and
-# `mode='vectorized'` is opt-in.
-MAX_UNROLLED_CELLS = 0
 # `CohortExecution(jit_compile='auto')` for vectorised recurrent cohorts.
 AUTO_JIT_COMPILE = False
 
@@ -89,16 +85,18 @@ def unroll(model: tf.keras.Model) -> None:
     layer.unroll = True
 
 
-def vectorise(mode: str, view, jit_compile=False) -> bool:
+def vectorise(mode: str, view, jit_compile=False, extensions=()) -> bool:
   """Whether the cohort program vectorises its clients, for `CohortExecution.mode`.
 
-  Recurrent models vectorise unrolled (`view.unroll_rnn`): 'vectorized'
-  asks for it and is refused in one line when the layers cannot be unrolled;
-  'auto' picks it when they can, within `MAX_UNROLLED_CELLS`, when the model
-  has no convolutions (pfor runs those as while loops: slower than in
-  sequence) and when XLA was not asked for (`jit_compile` False or 'auto'):
-  XLA did not finish compiling the vectorised, unrolled Shakespeare GRU in
-  10 minutes, while it compiles the sequential step in seconds.
+  A recurrent model vectorises with the lane axis on its weights where
+  `lanes.LaneModel` computes it (`view.lane_model`), else unrolled
+  (`view.unroll_rnn`, pfor over the unrolled cells). 'vectorized' asks for
+  it and is refused in one line when neither is possible; 'auto' picks the
+  lanes when the model has them, no extension needs the clients one by one
+  (`steps_outside_unsupported`) and XLA was not asked for (`jit_compile`
+  False or 'auto': XLA over the lanes' recurrence ran 1.6-2x slower than
+  without, docs/performance.md). The unrolled form is never picked by
+  'auto': it builds in minutes and its round was no faster than in sequence.
   """
   if not view.has_rnn:
     return mode == 'vectorized' or (mode == 'auto' and not view.has_conv_or_rnn)
@@ -106,10 +104,11 @@ def vectorise(mode: str, view, jit_compile=False) -> bool:
     return False
   reason = view.rnn_vectorise_reason
   if mode == 'vectorized':
-    if reason is not None:
+    if view.lane_model is None and reason is not None:
       raise errors.ArgumentError(
           'CohortExecution', 'mode', f'cannot vectorise the recurrent layers ({reason}); use ',
           errors.Given('sequential'), " or 'auto'", value='vectorized')
     return True
-  return (reason is None and view.rnn_unrolled_cells <= MAX_UNROLLED_CELLS and
-          not view.has_conv and jit_compile in (False, 'auto'))
+  return (view.lane_model is not None and not view.has_conv and
+          jit_compile in (False, 'auto') and
+          not any(ext.steps_outside_unsupported for ext in extensions))

@@ -376,14 +376,23 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'client (the reason is printed at start); per_client: each client its own call of a '
            'TFF computation.'),
         _e('cohort_mode', 'auto', ('auto', 'vectorized', 'sequential'), 'Cohort execution: '
-           'clients vectorised (tf.vectorized_map) or in sequence; auto: in sequence for models '
-           'with convolutions or recurrent layers, else vectorised.',
+           'clients vectorised (tf.vectorized_map; recurrent models: one program over the '
+           'clients with the client axis on the weights, when their layers have that form) or in '
+           'sequence; auto: in sequence for models with convolutions or recurrent layers without '
+           'that form, else vectorised.',
            feeds=(('CohortExecution', 'mode'),)),
         _e('cohort_jit_compile', 'auto', ('auto', 'none', 'step', 'program'), 'Cohort '
            'execution, XLA: program compiles the whole round program (for rounds of one shape: '
            'fixed --local_steps; the digits MLP ~1.5x faster), step each client step (recurrent '
-           'models: the Shakespeare GRU ~3x faster), none; auto: step for recurrent models, '
-           'program for fixed --local_steps without convolutions, else none (CohortExecution).'),
+           'models in sequence: the Shakespeare GRU ~3x faster), none; auto: none for recurrent '
+           'models vectorised, step for those in sequence, program for fixed --local_steps '
+           'without convolutions, else none (CohortExecution).'),
+        _i('intra_op_threads', 0, 'TensorFlow\'s intra-op threads (one op split over '
+           'threads). 0: 1 for the tasks with recurrent models, whose cohort runs each step as '
+           'independent chains of small ops on the inter-op threads (the Shakespeare GRU round '
+           '0.63 s against 0.88 s, docs/performance.md), TensorFlow\'s default (the cores) '
+           'for the others.', check=flag_checks.NON_NEGATIVE_INT,
+           feeds=(('set_intra_op_threads', 'threads'),)),
         _i('execution_concurrency', 0, 'Max concurrent client computations in TFF\'s C++ '
            'runtime. 0: two per CPU core (the fastest measured, docs/performance.md); -1: '
            'unlimited (TFF\'s default).', check=flag_checks.EXECUTION_CONCURRENCY),

@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import base as task_base
+from tasks import registry as task_registry
 from tff_adaptive.accounting import flops
 from tff_adaptive.aggregators import compression
 from tff_adaptive.aggregators import dp
@@ -377,6 +378,14 @@ def built(task: task_base.FederatedTask, settings: config.Settings) -> composer.
   if result.why_per_client is None and reason is not None:
     result = dataclasses.replace(result, why_per_client=reason)
   return result
+
+
+def intra_op_threads(settings: config.Settings) -> int:
+  """--intra_op_threads for `runtime.set_intra_op_threads`, 0 resolved: one
+  thread for the tasks with recurrent models (`tasks.registry.RECURRENT_TASKS`),
+  else TensorFlow's default (0)."""
+  threads = settings.execution.intra_op_threads
+  return threads or int(settings.task.task in task_registry.RECURRENT_TASKS)
 
 
 # --cohort_jit_compile → CohortExecution.jit_compile.

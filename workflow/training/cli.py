@@ -356,6 +356,7 @@ def _build(settings: config.Settings, status: dict, process=None):
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from workflow.training import algorithm_builders  # pylint: disable=g-import-not-at-top
   from workflow.training import personalization  # pylint: disable=g-import-not-at-top
+  runtime.set_intra_op_threads(algorithm_builders.intra_op_threads(settings))  # before any op
   run_dir = experiment.experiment_dir(settings)
   try:
     task = task_registry.create_task(

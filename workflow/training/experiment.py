@@ -21,7 +21,8 @@ from workflow.flags import train_flags
 # Flags whose change does not alter the computation: allowed on resume.
 RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'first_eval_round',
                                'rounds_per_checkpoint',
-                               'show_progress', 'execution_concurrency', 'root_output_dir',
+                               'show_progress', 'execution_concurrency', 'intra_op_threads',
+                               'root_output_dir',
                                # Where rounds run, not what they compute: a run
                                # may resume on other or fewer workers.
                                'workers', 'worker_retry', 'data_on_workers',

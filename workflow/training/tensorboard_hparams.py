@@ -16,7 +16,7 @@ from workflow.flags import config
 # Where the run writes and how it is executed: not hyperparameters.
 NOT_HPARAMS = frozenset({'root_output_dir', 'experiment_name', 'data_dir', 'client_state_dir',
                          'show_progress', 'workers', 'worker_retry', 'data_on_workers',
-                         'execution_concurrency'})
+                         'execution_concurrency', 'intra_op_threads'})
 
 
 def hparam_values(settings: config.Settings) -> dict[str, Any]:
