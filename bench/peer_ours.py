@@ -94,8 +94,10 @@ class OursDefault:
   FLAGS = {}
 
   def __init__(self, data: peer_common.SettingData):
-    # As bin/train's --intra_op_threads=0 runs the tasks with recurrent models.
-    if not runtime.set_intra_op_threads(int(data.setting.model == 'gru')):
+    # As bin/train's --intra_op_threads=0 runs a task with a recurrent model.
+    threads = algorithm_builders.intra_op_threads(config.from_flags(self.FLAGS),
+                                                  recurrent=data.setting.model == 'gru')
+    if not runtime.set_intra_op_threads(threads):
       raise RuntimeError('TensorFlow ran an op before the intra-op threads were set')
     runtime.use_local_cpp_context()
     built = _build(data, '', **self.FLAGS)

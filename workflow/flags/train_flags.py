@@ -388,10 +388,10 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'models vectorised, step for those in sequence, program for fixed --local_steps '
            'without convolutions, else none (CohortExecution).'),
         _i('intra_op_threads', 0, 'TensorFlow\'s intra-op threads (one op split over '
-           'threads). 0: 1 for the tasks with recurrent models, whose cohort runs each step as '
-           'independent chains of small ops on the inter-op threads (the Shakespeare GRU round '
-           '0.63 s against 0.88 s, docs/performance.md), TensorFlow\'s default (the cores) '
-           'for the others.', check=flag_checks.NON_NEGATIVE_INT,
+           'threads). 0: 1 for the tasks with recurrent models in the local cohort with '
+           'vectorised clients and no XLA (the auto defaults), whose step is independent chains '
+           'of small ops on the inter-op threads (the Shakespeare GRU round 0.60 s against 0.75 '
+           's, docs/performance.md), TensorFlow\'s default (the cores) otherwise.', check=flag_checks.NON_NEGATIVE_INT,
            feeds=(('set_intra_op_threads', 'threads'),)),
         _i('execution_concurrency', 0, 'Max concurrent client computations in TFF\'s C++ '
            'runtime. 0: two per CPU core (the fastest measured, docs/performance.md); -1: '

@@ -17,7 +17,7 @@ import dataclasses
 import importlib
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -380,12 +380,20 @@ def built(task: task_base.FederatedTask, settings: config.Settings) -> composer.
   return result
 
 
-def intra_op_threads(settings: config.Settings) -> int:
+def intra_op_threads(settings: config.Settings, recurrent: Optional[bool] = None) -> int:
   """--intra_op_threads for `runtime.set_intra_op_threads`, 0 resolved: one
-  thread for the tasks with recurrent models (`tasks.registry.RECURRENT_TASKS`),
-  else TensorFlow's default (0)."""
-  threads = settings.execution.intra_op_threads
-  return threads or int(settings.task.task in task_registry.RECURRENT_TASKS)
+  thread where the round runs a recurrent model's clients as lanes (a task of
+  `tasks.registry.RECURRENT_TASKS`, or `recurrent`, in the local cohort with
+  `auto`'s or vectorised clients and no XLA), else TensorFlow's default (0):
+  the clients in sequence under XLA ran slower with one (docs/performance.md)."""
+  execution = settings.execution
+  if execution.intra_op_threads:
+    return execution.intra_op_threads
+  if recurrent is None:
+    recurrent = settings.task.task in task_registry.RECURRENT_TASKS
+  lanes = (execution.execution == 'cohort' and execution.cohort_mode != 'sequential' and
+           execution.cohort_jit_compile in ('auto', 'none') and not execution.workers)
+  return int(recurrent and lanes)
 
 
 # --cohort_jit_compile → CohortExecution.jit_compile.
