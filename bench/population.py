@@ -7,9 +7,12 @@ time, start-up included), in one run on this machine:
   separate_2    the same, --max_parallel=2 (both cores)
   together      bin/sweep --together: the trials of one program shape as one process
 
-The setting (--setting): `digits` is the issue's: FedAdam on the digits MLP, 5 client ×
-5 server learning rates (25 members), 10 clients per round, 100 rounds, evaluation at
-the last round. `digits_small` is 2 × 2 members and 10 rounds (the shape, quickly).
+The setting (--setting): `digits` is FedAdam on the digits MLP, 5 client × 5 server
+learning rates (25 members), 10 clients per round, 100 rounds, evaluation at the last
+round; `shakespeare` is FedAvg on the Shakespeare report's GRU-128 (E = 1, B = 4, 10
+clients per round), 4 client learning rates × 2 seeds (8 members), 100 rounds, evaluated
+at the last round on every 10th test example (--data_dir: bin/build_shakespeare.py's
+output). `digits_small` and `shakespeare_small` are the shapes, quickly.
 
 Reported per mode: the sweep's wall-clock and CPU seconds (the children's user +
 system), member-rounds per second, the training FLOPs the runs counted
@@ -22,6 +25,7 @@ accuracy (float summation order differs; unstable members amplify it). Regenerat
 bench/results/population_<setting>.json:
 
   .venv/bin/python bench/population.py --setting=digits
+  .venv/bin/python bench/population.py --setting=shakespeare --data_dir=data/shakespeare
 """
 
 import argparse
@@ -41,32 +45,42 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, 'bench')]
 
 import machine_info  # pylint: disable=g-import-not-at-top
 
+DIGITS = 'task=digits;algorithm=fedadam;clients_per_round=10'
+# The Shakespeare report's part fedopt: the GRU-128, E = 1, B = 4, 10 clients per round.
+SHAKESPEARE = ('task=shakespeare_character;shakespeare_character_model=gru128;'
+               'algorithm=fedavg;client_batch_size=4;client_epochs_per_round=1;'
+               'clients_per_round=10;eval_stride=10')
 SETTINGS = {
-    'digits': dict(client_lrs='0.03,0.1,0.3,1,3', server_lrs='0.001,0.003,0.01,0.03,0.1',
-                   rounds=100),
-    'digits_small': dict(client_lrs='0.1,0.3', server_lrs='0.01,0.03', rounds=10),
+    'digits': dict(fixed=DIGITS, grid='client_learning_rate=0.03,0.1,0.3,1,3;'
+                   'server_learning_rate=0.001,0.003,0.01,0.03,0.1', rounds=100),
+    'digits_small': dict(fixed=DIGITS, grid='client_learning_rate=0.1,0.3;'
+                         'server_learning_rate=0.01,0.03', rounds=10),
+    'shakespeare': dict(fixed=SHAKESPEARE, grid='client_learning_rate=0.1,0.3,1,3;seed=0,1',
+                        rounds=100),
+    'shakespeare_small': dict(fixed=SHAKESPEARE, grid='client_learning_rate=0.3,1;seed=0',
+                              rounds=5),
 }
 MODES = {'separate_1': ['--max_parallel=1'], 'separate_2': ['--max_parallel=2'],
          'together': ['--together']}
 
 
-def sweep_command(setting: dict, sweep_dir: str, mode: str) -> list[str]:
-  fixed = (f"task=digits;algorithm=fedadam;total_rounds={setting['rounds']};"
-           f"clients_per_round=10;rounds_per_eval={setting['rounds']};show_progress=false")
-  grid = (f"client_learning_rate={setting['client_lrs']};"
-          f"server_learning_rate={setting['server_lrs']}")
+def sweep_command(setting: dict, sweep_dir: str, mode: str, data_dir: str) -> list[str]:
+  fixed = (f"{setting['fixed']};total_rounds={setting['rounds']};"
+           f"rounds_per_eval={setting['rounds']};show_progress=false")
+  if data_dir:
+    fixed += f';data_dir={data_dir}'
   return [sys.executable, os.path.join(ROOT, 'bin', 'sweep.py'), f'--sweep_dir={sweep_dir}',
-          f'--fixed={fixed}', f'--grid={grid}', '--select_rule=final', *MODES[mode]]
+          f'--fixed={fixed}', f"--grid={setting['grid']}", '--select_rule=final', *MODES[mode]]
 
 
-def run_mode(setting: dict, mode: str, work: str) -> dict:
+def run_mode(setting: dict, mode: str, work: str, data_dir: str = '') -> dict:
   """One sweep from a fresh directory: its cost and every trial's metrics.csv rows."""
   sweep_dir = os.path.join(work, mode)
   shutil.rmtree(sweep_dir, ignore_errors=True)
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
   load_before = machine_info.load_average()
   started = time.monotonic()
-  result = subprocess.run(sweep_command(setting, sweep_dir, mode), capture_output=True,
+  result = subprocess.run(sweep_command(setting, sweep_dir, mode, data_dir), capture_output=True,
                           text=True, cwd=ROOT, check=False)
   seconds = time.monotonic() - started
   after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -117,12 +131,14 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--setting', choices=sorted(SETTINGS), default='digits')
   parser.add_argument('--out', default=os.path.join(ROOT, 'bench', 'results'))
+  parser.add_argument('--data_dir', default='',
+                      help='--data_dir of the runs (Shakespeare: bin/build_shakespeare.py\'s)')
   args = parser.parse_args()
   setting = SETTINGS[args.setting]
   work = tempfile.mkdtemp(prefix='population_bench_')
   try:
     peak = matmul_gflops()
-    results = {mode: run_mode(setting, mode, work) for mode in MODES}
+    results = {mode: run_mode(setting, mode, work, args.data_dir) for mode in MODES}
   finally:
     shutil.rmtree(work, ignore_errors=True)
   separate = results['separate_2']

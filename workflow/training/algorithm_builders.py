@@ -385,7 +385,7 @@ def intra_op_threads(settings: config.Settings, recurrent: Optional[bool] = None
   thread where the round runs a recurrent model's clients as lanes (a task of
   `tasks.registry.RECURRENT_TASKS`, or `recurrent`, in the local cohort with
   `auto`'s or vectorised clients and no XLA), else TensorFlow's default (0):
-  the clients in sequence under XLA ran slower with one (docs/performance.md)."""
+  one thread was measured faster there only (docs/performance.md)."""
   execution = settings.execution
   if execution.intra_op_threads:
     return execution.intra_op_threads
