@@ -131,6 +131,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--setting', choices=sorted(SETTINGS), default='digits')
   parser.add_argument('--out', default=os.path.join(ROOT, 'bench', 'results'))
+  parser.add_argument('--modes', default=','.join(MODES),
+                      help='which of ' + ', '.join(MODES) + ' to run (together and one other)')
   parser.add_argument('--data_dir', default='',
                       help='--data_dir of the runs (Shakespeare: bin/build_shakespeare.py\'s)')
   args = parser.parse_args()
@@ -138,17 +140,19 @@ def main():
   work = tempfile.mkdtemp(prefix='population_bench_')
   try:
     peak = matmul_gflops()
-    results = {mode: run_mode(setting, mode, work, args.data_dir) for mode in MODES}
+    results = {mode: run_mode(setting, mode, work, args.data_dir)
+               for mode in MODES if mode in args.modes.split(',')}
   finally:
     shutil.rmtree(work, ignore_errors=True)
-  separate = results['separate_2']
+  separate = results.get('separate_2') or results['separate_1']
+  together = results['together']
   report = dict(
-      machine=machine_info.machine(), setting=dict(args.setting and setting, name=args.setting),
+      machine=machine_info.machine(), setting=dict(setting, name=args.setting),
       matmul_gflop_per_s=peak,
       modes={m: {k: v for k, v in r.items() if k != 'trials'} for m, r in results.items()},
-      together_over_separate_2=separate['seconds'] / results['together']['seconds'],
-      together_over_separate_1=results['separate_1']['seconds'] / results['together']['seconds'],
-      member_differences=differences(separate['trials'], results['together']['trials']))
+      **{f'together_over_{m}': results[m]['seconds'] / together['seconds']
+         for m in results if m != 'together'},
+      member_differences=differences(separate['trials'], together['trials']))
   path = os.path.join(args.out, f'population_{args.setting}.json')
   with open(path, 'w') as f:
     json.dump(report, f, indent=1)

@@ -409,8 +409,14 @@ class _CohortRounds:
     return local_steps * self.recipe.batches_per_step if local_steps > 0 else local_steps
 
   def make_shards(self, client_batches, num_shards: Optional[int] = None) -> cohort_data.Shards:
-    """Padded shards from each client's batches (`cohort_data.client_batches`)."""
-    return cohort_data.shards(client_batches, num_shards or self.execution.num_shards,
+    """Padded shards from each client's batches (`cohort_data.client_batches`).
+    A recurrent cohort vectorised in this process takes one shard: its steps run
+    only the lanes still training (cohort_program), so padding costs it nothing
+    and more lanes share each op."""
+    lanes = (self.vectorized and self.execution.in_process and
+             cohort_program.steps_outside(self.round_parts.program.view))
+    return cohort_data.shards(client_batches,
+                              num_shards or self.execution.num_shards or (1 if lanes else None),
                               self.execution.max_waste, self.shard_stats)
 
 

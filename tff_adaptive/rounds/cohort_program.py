@@ -205,6 +205,10 @@ class CohortProgram:
 
     carry = _over_clients(init, (messages,) + ((lanes['client_state'],)
                                                if 'client_state' in lanes else ()))
+    # Longest lanes first: the lanes still training at a step are then a prefix,
+    # and each step runs only those (`_on_active_lanes`).
+    order = _longest_first(lanes['mask'])
+    messages, lanes = _gathered(messages, order), _gathered(lanes, order)
     # Zeros for every lane, made once: pfor's outputs that ignore the lane keep
     # its index placeholder in the graph, which XLA refuses (jit_compile='program').
     metrics = tf.nest.map_structure(
@@ -216,7 +220,8 @@ class CohortProgram:
     state = (self.loop.before_steps(carry, passes), metrics)
     state = self._over_lane_steps(self._train_step(), lanes['batches'], lanes['mask'], state,
                                   messages, self.loop.recipe.batches_per_step)
-    return _over_clients(lambda m, *s: self._final(m, _trainable(m), s), (messages,) + state)
+    out = _over_clients(lambda m, *s: self._final(m, _trainable(m), s), (messages,) + state)
+    return _gathered(out, tf.math.invert_permutation(order))
 
   def _over_lane_steps(self, step, batches, mask, state, context, per_step: int = 1):
     """`_over_steps` with a lane axis on batches, mask, state and `context`
@@ -224,7 +229,8 @@ class CohortProgram:
     (vectorised), the pass of every lane at once (`_pass_of_lanes`), each
     lane's step after it (vectorised); a lane without real rows stays."""
 
-    def lane_step(state, group):
+    def lane_step(both, group):
+      state, context = both
       weights, statistics = _over_clients(step.point, (state, context))
       out = self._pass_of_lanes(weights, statistics, *group[0])
 
@@ -233,9 +239,10 @@ class CohortProgram:
         new = step.after(state, group, context, out)
         return tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
 
-      return _over_clients(after, (state, group, context, out))
+      return _over_clients(after, (state, group, context, out)), context
 
-    return self._over_steps(lane_step, batches, mask, state, per_step, lanes_axis=True)
+    return self._over_steps(lane_step, batches, mask, (state, context), per_step,
+                            lanes_axis=True)[0]
 
   def _pass_of_lanes(self, weights, statistics, batch, rows):
     """`view.train_pass` of every lane: one call on the lane-axis model
@@ -254,7 +261,7 @@ class CohortProgram:
     step_fn steps every lane (`_over_lane_steps`)."""
     if self.jit_compile:
       step_fn = tf.function(step_fn, jit_compile=True)
-    step, axis = step_fn, 1
+    step, axis = _on_active_lanes(step_fn), 1
     if not lanes_axis:
       axis = 0
 
@@ -344,6 +351,31 @@ def steps_outside(view: functional.FunctionalView) -> bool:
   1.03-1.11x the round of the clients outside in three interleaved runs
   (bench/cohort_nesting.py), so they keep the nesting pfor converts whole."""
   return view.has_rnn
+
+
+def _longest_first(mask):
+  """The lanes' order by their steps with real rows, longest first (mask [L, S, B])."""
+  steps = tf.reduce_sum(tf.cast(tf.reduce_sum(mask, axis=2) > 0, tf.int32), axis=1)
+  return tf.argsort(-steps, stable=True)
+
+
+def _gathered(structure, order):
+  return tf.nest.map_structure(lambda t: tf.gather(t, order), structure)
+
+
+def _on_active_lanes(step_fn):
+  """step_fn(state, group) run on the lanes up to the last with real rows in this
+  step (the others, past their data, stay as they are): with the lanes longest
+  first, a step costs the lanes still training, not the shard's padding."""
+
+  def step(state, group):
+    active = tf.reduce_all([tf.reduce_sum(rows, axis=1) > 0 for _, rows in group], axis=0)
+    n = tf.maximum(tf.reduce_max(tf.where(active, tf.range(1, tf.size(active) + 1), 0)), 1)
+    head = lambda t: t[:n]
+    new = step_fn(tf.nest.map_structure(head, state), tf.nest.map_structure(head, group))
+    return tf.nest.map_structure(lambda a, b: tf.concat([a, b[n:]], 0), new, state)
+
+  return step
 
 
 def _in_sequence(fn, elems):
