@@ -55,10 +55,9 @@ SETTINGS = {
                    'server_learning_rate=0.001,0.003,0.01,0.03,0.1', rounds=100),
     'digits_small': dict(fixed=DIGITS, grid='client_learning_rate=0.1,0.3;'
                          'server_learning_rate=0.01,0.03', rounds=10),
-    'shakespeare': dict(fixed=SHAKESPEARE, grid='client_learning_rate=0.1,0.3,1,3;seed=0,1',
+    'shakespeare': dict(fixed=SHAKESPEARE, grid='client_learning_rate=0.1,0.3,1,3', seeds=2,
                         rounds=100),
-    'shakespeare_small': dict(fixed=SHAKESPEARE, grid='client_learning_rate=0.3,1;seed=0',
-                              rounds=5),
+    'shakespeare_small': dict(fixed=SHAKESPEARE, grid='client_learning_rate=0.3,1', rounds=5),
 }
 MODES = {'separate_1': ['--max_parallel=1'], 'separate_2': ['--max_parallel=2'],
          'together': ['--together']}
@@ -70,7 +69,8 @@ def sweep_command(setting: dict, sweep_dir: str, mode: str, data_dir: str) -> li
   if data_dir:
     fixed += f';data_dir={data_dir}'
   return [sys.executable, os.path.join(ROOT, 'bin', 'sweep.py'), f'--sweep_dir={sweep_dir}',
-          f'--fixed={fixed}', f"--grid={setting['grid']}", '--select_rule=final', *MODES[mode]]
+          f'--fixed={fixed}', f"--grid={setting['grid']}", f"--num_seeds={setting.get('seeds', 1)}",
+          '--select_rule=final', *MODES[mode]]
 
 
 def run_mode(setting: dict, mode: str, work: str, data_dir: str = '') -> dict:
