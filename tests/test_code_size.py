@@ -18,10 +18,11 @@ MAX_FUNCTION_LINES = 80
 def _python_files():
   for top in CHECKED:
     for where, dirs, files in os.walk(os.path.join(ROOT, top)):
-      # Not the package's code: caches, and the peers' virtual environments
-      # (bench/peers.py, gitignored).
+      # Not the package's code: caches, the peers' virtual environments and
+      # bench/tmp (bench/peers.py's copies of the package; both gitignored).
       dirs[:] = [d for d in dirs if d != '__pycache__' and
-                 not os.path.exists(os.path.join(where, d, 'pyvenv.cfg'))]
+                 not os.path.exists(os.path.join(where, d, 'pyvenv.cfg')) and
+                 os.path.join(where, d) != os.path.join(ROOT, 'bench', 'tmp')]
       yield from (os.path.join(where, f) for f in sorted(files) if f.endswith('.py'))
 
 
