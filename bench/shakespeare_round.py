@@ -11,8 +11,9 @@ In one run on this machine, each in its own process:
              E = 1, so clients run their whole data, unequal steps): per round, the
              round's seconds (metrics.csv `round_seconds`) over the client steps it ran
              (`num_batches`, summed over the cohort), median over rounds 2 to --rounds;
-  together   the same command for --members runs differing in client learning rate,
-             as one `bin/train --together` population: seconds per member-client step.
+  together   the same command for --members runs differing in client learning rate
+             (0.3 × 1.25^i), as one `bin/train --together` population: seconds per
+             member-client step.
 
 Regenerate bench/results/shakespeare_round.json (--data_dir: bin/build_shakespeare.py's):
 
@@ -94,7 +95,7 @@ def main():
   common = [*COMMAND, f'--data_dir={os.path.abspath(args.data_dir)}',
             f'--total_rounds={args.rounds}', f'--rounds_per_eval={args.rounds}',
             '--eval_stride=50']
-  rates = [0.3 * 2 ** i for i in range(args.members)]
+  rates = [round(0.3 * 1.25 ** i, 4) for i in range(args.members)]  # none diverges in 8 rounds
   with tempfile.TemporaryDirectory(prefix='shakespeare_round_') as work:
     raw = raw_step_seconds(args.reps)
     alone = per_step([train(work, 'alone', [*common, '--client_learning_rate=0.3'])])
