@@ -103,7 +103,7 @@ def _time_lines(runs_dir, data_dir, grid):
       'not logged; `wall_clock.csv` logs the round each attempt started from). A scaled value '
       'carries the load of that attempt only, so it can come out below the training time, '
       'which sums rounds run under other loads. **The budget these runs were sized for (about 6 hours of this machine) was '
-      'not met**: a part-fedopt run takes about twice its training time in wall-clock '
+      'exceeded**: a part-fedopt run takes about twice its training time in wall-clock '
       '(FedAdam η_s = 0.01: 1,567 s wall, of which 775 s rounds; the rest is mostly the '
       f'evaluation of the whole test split every {sf.FEDOPT_EVAL_EVERY} rounds), and part '
       'fedopt alone used the budget. Its seeds 1 and 2 evaluate only in the last '

@@ -106,8 +106,11 @@ def paired(diffs):
 
 
 def _difference(measure, mean, half, n):
-  what = 'lower by' if measure.lower_is_better else 'difference'
-  return f'{what} {mean:+.4f} ± {half:.4f}, {n} seeds'
+  """The paired mean difference in words: positive means the claim's better
+  configuration is ahead (for a loss, lower)."""
+  what = ('lower by' if mean >= 0 else 'higher by') if measure.lower_is_better else (
+      'ahead by' if mean >= 0 else 'behind by')
+  return f'{what} {abs(mean):.4f} ± {half:.4f}, {n} seeds'
 
 
 def superiority_rule(diffs, measure):

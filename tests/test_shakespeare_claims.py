@@ -119,7 +119,7 @@ def _moving(finals, start=0.20):
 
 def test_superiority_supports_contradicts_or_gives_no_verdict():
   better, worse = _moving([0.35, 0.36, 0.37]), _moving([0.30, 0.30, 0.32])
-  assert sv.superiority(better, worse, sc.MAX_ACCURACY, 79).startswith('supported (difference')
+  assert sv.superiority(better, worse, sc.MAX_ACCURACY, 79).startswith('supported (ahead by 0.05')
   assert sv.superiority(worse, better, sc.MAX_ACCURACY, 79).startswith('contradicted')
   noisy = _moving([0.36, 0.28, 0.34])  # ahead on average, but the seeds disagree
   assert sv.superiority(noisy, worse, sc.MAX_ACCURACY, 79).startswith(
@@ -153,7 +153,7 @@ def test_same_or_improved_is_never_supported_by_non_significance():
 def test_lower_is_better_flips_the_sign():
   low = {s: curve([0.2, 0.25], [3.0 - 0.1 - 0.01 * s] * 10) for s in range(3)}
   high = {s: curve([0.2, 0.25], [3.0 - 0.005 * s] * 10) for s in range(3)}
-  assert sv.superiority(low, high, sc.MEAN_LOSS, 79).startswith('supported (lower by +0.1')
+  assert sv.superiority(low, high, sc.MEAN_LOSS, 79).startswith('supported (lower by 0.1')
   assert sv.non_inferiority(high, low, sc.MEAN_LOSS, 79).startswith('contradicted')
 
 
