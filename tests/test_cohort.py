@@ -8,9 +8,11 @@ metrics equal within 1e-5. Both executions start from and return the same
 """
 
 import collections
+import concurrent.futures
 import os
 import subprocess
 import sys
+import threading
 import types
 import warnings
 
@@ -391,6 +393,7 @@ def xla_sequence_rounds(rounds=2, local_steps=2):
 
 _CHILD = """
 import sys
+import threading
 sys.path[:0] = sys.argv[1:]
 import test_cohort
 from tff_adaptive.execution import runtime
@@ -448,3 +451,22 @@ def test_client_cache_keeps_under_its_budget_and_rebuilds_evicted():
   assert cache.nbytes <= 3 * 6 * 10 * 8
   again = cache.get(['0'], 3)
   assert built[-1] == '0' and float(again[0][0]['x'][0, 0]) == 0.0
+
+
+def test_client_cache_shared_by_threads_reads_each_client_once():
+  """A population's feeders of one seed share a cache and prefetch on their own
+  threads at once: a client missing for both is read from tf.data once."""
+  built, started = [], threading.Event()
+
+  def dataset_fn(ids):
+    built.extend(ids)
+    started.wait(5)  # the second caller arrives while the first still reads
+    return [tf.data.Dataset.from_tensor_slices({'x': np.zeros((4, 2))}).batch(2) for _ in ids]
+
+  cache = cohort_data.ClientCache(dataset_fn)
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    first = pool.submit(cache.get, ['0', '1'], 2)
+    second = pool.submit(cache.get, ['1', '0'], 2)
+    started.set()
+    assert len(first.result()) == len(second.result()) == 2
+  assert sorted(built) == ['0', '1']

@@ -241,19 +241,23 @@ class ClientCache:
     self._entries: collections.OrderedDict = collections.OrderedDict()
     self._bytes = 0
     self._lock = threading.Lock()
+    # Held while missing clients are read: a second caller (another feeder
+    # sharing this cache) waits for them instead of reading them again.
+    self._reading = threading.Lock()
 
   @property
   def nbytes(self) -> int:
     return self._bytes
 
   def get(self, client_ids: Sequence[str], local_steps: int) -> list[ClientBatches]:
-    with self._lock:
-      missing = [cid for cid in client_ids if (cid, local_steps) not in self._entries]
-    if missing:
-      built = [client_batches(ds, local_steps) for ds in self._dataset_fn(missing)]
+    with self._reading:
       with self._lock:
-        for cid, batches in zip(missing, built):
-          self._put((cid, local_steps), batches)
+        missing = [cid for cid in client_ids if (cid, local_steps) not in self._entries]
+      if missing:
+        built = [client_batches(ds, local_steps) for ds in self._dataset_fn(missing)]
+        with self._lock:
+          for cid, batches in zip(missing, built):
+            self._put((cid, local_steps), batches)
     with self._lock:
       result = []
       for cid in client_ids:

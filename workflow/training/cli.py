@@ -484,11 +484,11 @@ def _run_together(members, status: dict, notes=()):
   pop = together.population_of(first[1])
   built = [first] + [_build(settings, status, pop.process) for settings in members[1:]]
   runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
-  evaluators, initial = {}, pop.process.initialize()
+  shared, initial = {}, pop.process.initialize()
   loops = [together.member_loop(
       pop.process, task, _loop_config(settings, out, schedules, client_state, line),
       _dp_metrics_fn(settings, task),
-      together.initial_state(pop.process, initial, members[0], settings, task), evaluators)
+      together.initial_state(pop.process, initial, members[0], settings, task), shared)
            for settings, (task, _, schedules, _, client_state, out, line) in zip(members, built)]
   status['progress'] = loops[0].config.progress
   for note in dict.fromkeys(notes):

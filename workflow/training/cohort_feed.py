@@ -23,9 +23,12 @@ class CohortFeeder:
   """(sampled ids, K, next round's ids) → the padded shards of this round."""
 
   def __init__(self, task: task_base.FederatedTask, process: cohort.CohortProcess,
-               cache_bytes: int = DEFAULT_CACHE_BYTES):
+               cache_bytes: int = DEFAULT_CACHE_BYTES,
+               cache: Optional[cohort_data.ClientCache] = None):
+    """`cache`: one shared with other feeders of the same task (a population's
+    members of one seed); else its own of `cache_bytes`."""
     self._process = process
-    self._cache = cohort_data.ClientCache(task.client_train_datasets, cache_bytes)
+    self._cache = cache or cohort_data.ClientCache(task.client_train_datasets, cache_bytes)
     self._prefetcher = cohort_data.Prefetcher(self._build)
     self.padding_waste = 0.0
 
