@@ -122,14 +122,15 @@ def test_vectorised_recurrent_mimelite_equals_the_per_client_round():
 def test_vectorised_recurrent_scaffold_equals_the_per_client_round():
   """SCAFFOLD's clients keep c_i: stacked into the shard, each client's loop
   starts from its own, and the new ones come back per client. Two rounds on the
-  same clients, so the second starts from non-zero c_i."""
+  same clients, so the second starts from non-zero c_i. The shortest client
+  first: the lanes run longest first, so each lane's c_i must follow it."""
   model_fn = _model_fn(tf.keras.layers.GRU)
   build = lambda **kw: scaffold.build_scaffold(
       model_fn, tff.learning.optimizers.build_sgdm(0.5), tff.learning.optimizers.build_sgdm(1.0),
       local_steps=2, total_clients=3, **kw)
   per_client, fast = build(), build(execution=cohort.CohortExecution(mode='vectorized'))
   assert fast.vectorized
-  datasets = _datasets()
+  datasets = _datasets((3, 13, 7))
   state = fast_state = per_client.initialize()
   states = fast_states = [per_client.client_state_initial] * len(datasets)
   for r in range(2):

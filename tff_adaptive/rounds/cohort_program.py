@@ -203,12 +203,13 @@ class CohortProgram:
       return self.loop.init(_trainable(message), message['broadcast'], client_state,
                             _non_trainable(message))
 
-    carry = _over_clients(init, (messages,) + ((lanes['client_state'],)
-                                               if 'client_state' in lanes else ()))
     # Longest lanes first: the lanes still training at a step are then a prefix,
-    # and each step runs only those (`_on_active_lanes`).
+    # and each step runs only those (`_on_active_lanes`). Everything per lane is
+    # ordered so before its start is made from it.
     order = _longest_first(lanes['mask'])
     messages, lanes = _gathered(messages, order), _gathered(lanes, order)
+    carry = _over_clients(init, (messages,) + ((lanes['client_state'],)
+                                               if 'client_state' in lanes else ()))
     # Zeros for every lane, made once: pfor's outputs that ignore the lane keep
     # its index placeholder in the graph, which XLA refuses (jit_compile='program').
     metrics = tf.nest.map_structure(
