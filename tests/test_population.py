@@ -19,7 +19,6 @@ from tff_adaptive.aggregators import dp
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import fedprox
-from tff_adaptive.algorithms import scaffold
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import population
 
@@ -141,10 +140,6 @@ def test_a_member_is_an_ordinary_state_and_goes_back(datasets):
 def test_refusals_name_the_reason(datasets):
   with pytest.raises(TypeError, match='cohort process run in this process'):
     population.build_population(BUILDERS['fedavg']('per_client'))
-  keeps_state = scaffold.build_scaffold(at.model_fn, _sgd(), local_steps=2, total_clients=6,
-                                        execution=cohort.CohortExecution())
-  with pytest.raises(ValueError, match='scaffold: clients that keep state'):
-    population.build_population(keeps_state)
   noisy = fedopt.build_fedavg(at.model_fn, _sgd(), local_steps=2,
                               model_aggregator=dp.dp_aggregator(0.0, 1.0, 2),
                               execution=cohort.CohortExecution())

@@ -32,6 +32,7 @@ TRAIN = os.path.join(ROOT, 'bin', 'train.py')
 COMMON = ['--task=digits', '--num_clients=8', '--clients_per_round=3', '--client_batch_size=20',
           '--algorithm=fedadam', '--local_steps=2', '--rounds_per_eval=1',
           '--show_progress=false']
+DP = ['--dp=true', '--dp_clip_norm=1', '--dp_noise_multiplier=0.5']
 GRID = [('0.1', '0.01', 0), ('0.3', '0.01', 0), ('0.1', '0.01', 1), ('0.3', '0.03', 1)]
 
 
@@ -92,6 +93,22 @@ def test_members_equal_their_separate_runs(tmp_path):
   assert [r['round'] for r in _rows(tmp_path / 'together' / name)] == ['1', '2', '3', '4']
 
 
+def test_scaffold_members_keep_their_own_control_variates(tmp_path):
+  """Clients that keep state: each member stores its clients' c_i in its own run
+  directory, as its own run does (6 rounds of 3 of 8 clients: clients return)."""
+  more = ('--algorithm=scaffold', '--total_rounds=6', '--rounds_per_eval=3')
+  members = [_member(tmp_path / 'together', *m, *more) for m in (('0.1', '1', 0),
+                                                                  ('0.3', '0.5', 1))]
+  code, output = train_config.train([f'--together={_write(tmp_path / "m.json", members)}'])
+  assert code == 0, output[-3000:]
+  for member in members:
+    alone = [a.replace(str(tmp_path / 'together'), str(tmp_path / 'alone')) for a in member]
+    code, output = train_config.train(alone)
+    assert code == 0, output[-3000:]
+    name = _flag(member, 'experiment_name')
+    _assert_same_metrics(tmp_path / 'together' / name, tmp_path / 'alone' / name)
+
+
 def test_a_member_that_diverges_stops_alone(tmp_path):
   rule = ('--total_rounds=4', '--divergence_rounds=1', '--divergence_factor=2')
   members = [_member(tmp_path, '0.1', '0.01', 0, *rule),
@@ -132,20 +149,20 @@ def test_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     ('extra', '--together takes every flag from its file: drop --seed'),
     ('one', 'at least two command lines'),
     ('same_dir', 'two members would write'),
-    ('scaffold', "--together: scaffold: clients that keep state"),
+    ('dp', '--together: fedadam: fixed-clip DP has no population form yet'),
 ])
 def test_refused_in_one_line_before_anything_is_written(tmp_path, case, needle):
   a, b = _member(tmp_path / 'out', '0.1', '0.01', 0), _member(tmp_path / 'out', '0.3', '0.01', 0)
   members = {'differs': [a, b + ['--local_steps=3']], 'extra': [a, b], 'one': [a],
              'same_dir': [a, b[:-1] + [a[-1]]],
-             'scaffold': [a + ['--algorithm=scaffold'], b + ['--algorithm=scaffold']]}[case]
+             'dp': [a + DP, b + DP]}[case]
   args = [f'--together={_write(tmp_path / "m.json", members)}']
   code, output = train_config.train(args + (['--seed=2'] if case == 'extra' else []))
   assert code == 2, output[-3000:]
   assert needle in output.strip().splitlines()[-1], output[-2000:]
   assert 'Traceback' not in output
   written = os.listdir(tmp_path / 'out') if os.path.isdir(tmp_path / 'out') else []
-  assert case == 'scaffold' or not written, written
+  assert case == 'dp' or not written, written
 
 
 def test_sweep_runs_each_program_shape_as_one_process(tmp_path):

@@ -84,17 +84,16 @@ class CohortProgram:
     return (sums, states) if self.stateful else sums
 
   def lanes(self, messages, shard):
-    """Σ per member of its clients' round sums: a population's client phase.
+    """Σ per member of its clients' round sums: a population's client phase
+    (and, for recipes whose clients take back an output, those outputs [P, C, ...]).
 
     `messages`: each member's message, stacked [P, ...]; `shard`: its leaves
-    [P, C, ...], member p's C clients. Every (member, client) pair is one
-    lane, started from its member's message (x_t, η, ...), so the lanes run
-    as the shard program runs a cohort's clients (vectorised or in sequence)
-    with the weights' lane axis [P × C] in place of the client axis.
+    [P, C, ...], member p's C clients (with their states and test batches,
+    when the recipe takes them). Every (member, client) pair is one lane,
+    started from its member's message (x_t, η, ...), so the lanes run as the
+    shard program runs a cohort's clients (vectorised or in sequence) with the
+    weights' lane axis [P × C] in place of the client axis.
     """
-    why = self.why_no_lanes()
-    if why:
-      raise ValueError(why)
     size = tf.shape(shard['mask'])[:2]
     lanes = tf.nest.map_structure(
         lambda t: tf.reshape(t, tf.concat([[size[0] * size[1]], tf.shape(t)[2:]], 0)),
@@ -106,21 +105,15 @@ class CohortProgram:
       return self._one_client(message, _trainable(message), client)
 
     if self.vectorized and steps_outside(self.view):
-      sums = self._lanes_in_parallel(lane_messages, lanes)
+      out = self._lanes_in_parallel(lane_messages, lanes)
     elif self.vectorized:
-      sums = tf.vectorized_map(one, (lane_messages, lanes), fallback_to_while_loop=True)
+      out = tf.vectorized_map(one, (lane_messages, lanes), fallback_to_while_loop=True)
     else:
-      sums = _in_sequence(one, (lane_messages, lanes))
-    return tf.nest.map_structure(
-        lambda t: tf.reduce_sum(tf.reshape(t, tf.concat([size, tf.shape(t)[1:]], 0)), axis=1),
-        sums)
-
-  def why_no_lanes(self):
-    """Why `lanes` cannot run this program (None: it can)."""
-    if self.stateful:
-      return (f'{self.loop.recipe.name}: clients that keep state or measure user accuracy '
-              'have no population form yet')
-    return None
+      out = _in_sequence(one, (lane_messages, lanes))
+    sums, outputs = out if self.stateful else (out, None)
+    per_member = lambda t: tf.reshape(t, tf.concat([size, tf.shape(t)[1:]], 0))
+    sums = tf.nest.map_structure(lambda t: tf.reduce_sum(per_member(t), axis=1), sums)
+    return (sums, tf.nest.map_structure(per_member, outputs)) if self.stateful else sums
 
   def _client_elems(self, shard):
     """A shard's per-client parts: its batches and mask, and what the recipe's

@@ -35,6 +35,7 @@ import tensorflow_federated as tff
 from tff_adaptive.rounds import cohort_data
 from tff_adaptive.rounds import cohort_next
 from tff_adaptive.rounds import skeleton
+from tff_adaptive.rounds import stateful
 
 
 def stack(states: Sequence):
@@ -78,6 +79,15 @@ def member_metrics(metrics, index: int):
   return tf.nest.map_structure(lambda leaf: np.asarray(leaf)[index], metrics)
 
 
+def member_output(output, index: int):
+  """Member `index`'s part of `next`'s output, as its own process's `next`
+  returns it (with its clients' new states, for clients that keep state)."""
+  state, metrics = member(output.state, index), member_metrics(output.metrics, index)
+  if isinstance(output, stateful.StatefulClientsOutput):
+    return stateful.StatefulClientsOutput(state, metrics, output.clients[index])
+  return tff.learning.templates.LearningProcessOutput(state, metrics)
+
+
 class PopulationProcess:
   """P runs of one cohort process, one program (module docstring).
 
@@ -99,14 +109,11 @@ class PopulationProcess:
       raise TypeError('build_population takes a cohort process run in this process (built '
                       'with execution=CohortExecution(in_process=True) and no option that '
                       f'runs it per client); got {type(process).__name__}')
-    why = parts.program.why_no_lanes()
-    if why:
-      raise ValueError(why)
     why = parts.program.aggregation.form.not_in_population
     if why:
       raise ValueError(f'{process.recipe.name}: {why}')
     self.process = process
-    self.next = PopulationNext(parts, process.batches_per_client)
+    self.next = PopulationNext(parts, process)
 
   def initialize(self, size: int):
     if size < 1:
@@ -125,6 +132,7 @@ class PopulationProcess:
   member = staticmethod(member)
   with_member = staticmethod(with_member)
   member_metrics = staticmethod(member_metrics)
+  member_output = staticmethod(member_output)
 
 
 def build_population(process) -> PopulationProcess:
@@ -135,9 +143,9 @@ def build_population(process) -> PopulationProcess:
 class PopulationNext:
   """`next(state, member_data)` of a population of one cohort process's runs."""
 
-  def __init__(self, parts: cohort_next.RoundParts, batches_per_client):
+  def __init__(self, parts: cohort_next.RoundParts, process):
     self._parts = parts
-    self._batches_per_client = batches_per_client
+    self._process = process
     program, aggregation = parts.program, parts.program.aggregation
     over_members = lambda fn: lambda *args: tf.vectorized_map(
         lambda a: fn(*a), args, fallback_to_while_loop=True)
@@ -159,19 +167,47 @@ class PopulationNext:
         message=self._message_step, client_phase=self._lanes, server=self._server_step,
         aggregation=_PerMember(parts.steps.aggregation),
         message_takes_aggregator_state=parts.steps.message_takes_aggregator_state,
-        measure_client_drift=parts.steps.measure_client_drift)
+        measure_client_drift=parts.steps.measure_client_drift,
+        stateful_clients=parts.steps.stateful_clients)
 
   def __call__(self, state, member_data):
-    shard = self.shard(state, member_data)
-    return skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, [shard])
+    """`LearningProcessOutput` with a member axis; for clients that keep state,
+    `StatefulClientsOutput` whose `clients[p]` are member p's clients' new
+    states, in the order member p's clients were given."""
+    shard, orders = self._shard_and_orders(state, member_data)
+    output = skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, [shard])
+    if not self._steps.stateful_clients:
+      return output
+    return stateful.StatefulClientsOutput(output.state, output.metrics,
+                                          self._clients(output.clients[0], orders))
+
+  def _clients(self, outputs, orders):
+    """Each member's clients' outputs (leaves [P, C, ...]) as `client_output`
+    values, in the order its clients were given."""
+    outputs = tf.nest.map_structure(np.asarray, outputs)
+    result = []
+    for p, order in enumerate(orders):
+      clients = [None] * len(order)
+      for position, index in enumerate(order):
+        clients[index] = self._process.client_output(
+            tf.nest.map_structure(lambda leaf: leaf[p, position], outputs))  # pylint: disable=cell-var-from-loop
+      result.append(clients)
+    return result
 
   def shard(self, state, member_data):
     """`member_data` as the population's shard (leaves [P, C, ...]). Per member:
-    a list of client datasets, of `cohort_data.client_batches`, or the member's
-    own shards (`process.make_shards`); or, whole, a shard with leaves [P, C, ...]."""
+    a list of client datasets (of `process.client_input(...)` for clients that
+    keep state), of `cohort_data.client_batches`, or the member's own shards
+    (`process.make_shards`, with `with_client_states` / `with_test_batches`
+    where the process takes them); or, whole, a shard with leaves [P, C, ...]."""
+    return self._shard_and_orders(state, member_data)[0]
+
+  def _shard_and_orders(self, state, member_data):
+    """(the shard, per member the input index of each of its lanes' clients)."""
     members = size(state)
     if isinstance(member_data, collections.abc.Mapping):
-      return member_data
+      clients = int(np.shape(member_data['mask'])[1])
+      return member_data, [list(range(clients))] * members
     if not isinstance(member_data, (list, tuple)) or len(member_data) != members:
       raise ValueError(f'next takes one list of client datasets per member ({members}); got '
                        f'{_describe(member_data)}')
@@ -179,15 +215,13 @@ class PopulationNext:
     if len(local_steps) != 1:
       raise ValueError('every member of a population runs the same local steps K (it fixes '
                        f'the program\'s shape); got {sorted(local_steps)}')
-    steps = self._batches_per_client(local_steps.pop())
-    shards = [_member_shard(cohort, steps) for cohort in member_data]
+    steps = self._process.batches_per_client(local_steps.pop())
+    shards, orders = zip(*[_member_shard(self._process, cohort, steps) for cohort in member_data])
     cohorts = {int(np.shape(s['mask'])[0]) for s in shards}
     if len(cohorts) != 1:
       raise ValueError('every member of a population trains the same number of clients per '
                        f'round (it fixes the program\'s shape); got {sorted(cohorts)}')
-    shape = tuple(max(np.shape(s['mask'])[i] for s in shards) for i in (1, 2))
-    return tf.nest.map_structure(lambda *leaves: np.stack(leaves),
-                                 *[_padded(s, shape) for s in shards])
+    return _joined(shards, np.stack), list(orders)
 
   def _message_step(self, weights, *rest):
     return cohort_next.with_tensors(self._message, weights, *rest)
@@ -221,26 +255,51 @@ class _PerMember:
     return stack([a[0] for a in answers]), stack([a[1] for a in answers])
 
 
-def _member_shard(cohort, steps: int):
-  """One member's clients as one shard ([C, S, B, ...]): its shards joined, or
-  its clients' batches padded."""
+def _member_shard(process, cohort, steps: int):
+  """One member's clients as one shard ([C, S, B, ...]) and, per client of
+  it, the index it was given at: its shards joined (in their order), its
+  clients' batches padded, or its clients' inputs (clients that keep state)."""
   if cohort and all(isinstance(c, collections.abc.Mapping) and 'mask' in c for c in cohort):
-    shape = tuple(max(np.shape(s['mask'])[i] for s in cohort) for i in (1, 2))
-    padded = [_padded(s, shape) for s in cohort]
-    return tf.nest.map_structure(lambda *leaves: np.concatenate(leaves), *padded)
+    clients = sum(int(np.shape(s['mask'])[0]) for s in cohort)
+    return _joined(list(cohort), np.concatenate), list(getattr(cohort, 'order', range(clients)))
+  if cohort and all(isinstance(c, collections.abc.Mapping) and 'train' in c for c in cohort):
+    batches = [cohort_data.client_batches(c['train'], steps) for c in cohort]
+    if not any(batches):
+      raise ValueError('the sampled clients have no data')
+    one = cohort_data.Shards([cohort_data.pad(batches)], groups=[list(range(len(cohort)))])
+    return process.with_client_inputs(one, cohort)[0], list(range(len(cohort)))
   clients = [c if isinstance(c, list) else cohort_data.client_batches(c, steps) for c in cohort]
   if not any(clients):
     raise ValueError('the sampled clients have no data')
-  return cohort_data.pad(clients)
+  return cohort_data.pad(clients), list(range(len(clients)))
 
 
-def _padded(shard, shape):
-  """`shard` with its steps and rows axes padded to `shape` (zeros, mask 0)."""
+def _joined(shards, join):
+  """The shards' leaves joined (`join`: stack or concatenate), their batches and
+  masks (and test batches) first padded to the largest steps and rows."""
+  def shape(parts):
+    return tuple(max(np.shape(p['mask'])[i] for p in parts) for i in (1, 2))
+
+  to = shape(shards)
+  test = shape([s['test'] for s in shards]) if 'test' in shards[0] else None
+  return tf.nest.map_structure(lambda *leaves: join(leaves),
+                               *[_padded(s, to, test) for s in shards])
+
+
+def _padded(shard, shape, test_shape=None):
+  """`shard` with its steps and rows axes padded to `shape` (zeros, mask 0);
+  its test batches to `test_shape`; its clients' states as they are."""
   def pad(leaf):
     leaf = np.asarray(leaf)
     widths = [(0, 0), (0, shape[0] - leaf.shape[1]), (0, shape[1] - leaf.shape[2])]
     return np.pad(leaf, widths + [(0, 0)] * (leaf.ndim - 3))
-  return tf.nest.map_structure(pad, dict(shard))
+
+  out = collections.OrderedDict(shard)
+  for key in ('batches', 'mask'):
+    out[key] = tf.nest.map_structure(pad, shard[key])
+  if test_shape is not None:
+    out['test'] = _padded(shard['test'], test_shape)
+  return out
 
 
 def _with_member_axis(specs):

@@ -121,7 +121,6 @@ def initial_state(process, initial, first: config.Settings, settings: config.Set
 
 async def run_rounds(pop, loops, show_progress: bool, after_round=None) -> dict:
   """The population's rounds; {loop: why it stopped} of the members that diverged."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_adaptive.rounds import population  # pylint: disable=g-import-not-at-top
   from workflow.training import divergence  # pylint: disable=g-import-not-at-top
   for loop in loops:
@@ -140,8 +139,7 @@ async def run_rounds(pop, loops, show_progress: bool, after_round=None) -> dict:
                         [data for _, data, _ in prepared])
       rows = []
       for i, (loop, (sampled, _, schedule_row)) in enumerate(zip(active, prepared)):
-        own = tff.learning.templates.LearningProcessOutput(
-            population.member(output.state, i), population.member_metrics(output.metrics, i))
+        own = population.member_output(output, i)
         try:
           rows.append(await loop.finish_round(round_num, sampled, own, schedule_row, started))
         except divergence.TrainingDiverged as e:
