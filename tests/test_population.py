@@ -5,7 +5,8 @@ has no server rate: client η × β-free × seed, i.e. 2 × 2 seeds), on the
 linear-softmax model of `algorithm_testing`; a seed decides a member's initial
 weights and the clients it samples each round. After 3 rounds every member's
 weights and train metrics equal the same member's own cohort process run
-(within 1e-5 relative), and, for FedAdam, its per-client process run.
+(within 1e-5 relative), and, for FedAdam, its per-client process run. MFL,
+Mime Lite, MimeXlite and FedAdA² run as 2 members (client η × seed).
 """
 
 import itertools
@@ -16,9 +17,13 @@ import tensorflow_federated as tff
 
 import algorithm_testing as at
 from tff_adaptive.aggregators import dp
+from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import fedprox
+from tff_adaptive.algorithms import mfl
+from tff_adaptive.algorithms import mimelite
+from tff_adaptive.algorithms import mimexlite
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import population
 
@@ -52,6 +57,23 @@ BUILDERS = {
     'fedgbo': lambda execution: fedgbo.build_fedgbo(
         at.model_fn, tff.learning.optimizers.build_sgdm(0.1, momentum=0.9), local_steps=3,
         execution=execution),
+}
+# Two members each (client η × seed): the other algorithms of the registry whose
+# state differs from the above (MFL's and Mime Lite's server statistics from
+# full-batch gradients, MimeXlite, FedAdA²'s client preconditioners).
+PAIRS = {
+    'mfl': lambda execution: mfl.build_mfl(
+        at.model_fn, tff.learning.optimizers.build_adam(0.01), local_steps=3,
+        execution=execution),
+    'mimelite': lambda execution: mimelite.build_mimelite(
+        at.model_fn, tff.learning.optimizers.build_sgdm(0.1, momentum=0.9), local_steps=3,
+        execution=execution),
+    'mimexlite': lambda execution: mimexlite.build_mimexlite(
+        at.model_fn, _sgd(), tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
+        local_steps=3, execution=execution),
+    'fedada2': lambda execution: fedada2.build_fedada2(
+        at.model_fn, fedada2.build_client_optimizer('adam', 0.05),
+        fedada2.build_server_optimizer('adam', 0.05), local_steps=3, execution=execution),
 }
 CLIENT_RATES = (0.05, 0.2)
 SERVER_RATES = {'fedavg': (1.0, 0.5), 'fedadam': (0.01, 0.03), 'fedadam_paper': (0.01, 0.03),
@@ -91,10 +113,14 @@ def _assert_member_equal(expected_state, expected_metrics, pop_state, pop_metric
     np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=f'{what} {key}')
 
 
-@pytest.mark.parametrize('name', sorted(BUILDERS))
+@pytest.mark.parametrize('name', sorted(BUILDERS) + sorted(PAIRS))
 def test_every_member_equals_its_run_alone(name, datasets):
-  process = BUILDERS[name](cohort.CohortExecution())
-  grid = list(itertools.product(CLIENT_RATES, SERVER_RATES[name], SEEDS))
+  if name in PAIRS:
+    process = PAIRS[name](cohort.CohortExecution())
+    grid = list(zip(CLIENT_RATES, (None, None), SEEDS))
+  else:
+    process = BUILDERS[name](cohort.CohortExecution())
+    grid = list(itertools.product(CLIENT_RATES, SERVER_RATES[name], SEEDS))
   alone = [_member_state(process, *member) for member in grid]
   pop = population.build_population(process)
   state = pop.stack(alone)
