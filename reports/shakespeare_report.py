@@ -5,29 +5,29 @@ Regenerate (from the repository root; reports/make_shakespeare.sh runs exactly t
 
   .venv/bin/python reports/shakespeare_report.py
 
-Every run is one bin/train.py command line (printed in the report), run through
-`report_runner` (bin/train's own flags, TF imported once per worker process).
-Finished runs are reused and unfinished ones resume from their last checkpoint,
-so the command can be stopped and rerun at any point; `--parts` limits what is
-run, `--report_only` runs nothing, and the report is written from whatever run
-directories exist (a part whose runs are missing says so instead of showing numbers).
+Parts fedgbo and decayk: each run one bin/train.py command line (printed in the
+report), run through `report_runner` (bin/train's own flags, TF imported once per
+worker process). Part fedopt: its tuning grids through bin/sweep.py --together and
+each method's test seeds as one bin/train.py --together population (their
+commands printed in the report). Finished runs are reused and unfinished ones
+resume from their last checkpoint, so the command can be stopped and rerun at any
+point; `--parts` limits what is run, `--report_only` runs nothing, and the report
+is written from whatever run directories exist (a part whose runs are missing
+says so instead of showing numbers). The data builds are made when missing (a
+few seconds; shakespeare_data reads their counts and entropy).
 
-Parts (sized to fit about 6 hours of a 2-core machine; the papers ran
-1,200–5,000 rounds):
-  fedopt   Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Table 1
-           (shakespeare_fedopt.py).
+Parts:
+  fedopt   Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Table 1, at
+           its 1,200 rounds (shakespeare_fedopt.py).
   fedgbo   Mills et al., "Accelerating Federated Learning with a Global Biased
            Optimiser": FedGBO, MFL, Mimelite with RMSProp/SGDm/Adam and FedAvg at
-           its Table 8 values (shakespeare_curves.py).
+           its Table 8 values, 300 of its 5,000 rounds (shakespeare_curves.py).
   decayk   "Faster Federated Learning with Decaying Number of Local SGD Steps":
-           constant vs decaying γ vs decaying K (shakespeare_curves.py).
-The verdict rules are in shakespeare_verdicts.py, the text in shakespeare_markdown.py.
-Module imports go one way: report -> markdown -> fedopt, curves -> verdicts -> report_runner.
-Part fedopt takes 2-5 s per round on an idle machine with XLA on each client step
-(15 s the first round); SCAFFOLD runs as a cohort too (its c_i travel in the
-shards). Runs of 2 jobs at a time (--jobs=2) each get about one core; their
-wall-clock in the report is what they took beside the other work on the
-machine, an upper bound.
+           constant vs decaying γ vs decaying K, 300 of its 4,000 rounds
+           (shakespeare_curves.py).
+The verdict rules are in shakespeare_verdicts.py, the text in shakespeare_markdown.py
+(part fedopt's in shakespeare_fedopt_markdown.py). Module imports go one way:
+report -> markdown -> fedopt, curves, data -> verdicts -> report_runner.
 """
 
 import argparse
@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report_runner as rr  # pylint: disable=g-import-not-at-top
 import shakespeare_curves  # pylint: disable=g-import-not-at-top
+import shakespeare_data  # pylint: disable=g-import-not-at-top
 import shakespeare_fedopt as sf  # pylint: disable=g-import-not-at-top
 import shakespeare_markdown  # pylint: disable=g-import-not-at-top
 
@@ -61,30 +62,14 @@ def main():
   if runs_dir.startswith(rr.ROOT + os.sep):  # commands in the report as run from the checkout
     os.chdir(rr.ROOT)
     runs_dir = os.path.relpath(runs_dir, rr.ROOT)
-  def data(fraction, parts):
-    """The build split `fraction` (dataNN), built first when one of `parts` runs."""
-    path = rr.build_dir(runs_dir, fraction)
-    runs = not opts.report_only and set(parts) & set(opts.parts.split(','))
-    if runs and not os.path.exists(os.path.join(path, 'shakespeare.sqlite')):
-      subprocess.run([sys.executable, os.path.join(rr.ROOT, 'bin', 'build_shakespeare.py'),
-                      f'--output_dir={path}', f'--train_fraction={fraction}'], check=True)
-    return path
-
-  data_dir = data(sf.TRAIN_FRACTION, ['fedopt'])
-  grid = sf.grid_jobs(runs_dir, data_dir)
-  statuses = {tuple(j): 'ok' for j in grid.values() if rr.finished(j)}
+  shakespeare_data.load(runs_dir, sorted({sf.TRAIN_FRACTION, shakespeare_curves.TRAIN_FRACTION}))
+  data_dir = rr.build_dir(runs_dir, sf.TRAIN_FRACTION)
   if not opts.report_only and 'fedopt' in opts.parts.split(','):
     started = time.monotonic()
-    statuses.update(rr.run_all(list(grid.values()), opts.jobs))
-    grid = sf.grid_jobs(runs_dir, data_dir)  # FedAvg's grid done: the others can run
-    statuses.update(rr.run_all(list(grid.values()), opts.jobs))
-    chosen = sf.choose(grid, statuses)
-    seeds = [sf.fedopt_job(runs_dir, data_dir, name, value, seed)
-             for name, value in chosen.items() for seed in sf.FEDOPT_SEEDS[1:]]
-    statuses.update(rr.run_all(seeds, opts.jobs))
+    run_fedopt(runs_dir, data_dir)
     print(f'part fedopt: {(time.monotonic() - started) / 60:.0f} min', flush=True)
   curves = shakespeare_curves.jobs(
-      runs_dir, data(shakespeare_curves.TRAIN_FRACTION, ['fedgbo', 'decayk']))
+      runs_dir, rr.build_dir(runs_dir, shakespeare_curves.TRAIN_FRACTION))
   parts = [part for part in ('fedgbo', 'decayk') if part in opts.parts.split(',')]
   if not opts.report_only and parts:
     started = time.monotonic()
@@ -94,7 +79,18 @@ def main():
     rr.run_all([job for seed in seeds for part in parts
                 for (_, s), job in curves[part].items() if s == seed], opts.jobs)
     print(f'parts {", ".join(parts)}: {(time.monotonic() - started) / 60:.0f} min', flush=True)
-  shakespeare_markdown.write(opts.out, runs_dir, data_dir, grid, statuses)
+  shakespeare_markdown.write(opts.out, runs_dir, data_dir)
+
+
+def run_fedopt(runs_dir, data_dir):
+  """Part fedopt's tuning grids, then each method's test population at its chosen rates."""
+  python = os.path.join(rr.ROOT, '.venv', 'bin', 'python')
+  # Exit 1 when a member came apart: the others finished, and the rule skips it.
+  subprocess.run([python, *sf.tuning_command(runs_dir)], check=False, cwd=rr.ROOT)
+  for name, rates in sf.choose(sf.tuning_runs(runs_dir)).items():
+    subprocess.run([python, 'bin/train.py',
+                    f'--together={sf.together_file(runs_dir, data_dir, name, rates)}'],
+                   check=False, cwd=rr.ROOT)
 
 
 if __name__ == '__main__':

@@ -125,7 +125,7 @@ def on_plateau(part_jobs, configs, metric, any_seed=False):
   `any_seed`, those with at least one run still on it."""
   flat = []
   for name in configs:
-    stuck = [not sv.left_plateau(c, metric, sc.VOCAB_SIZE)
+    stuck = [not sv.left_plateau(c, metric, sc.baselines())
              for c in sc.runs(part_jobs, name).values()]
     if stuck and (any(stuck) if any_seed else all(stuck)):
       flat.append(name)
@@ -151,7 +151,7 @@ def plateau_note(part_jobs, configs):
     flat = on_plateau(part_jobs, configs, metric)
     if flat:
       names = ', '.join(sc.short_label(n, configs) for n in flat)
-      lines.append(f'{names}: {sv.plateau_text(metric, sc.VOCAB_SIZE)} in every seed')
+      lines.append(f'{names}: {sv.plateau_text(metric, sc.baselines())} in every seed')
   if not lines:
     return []
   return ['**Still on the plateau.** ' + '; '.join(lines) + '. Any comparison with '

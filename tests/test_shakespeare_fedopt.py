@@ -1,0 +1,102 @@
+"""Part fedopt of reports/shakespeare.md (reports/shakespeare_fedopt.py): its
+tuning rule, its test runs' command lines and its table, on hand-made run
+directories laid out as bin/sweep.py and bin/train.py --together write them."""
+
+import csv
+import json
+import math
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'reports'))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import shakespeare_data
+import shakespeare_fedopt as sf
+import shakespeare_fedopt_markdown as fm
+import shakespeare_verdicts as sv
+from workflow.training import cli
+
+H = 3.156
+UNIFORM = math.log(sf.VOCAB_SIZE)
+
+
+@pytest.fixture(autouse=True)
+def entropy(monkeypatch):
+  monkeypatch.setitem(shakespeare_data.UNIGRAM_ENTROPY, sf.TRAIN_FRACTION, H)
+
+
+def _trial(runs_dir, name, client, server, loss, rounds=sf.TUNING_ROUNDS):
+  """A tuning trial's flags.json and metrics.csv; `loss` a number or a function of the round."""
+  path = os.path.join(runs_dir, sf.TUNING_DIR, 'trials',
+                      f'{name},client_learning_rate={client},server_learning_rate={server}')
+  os.makedirs(path)
+  with open(os.path.join(path, 'flags.json'), 'w') as f:
+    json.dump({'algorithm': name, 'client_learning_rate': client,
+               'server_learning_rate': server, 'seed': sf.TUNING_SEED}, f)
+  with open(os.path.join(path, 'metrics.csv'), 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['round', sv.LOSS])
+    for r in range(1, rounds + 1):
+      writer.writerow([r, loss(r) if callable(loss) else loss])
+
+
+def test_tuning_chooses_the_lowest_loss_skips_runs_that_came_apart_and_names_edges(tmp_path):
+  runs_dir = str(tmp_path)
+  for client in (0.1, 0.3, 1.0):
+    for server in (0.3, 1.0, 3.0):
+      loss = 2.0 + abs(math.log(client / 0.3)) + abs(math.log(server))  # best at (0.3, 1)
+      _trial(runs_dir, 'fedavg', client, server, loss)
+  # FedAdam: the lowest loss at the end, but it came apart on the way (above ln V).
+  for client in (0.1, 0.3, 1.0):
+    for server in (0.01, 0.03, 0.1):
+      if (client, server) == (1.0, 0.1):
+        _trial(runs_dir, 'fedadam', client, server, lambda r: UNIFORM + 1 if 40 < r < 60 else 1.0)
+      else:
+        _trial(runs_dir, 'fedadam', client, server, 2.0 + client + server)
+  _trial(runs_dir, 'fedyogi', 0.1, 0.01, 2.0)  # a grid not finished: no choice
+  _trial(runs_dir, 'fedavgm', 0.1, 0.3, 2.0, rounds=50)
+  runs = sf.tuning_runs(runs_dir)
+  assert len(runs) == 19  # the unfinished trial is not read
+  chosen = sf.choose(runs)
+  assert chosen == {'fedavg': (0.3, 1.0), 'fedadam': (0.1, 0.01)}
+  assert sf.edges(runs, 'fedavg', chosen['fedavg']) == []
+  assert sf.edges(runs, 'fedadam', chosen['fedadam']) == [
+      'client rate 0.1 at the edge of 0.1, 0.3, 1', 'server rate 0.01 at the edge of 0.01, 0.03, 0.1']
+  rows = '\n'.join(fm._tuning_rows(runs, chosen))  # pylint: disable=protected-access
+  assert '| FedAdam | 1 | 0.01: 3.010; 0.03: 3.030; 0.1: – |' in rows, rows
+  assert '**1: 2.000**' in rows
+
+
+def test_test_runs_are_one_population_per_method_on_seeds_disjoint_from_tuning(tmp_path):
+  runs_dir, data_dir = str(tmp_path), str(tmp_path / 'data90')
+  assert sf.TUNING_SEED not in sf.TEST_SEEDS and len(sf.TEST_SEEDS) >= 5
+  path = sf.together_file(runs_dir, data_dir, 'fedavgm', (0.3, 1.0))
+  with open(path) as f:
+    members = json.load(f)
+  assert [m[-4] for m in members] == [f'--seed={s}' for s in sf.TEST_SEEDS]
+  first = dict(a[2:].split('=', 1) for a in members[0])
+  assert (first['total_rounds'], first['first_eval_round'], first['rounds_per_eval']) == (
+      '1200', '1101', '10')
+  assert (first['client_learning_rate'], first['server_learning_rate'],
+          first['server_beta_1']) == ('0.3', '1', '0.9')
+  for member in members:  # bin/train's own flags and checks take each line
+    settings, _ = cli.config_from_args(member)
+    assert settings.loop.total_rounds == sf.FEDOPT_ROUNDS
+
+
+def test_the_table_and_verdicts_read_the_test_runs_at_the_papers_length():
+  at = lambda acc: {'round': [float(r) for r in range(1, 1201)],
+                    sv.LOSS: [2.0] * 1200,
+                    sv.ACCURACY: [acc if r > 1100 and r % 10 == 0 else math.nan
+                                  for r in range(1, 1201)]}
+  tests = {'fedavg': {s: at(0.50 + 0.001 * s) for s in sf.TEST_SEEDS},
+           'fedadam': {s: at(0.52 + 0.0012 * s) for s in sf.TEST_SEEDS}}
+  rows = sf.fedopt_claims(tests)
+  assert len(rows) == 1 and rows[0][2].startswith('at 1,200 rounds: supported (ahead by 0.02'), rows
+  runs = {('fedadam', c, s): {} for c in (0.1, 0.3, 1.0) for s in (0.01, 0.03, 0.1)}
+  table = '\n'.join(fm._table_rows(runs, {'fedadam': (0.3, 0.03)}, tests))  # pylint: disable=protected-access
+  assert '| FedAdam | 0.3, 0.03 | 5 of 5 | 52.2 ± 0.2 | 57.0 |' in table, table
+  assert '| FedAvg | tuning grid not finished | 0 | – | 56.9 |' in table
