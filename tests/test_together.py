@@ -121,21 +121,25 @@ def test_a_member_that_diverges_stops_alone(tmp_path):
   assert len(_rows(tmp_path / 'm1000000_0.01_0')) < 4
 
 
-def test_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
+@pytest.mark.parametrize('stop', [signal.SIGKILL, signal.SIGINT])
+def test_killed_population_resumes_to_the_uninterrupted_result(tmp_path, stop):
+  """kill -9, or Ctrl-C (SIGINT: stopped cleanly, without a traceback), after
+  the first checkpoint; the rerun resumes every member to the uninterrupted result."""
   more = ('--total_rounds=12', '--rounds_per_checkpoint=4')
   whole = [_member(tmp_path / 'whole', *m, *more) for m in GRID[:2]]
   code, output = train_config.train([f'--together={_write(tmp_path / "w.json", whole)}'])
   assert code == 0, output[-3000:]
   cut = _write(tmp_path / 'c.json', [_member(tmp_path / 'cut', *m, *more) for m in GRID[:2]])
   proc = subprocess.Popen([sys.executable, TRAIN, f'--together={cut}'],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   marker = tmp_path / 'cut' / 'm0.3_0.01_0' / 'checkpoints' / 'program_state_4'
   deadline = time.time() + 240
   while not marker.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
-  assert proc.poll() is None, 'the population finished before it could be killed'
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=60)
+  assert proc.poll() is None, 'the population finished before it could be stopped'
+  proc.send_signal(stop)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode != 0 and 'Traceback' not in stderr, stderr[-3000:]
   code, output = train_config.train([f'--together={cut}'])
   assert code == 0, output[-3000:]
   assert 'Resuming from the checkpoint after round' in output
