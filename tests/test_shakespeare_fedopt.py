@@ -1,6 +1,7 @@
 """Part fedopt of reports/shakespeare.md (reports/shakespeare_fedopt.py): its
 tuning rule, its test runs' command lines and its table, on hand-made run
-directories laid out as bin/sweep.py and bin/train.py --together write them."""
+directories laid out as bin/sweep.py and bin/train.py --together write them;
+and what the report reads from its data builds (reports/shakespeare_data.py)."""
 
 import csv
 import json
@@ -100,3 +101,21 @@ def test_the_table_and_verdicts_read_the_test_runs_at_the_papers_length():
   table = '\n'.join(fm._table_rows(runs, {'fedadam': (0.3, 0.03)}, tests))  # pylint: disable=protected-access
   assert '| FedAdam | 0.3, 0.03 | 5 of 5 | 52.2 ± 0.2 | 57.0 |' in table, table
   assert '| FedAvg | tuning grid not finished | 0 | – | 56.9 |' in table
+
+
+def test_the_builds_counts_and_entropy_are_read_from_the_build(tmp_path):
+  """shakespeare_data.read on test_shakespeare_build's two-play fixture, against
+  the LEAF files read independently."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import test_shakespeare_build as tb  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / 'data')
+  tb.sb.build(tb._plays(), out, source='fixture')  # pylint: disable=protected-access
+  stats, entropy, capped = shakespeare_data.read(out)
+  users = tb._leaf(out, 'train')  # pylint: disable=protected-access
+  counts = collections.Counter(c for u in users.values() for c in u['y'])
+  total = sum(counts.values())
+  assert entropy == pytest.approx(-sum(n / total * math.log(n / total) for n in counts.values()))
+  assert 0 < entropy < math.log(len(counts)) + 1e-9
+  assert capped == sum(min(len(u['y']), shakespeare_data.MAX_CLIENT_EXAMPLES)
+                       for u in users.values())
+  assert stats['leaf_train'] == total and stats['leaf_clients'] == len(users)
