@@ -226,6 +226,9 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            ('fedgbo',), feeds=(('fedgbo', 'upload'),)),
         _b('mfl_bias_correction', False, 'Adam bias correction on clients (MFL-Adam, FedGBO, '
            'MTFL fedavg_adam).', ('fedgbo', 'mfl', 'mtfl')),
+        _e('mime_statistics', 'tff', ('tff', 'paper'), 'Mime Lite / MimeXlite base optimiser '
+           'RMSProp or Adam: tff = TFF\'s (v from 0, Adam bias-corrected); paper = the FedGBO '
+           'paper\'s (v from 1, no correction).', ('mimelite', 'mimexlite')),
         _f('fedprox_mu', 0.01, 'FedProx proximal strength μ.', ('fedprox',),
            check=flag_checks.NON_NEGATIVE, feeds=(('fedprox', 'proximal_strength'),)),
         _f('feddyn_alpha', 0.01, 'FedDyn dynamic regulariser α (the middle of the paper\'s '

@@ -47,6 +47,7 @@ from tff_adaptive.algorithms import pfedme
 from tff_adaptive.algorithms import scaffold
 from tff_adaptive.execution import worker_process
 from tff_adaptive.optimizers import biased as biased_optimizers
+from tff_adaptive.optimizers import biased_tff
 from tff_adaptive.rounds import cohort
 from workflow.flags import algorithms
 from workflow.flags import config
@@ -145,6 +146,19 @@ def client_optimizer(client: config.ClientSettings):
                                             epsilon=eps)
 
 
+def mime_base_optimizer(settings: config.Settings):
+  """Mime's base optimiser: --client_optimizer, its RMSProp or Adam TFF's or, with
+  --mime_statistics=paper, the FedGBO paper's (v from 1, no bias correction)."""
+  client = settings.client
+  if settings.algorithm.mime_statistics == 'paper' and client.client_optimizer == 'rmsprop':
+    return biased_tff.build_paper_rmsprop(client.client_learning_rate, decay=client.client_beta_1,
+                                          epsilon=client.client_epsilon)
+  if settings.algorithm.mime_statistics == 'paper' and client.client_optimizer == 'adam':
+    return biased_tff.build_paper_adam(client.client_learning_rate, beta_1=client.client_beta_1,
+                                       beta_2=client.client_beta_2, epsilon=client.client_epsilon)
+  return client_optimizer(client)
+
+
 def biased_client_optimizer(client: config.ClientSettings):
   """--client_optimizer of FedGBO/MFL as the TFF optimiser whose hyperparameters
   the builders read (β1 is SGDm's momentum and RMSProp's decay, docs/algorithms.md#fedgbo)."""
@@ -223,13 +237,13 @@ def build_ce_fedavg(task, settings: config.Settings, **options):
 
 def build_mimelite(task, settings: config.Settings, **options):
   return mimelite.build_mimelite(
-      task.model_fn, client_optimizer(settings.client), server_optimizer('mimelite', settings),
+      task.model_fn, mime_base_optimizer(settings), server_optimizer('mimelite', settings),
       local_steps=settings.client.local_steps, **round_keywords(task, settings, **options))
 
 
 def build_mimexlite(task, settings: config.Settings, **options):
   return mimexlite.build_mimexlite(
-      task.model_fn, client_optimizer(settings.client), server_optimizer('mimexlite', settings),
+      task.model_fn, mime_base_optimizer(settings), server_optimizer('mimexlite', settings),
       local_steps=settings.client.local_steps, client_weighting=_weighting(settings),
       model_aggregator=model_aggregator(settings),
       fb_flops_per_example=fb_flops_per_example(task), **options)
