@@ -313,8 +313,10 @@ def _judged(rule, a, b, measure, baselines, labels):
     return f'{NO_VERDICT} (plateau: {reason}{left_out})'
   word, text = rule(_diffs(a, b, measure, seeds), measure)
   moving = _unconverged(runs, measure.metric) if word == CONTRADICTED else ''
-  if moving:
-    return f'{NO_VERDICT} ({moving}; {text[len(CONTRADICTED):].strip(" ()")}{left_out})'
+  if moving:  # what the test found, without its word
+    found = text[len(CONTRADICTED):].lstrip(': ')
+    found = found[1:-1] if found.startswith('(') and found.endswith(')') else found
+    return f'{NO_VERDICT} ({moving}; {found}{left_out})'
   if word != NO_VERDICT:
     text += single_evaluation_flag(rule, a, b, measure, seeds, word)
   return text + left_out
