@@ -93,6 +93,26 @@ def test_members_equal_their_separate_runs(tmp_path):
   assert [r['round'] for r in _rows(tmp_path / 'together' / name)] == ['1', '2', '3', '4']
 
 
+def test_members_may_differ_in_the_server_optimisers_betas_and_epsilon(tmp_path):
+  """FedAdam keeps β₁, β₂ and ε in its state: members differing in them equal
+  their separate runs; FedAvg (SGD) has no β₁ there and is refused in one line."""
+  members = [_member(tmp_path / 'together', '0.1', '0.01', 0, '--total_rounds=3', *more)
+             for more in (['--experiment_name=a', '--server_beta_1=0.5'],
+                          ['--experiment_name=b', '--server_beta_2=0.9', '--server_epsilon=0.1'])]
+  code, output = train_config.train([f'--together={_write(tmp_path / "m.json", members)}'])
+  assert code == 0, output[-3000:]
+  for member in members:
+    alone = [a.replace(str(tmp_path / 'together'), str(tmp_path / 'alone')) for a in member]
+    code, output = train_config.train(alone)
+    assert code == 0, output[-3000:]
+    name = _flag(member, 'experiment_name')
+    _assert_same_metrics(tmp_path / 'together' / name, tmp_path / 'alone' / name)
+  sgd = [m + ['--algorithm=fedavg', f'--experiment_name=sgd{i}'] for i, m in enumerate(members)]
+  code, output = train_config.train([f'--together={_write(tmp_path / "s.json", sgd)}'])
+  assert code == 2 and 'the members differ in --server_beta_1, which fedavg does not keep' in (
+      output.strip().splitlines()[-1]), output[-2000:]
+
+
 def test_scaffold_members_keep_their_own_control_variates(tmp_path):
   """Clients that keep state: each member stores its clients' c_i in its own run
   directory, as its own run does (6 rounds of 3 of 8 clients: clients return)."""

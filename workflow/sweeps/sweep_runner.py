@@ -123,7 +123,8 @@ def _prepare(sweep_dir: str, trials: Sequence[sweep.Trial], fixed: Mapping[str, 
 
 
 # The flags in which the trials of one --together process may differ (and the seed).
-TOGETHER = ('client_learning_rate', 'server_learning_rate')
+TOGETHER = ('client_learning_rate', 'server_learning_rate', 'server_beta_1', 'server_beta_2',
+            'server_epsilon')
 
 
 def _jobs(trials: Sequence[sweep.Trial], together: bool) -> list[list[sweep.Trial]]:

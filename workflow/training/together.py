@@ -13,7 +13,9 @@
            (`program.Loop.finish_round`), as its own run does them
 
 What the members may differ in (`VARYING`): the client and server learning
-rates, the seed and the run directory; everything else fixes the program.
+rates, the server optimiser's β₁, β₂ and ε (where the algorithm keeps them in
+its state, `IN_STATE`), the seed and the run directory; everything else fixes
+the program.
 A member that diverges stops alone (its run says so, exit 1 at the end); the
 others go on. Ctrl-C and kill -9 lose what an ordinary run loses: each member
 resumes from its own last checkpoint.
@@ -31,8 +33,16 @@ from workflow.flags import config
 
 # (settings group, field) in which the members of one population may differ.
 VARYING = (('client', 'client_learning_rate'), ('server', 'server_learning_rate'),
+           ('server', 'server_beta_1'), ('server', 'server_beta_2'), ('server', 'server_epsilon'),
            ('loop', 'seed'), ('loop', 'root_output_dir'), ('loop', 'experiment_name'),
            ('loop', 'together'))
+# Where each varying hyperparameter lives in the state: (flag, settings group,
+# state part, the keys it may have there: TFF's optimisers name β₁ `momentum` in SGDm).
+IN_STATE = (('client_learning_rate', 'client', 'client_work', ('learning_rate',)),
+            ('server_learning_rate', 'server', 'finalizer', ('learning_rate',)),
+            ('server_beta_1', 'server', 'finalizer', ('beta_1', 'momentum')),
+            ('server_beta_2', 'server', 'finalizer', ('beta_2',)),
+            ('server_epsilon', 'server', 'finalizer', ('epsilon',)))
 
 
 def shape_of(settings: config.Settings) -> config.Settings:
@@ -82,7 +92,8 @@ def check_members(members, path: str) -> None:
       raise errors.UsageError(
           f'--together={path}: member {i} differs from member 0 in --{differs[0]}, which fixes '
           'the program (members may differ in --client_learning_rate, --server_learning_rate, '
-          '--seed and their directory): run it apart')
+          '--server_beta_1, --server_beta_2, --server_epsilon, --seed and their directory): '
+          'run it apart')
   from workflow.training import experiment  # pylint: disable=g-import-not-at-top
   dirs = [experiment.experiment_dir(m) for m in members]
   if len(set(dirs)) != len(dirs):
@@ -94,9 +105,10 @@ def initial_state(process, initial, first: config.Settings, settings: config.Set
   """A member's start: `initial` (`process.initialize()`'s, computed once) with its rates
   and its seed's weights.
 
-  The rates are set where the process keeps them (client η in `client_work`,
-  the server optimiser's in `finalizer`), and only where the flag reaches the
-  state unchanged (checked on the first member): else UsageError.
+  The rates (and the server optimiser's β₁, β₂, ε) are set where the process
+  keeps them (client η in `client_work`, the server optimiser's in
+  `finalizer`), and only where the flag reaches the state unchanged (checked
+  on the first member): else UsageError.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -105,12 +117,11 @@ def initial_state(process, initial, first: config.Settings, settings: config.Set
     weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
     state = process.set_model_weights(state, tf.nest.map_structure(np.asarray, weights))
   hparams = process.get_hparams(state)
-  for flag, where, key in (('client_learning_rate', 'client_work', 'learning_rate'),
-                           ('server_learning_rate', 'finalizer', 'learning_rate')):
-    value, first_value = (getattr(s.client if where == 'client_work' else s.server, flag)
-                          for s in (settings, first))
+  for flag, group, where, keys in IN_STATE:
+    value, first_value = (getattr(getattr(s, group), flag) for s in (settings, first))
     if value == first_value:
       continue
+    key = next((k for k in keys if k in hparams[where]), keys[0])
     if np.float32(hparams[where].get(key, np.nan)) != np.float32(first_value):
       raise errors.UsageError(f'--together: the members differ in --{flag}, which '
                               f'{first.server.algorithm} does not keep as it is in its state: '
