@@ -141,14 +141,25 @@ def test_a_member_that_diverges_stops_alone(tmp_path):
   assert len(_rows(tmp_path / 'm1000000_0.01_0')) < 4
 
 
+STOPPED = ('--total_rounds=12', '--rounds_per_checkpoint=4')
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  """The population of the stop tests run whole, once: (its directory, its members)."""
+  root = tmp_path_factory.mktemp('whole')
+  whole = [_member(root / 'whole', *m, *STOPPED) for m in GRID[:2]]
+  code, output = train_config.train([f'--together={_write(root / "w.json", whole)}'])
+  assert code == 0, output[-3000:]
+  return root / 'whole', whole
+
+
 @pytest.mark.parametrize('stop', [signal.SIGKILL, signal.SIGINT])
-def test_killed_population_resumes_to_the_uninterrupted_result(tmp_path, stop):
+def test_killed_population_resumes_to_the_uninterrupted_result(tmp_path, stop, uninterrupted):
   """kill -9, or Ctrl-C (SIGINT: stopped cleanly, without a traceback), after
   the first checkpoint; the rerun resumes every member to the uninterrupted result."""
-  more = ('--total_rounds=12', '--rounds_per_checkpoint=4')
-  whole = [_member(tmp_path / 'whole', *m, *more) for m in GRID[:2]]
-  code, output = train_config.train([f'--together={_write(tmp_path / "w.json", whole)}'])
-  assert code == 0, output[-3000:]
+  whole_dir, whole = uninterrupted
+  more = STOPPED
   cut = _write(tmp_path / 'c.json', [_member(tmp_path / 'cut', *m, *more) for m in GRID[:2]])
   proc = subprocess.Popen([sys.executable, TRAIN, f'--together={cut}'],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -165,7 +176,7 @@ def test_killed_population_resumes_to_the_uninterrupted_result(tmp_path, stop):
   assert 'Resuming from the checkpoint after round' in output
   for m in whole:
     name = _flag(m, 'experiment_name')
-    _assert_same_metrics(tmp_path / 'cut' / name, tmp_path / 'whole' / name, rtol=1e-6)
+    _assert_same_metrics(tmp_path / 'cut' / name, whole_dir / name, rtol=1e-6)
 
 
 @pytest.mark.parametrize('case,needle', [
