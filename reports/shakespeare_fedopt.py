@@ -86,8 +86,12 @@ def grid_values(runs: dict, name: str):
 
 
 def tuning_score(columns) -> float:
-  """The paper's rule: mean training loss over the last TUNING_LAST rounds
-  (NaN, never chosen, for a run that came apart or did not finish)."""
+  """The paper's rule: mean training loss over rounds TUNING_ROUNDS − TUNING_LAST + 1
+  to TUNING_ROUNDS (NaN, never chosen, for a run that came apart by then). A
+  trial extended past TUNING_ROUNDS (to check that the ranking holds) is scored
+  on the same rounds as the others."""
+  first = [r <= TUNING_ROUNDS for r in columns.get('round', [])]
+  columns = {k: [v for v, keep in zip(values, first) if keep] for k, values in columns.items()}
   if sv.came_apart(columns, baselines()) is not None:
     return math.nan
   return mean_last(columns, sv.LOSS, TUNING_LAST)

@@ -57,13 +57,16 @@ def test_tuning_chooses_the_lowest_loss_skips_runs_that_came_apart_and_names_edg
         _trial(runs_dir, 'fedadam', client, server, lambda r: UNIFORM + 1 if 40 < r < 60 else 1.0)
       else:
         _trial(runs_dir, 'fedadam', client, server, 2.0 + client + server)
+  # Extended past the tuning rounds, and lower there: scored on rounds 76-100 as the others.
+  _trial(runs_dir, 'fedavg', 3.0, 1.0, lambda r: 2.5 if r <= sf.TUNING_ROUNDS else 0.5,
+         rounds=300)
   _trial(runs_dir, 'fedyogi', 0.1, 0.01, 2.0)  # a grid not finished: no choice
   _trial(runs_dir, 'fedavgm', 0.1, 0.3, 2.0, rounds=50)
   runs = sf.tuning_runs(runs_dir)
-  assert len(runs) == 19  # the unfinished trial is not read
+  assert len(runs) == 20  # the unfinished trial is not read
   chosen = sf.choose(runs)
   assert chosen == {'fedavg': (0.3, 1.0), 'fedadam': (0.1, 0.01)}
-  assert sf.edges(runs, 'fedavg', chosen['fedavg']) == []
+  assert sf.edges(runs, 'fedavg', chosen['fedavg']) == []  # 0.1, 0.3, 1, 3 × 0.3, 1, 3
   assert sf.edges(runs, 'fedadam', chosen['fedadam']) == [
       'client rate 0.1 at the edge of 0.1, 0.3, 1', 'server rate 0.01 at the edge of 0.01, 0.03, 0.1']
   rows = '\n'.join(fm._tuning_rows(runs, chosen))  # pylint: disable=protected-access
