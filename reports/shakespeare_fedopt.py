@@ -36,6 +36,11 @@ SELECT_LAST = 100  # the paper's "last 100 of 1,200 rounds"
 EVAL_EVERY = 10
 TEST_SEEDS = (0, 1, 2, 3, 4)
 TUNING_SEED, TUNING_ROUNDS, TUNING_LAST = 100, 100, 25
+# The check that the short horizon's ranking holds: each method's two best
+# tuning runs continued to STABILITY_ROUNDS (from their checkpoints), ranked by
+# the same rule over their last TUNING_LAST rounds; the test runs take the
+# leader there.
+STABILITY_ROUNDS = 300
 TUNING_SPEC = os.path.join('reports', 'shakespeare_fedopt_tuning.spec')
 TUNING_DIR, TEST_DIR = 'fedopt_tuning', f'fedopt_{FEDOPT_ROUNDS}r'
 # name → (label, the flags besides the rates that make the method).
@@ -108,6 +113,54 @@ def choose(runs: dict) -> dict:
     if scores and len(clients) * len(servers) >= 9:
       chosen[name] = min(scores, key=scores.get)
   return chosen
+
+
+def ranked(runs: dict, name: str) -> list:
+  """`name`'s (client rate, server rate) pairs, best first by the tuning rule."""
+  scores = {k[1:]: tuning_score(c) for k, c in runs.items() if k[0] == name}
+  return sorted((k for k, v in scores.items() if not math.isnan(v)), key=scores.get)
+
+
+def late_score(columns) -> float:
+  """The rule at STABILITY_ROUNDS: mean training loss over its last TUNING_LAST
+  rounds (NaN before the run got there, or if it came apart)."""
+  if not columns.get('round') or columns['round'][-1] < STABILITY_ROUNDS:
+    return math.nan
+  if sv.came_apart(columns, baselines()) is not None:
+    return math.nan
+  return mean_last(columns, sv.LOSS, TUNING_LAST)
+
+
+def stability(runs: dict, name: str):
+  """(the two best pairs at TUNING_ROUNDS, their late scores, the leader at
+  STABILITY_ROUNDS or None until both got there)."""
+  top = ranked(runs, name)[:2]
+  late = [late_score(runs[(name, *pair)]) for pair in top]
+  if len(top) < 2 or any(math.isnan(v) for v in late):
+    return top, late, None
+  return top, late, top[int(late[1] < late[0])]
+
+
+def stability_file(runs_dir: str, name: str, runs: dict):
+  """Writes the --together file continuing `name`'s two best tuning runs to
+  STABILITY_ROUNDS (their sweep's command lines, longer); its path, or None."""
+  top = ranked(runs, name)[:2]
+  if len(top) < 2:
+    return None
+  with open(os.path.join(runs_dir, TUNING_DIR, 'sweep.json')) as f:
+    entries = {(e['flags']['algorithm'], float(e['flags']['client_learning_rate']),
+                float(e['flags']['server_learning_rate'])): e for e in json.load(f)['trials']}
+  members = []
+  for pair in top:
+    entry = entries[(name, *pair)]
+    members.append([*(f'--{k}={v}' for k, v in entry['flags'].items() if k != 'total_rounds'),
+                    f'--total_rounds={STABILITY_ROUNDS}', f'--seed={entry["seed"]}',
+                    f'--root_output_dir={os.path.abspath(os.path.join(runs_dir, TUNING_DIR, "trials"))}',
+                    f'--experiment_name={entry["name"]}'])
+  path = os.path.join(runs_dir, TUNING_DIR, f'{name}_stability_together.json')
+  with open(path, 'w') as f:
+    json.dump(members, f, indent=1)
+  return path
 
 
 def edges(runs: dict, name: str, rates) -> list[str]:

@@ -35,7 +35,7 @@ def _table_rows(runs, chosen, tests):
           'interval | Table 1 (last 100 of 1,200 rounds) |', '|---|---|---|---|---|']
   for name, (label, _) in sf.METHODS.items():
     if name not in chosen:
-      rows.append(f'| {label} | tuning grid not finished | 0 | – | {sf.PUBLISHED[name]:.1f} |')
+      rows.append(f'| {label} | tuning not finished | 0 | – | {sf.PUBLISHED[name]:.1f} |')
       continue
     values = [100 * sf.MEASURE.fn(c) for c in tests.get(name, {}).values()]
     cell = '–'
@@ -64,13 +64,34 @@ def _cost_lines(runs):
           f'at most {2 * sum(hours.values()):.1f} core-hours.']
 
 
+def _stability_lines(runs, chosen):
+  """Per method: its two best at the tuning length, and their order at STABILITY_ROUNDS."""
+  lines = []
+  for name in chosen:
+    top, late, leader = sf.stability(runs, name)
+    if len(top) < 2:
+      continue
+    pairs = ' and '.join(f'({c:g}, {s:g})' for c, s in top)
+    if leader is None:
+      lines.append(f'- {sf.METHODS[name][0]}: {pairs} not yet continued to '
+                   f'{sf.STABILITY_ROUNDS} rounds.')
+      continue
+    held = 'the order held' if leader == top[0] else 'the order flipped'
+    lines.append(f'- {sf.METHODS[name][0]}: {pairs}, at {sf.STABILITY_ROUNDS} rounds '
+                 f'{late[0]:.3f} and {late[1]:.3f}: {held}; tested at ({leader[0]:g}, '
+                 f'{leader[1]:g}).')
+  return lines
+
+
 def section(runs_dir, data_dir):
   """The section's lines."""
   runs = sf.tuning_runs(runs_dir)
   chosen = sf.choose(runs)
-  tests = sf.test_runs(runs_dir, data_dir, chosen)
+  tested = {n: sf.stability(runs, n)[2] for n in chosen}
+  tested = {n: pair for n, pair in tested.items() if pair is not None}
+  tests = sf.test_runs(runs_dir, data_dir, tested)
   populations = [f'`.venv/bin/python bin/train.py --together='
-                 f'{os.path.join(runs_dir, sf.TEST_DIR, f"{n}_together.json")}`' for n in chosen]
+                 f'{os.path.join(runs_dir, sf.TEST_DIR, f"{n}_together.json")}`' for n in tested]
   return [
       f'## {sf.PAPER}: FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi', '',
       f'**Setting.** `shakespeare_character` (TFF\'s format: each speech a snippet), 10 clients '
@@ -88,7 +109,11 @@ def section(runs_dir, data_dir):
       f'over the last {sf.TUNING_LAST} rounds; each method\'s grid one population): '
       f'`.venv/bin/python {" ".join(sf.tuning_command(runs_dir))}`. Runs that came apart '
       '(rule 0) are never chosen.', '', *_tuning_rows(runs, chosen), '',
-      f'**Test runs** (seeds {", ".join(map(str, sf.TEST_SEEDS))} at the chosen rates, each '
+      f'**Does the {sf.TUNING_ROUNDS}-round ranking hold?** Each method\'s two best tuning runs '
+      f'continued to {sf.STABILITY_ROUNDS} rounds from their checkpoints, ranked by the same rule '
+      f'over their last {sf.TUNING_LAST} rounds; the test runs take the leader there:', '',
+      *(_stability_lines(runs, chosen) or ['- no grid finished yet.']), '',
+      f'**Test runs** (seeds {", ".join(map(str, sf.TEST_SEEDS))} at each leader, each '
       'method one population): ' + (', '.join(populations) or 'not started') + '.', '',
-      *_table_rows(runs, chosen, tests), '',
+      *_table_rows(runs, tested, tests), '',
       *st.claim_rows(sf.fedopt_claims(tests), head='the paper\'s words (Table 1)'), '']

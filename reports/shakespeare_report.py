@@ -83,20 +83,24 @@ def main():
 
 
 def run_fedopt(runs_dir, data_dir):
-  """Part fedopt's tuning grids, then each method's test population at its chosen
-  rates, for the methods whose choice is inside its grid."""
+  """Part fedopt's tuning grids; for each method whose choice is inside its grid,
+  its two best tuning runs continued to the stability check's length, then its
+  test population at the leader there."""
   python = os.path.join(rr.ROOT, '.venv', 'bin', 'python')
+  run = lambda args: subprocess.run([python, *args], check=False, cwd=rr.ROOT)
   # Exit 1 when a member came apart: the others finished, and the rule skips it.
-  subprocess.run([python, *sf.tuning_command(runs_dir)], check=False, cwd=rr.ROOT)
-  runs = sf.tuning_runs(runs_dir)
-  for name, rates in sf.choose(runs).items():
-    edge = sf.edges(runs, name, rates)
+  run(sf.tuning_command(runs_dir))
+  for name, rates in sf.choose(sf.tuning_runs(runs_dir)).items():
+    edge = sf.edges(sf.tuning_runs(runs_dir), name, rates)
     if edge:  # the grid must be extended past it first (the tuning spec)
       print(f'part fedopt: {name} chose {"; ".join(edge)}: not tested', flush=True)
       continue
-    subprocess.run([python, 'bin/train.py',
-                    f'--together={sf.together_file(runs_dir, data_dir, name, rates)}'],
-                   check=False, cwd=rr.ROOT)
+    run(['bin/train.py', f'--together={sf.stability_file(runs_dir, name, sf.tuning_runs(runs_dir))}'])
+    leader = sf.stability(sf.tuning_runs(runs_dir), name)[2]
+    if leader is None:
+      print(f'part fedopt: {name}: the stability check did not finish: not tested', flush=True)
+      continue
+    run(['bin/train.py', f'--together={sf.together_file(runs_dir, data_dir, name, leader)}'])
 
 
 if __name__ == '__main__':

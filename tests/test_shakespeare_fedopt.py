@@ -74,6 +74,42 @@ def test_tuning_chooses_the_lowest_loss_skips_runs_that_came_apart_and_names_edg
   assert '**1: 2.000**' in rows
 
 
+def test_the_two_best_are_continued_and_the_leader_at_300_rounds_is_tested(tmp_path):
+  runs_dir = str(tmp_path)
+  for client in (0.1, 0.3, 1.0):
+    for server in (0.01, 0.03, 0.1):
+      _trial(runs_dir, 'fedadam', client, server, 2.0 + client + server)
+  runs = sf.tuning_runs(runs_dir)
+  assert sf.ranked(runs, 'fedadam')[:2] == [(0.1, 0.01), (0.1, 0.03)]
+  assert sf.stability(runs, 'fedadam')[2] is None  # not continued yet
+  entries = [{'name': f'fedadam,client_learning_rate={c},server_learning_rate={s}',
+              'seed': sf.TUNING_SEED, 'flags': {'algorithm': 'fedadam', 'total_rounds': '100',
+                                                'client_learning_rate': str(c),
+                                                'server_learning_rate': str(s)}}
+             for c in (0.1, 0.3, 1.0) for s in (0.01, 0.03, 0.1)]
+  with open(os.path.join(runs_dir, sf.TUNING_DIR, 'sweep.json'), 'w') as f:
+    json.dump({'fixed': {}, 'trials': entries}, f)
+  with open(sf.stability_file(runs_dir, 'fedadam', runs)) as f:
+    members = json.load(f)
+  assert [m[-1] for m in members] == [
+      '--experiment_name=fedadam,client_learning_rate=0.1,server_learning_rate=0.01',
+      '--experiment_name=fedadam,client_learning_rate=0.1,server_learning_rate=0.03']
+  assert all(f'--total_rounds={sf.STABILITY_ROUNDS}' in m and '--total_rounds=100' not in m
+             for m in members)
+  # Continued: the runner-up ends lower at 300 rounds, so it is tested.
+  for (c, s), late in (((0.1, 0.01), 1.5), ((0.1, 0.03), 1.2)):
+    path = os.path.join(runs_dir, sf.TUNING_DIR, 'trials',
+                        f'fedadam,client_learning_rate={c},server_learning_rate={s}')
+    with open(os.path.join(path, 'metrics.csv'), 'a', newline='') as f:
+      csv.writer(f).writerows([r, late] for r in range(101, sf.STABILITY_ROUNDS + 1))
+  runs = sf.tuning_runs(runs_dir)
+  assert sf.choose(runs) == {'fedadam': (0.1, 0.01)}  # the 100-round rule is unchanged
+  top, late, leader = sf.stability(runs, 'fedadam')
+  assert leader == (0.1, 0.03) and late == pytest.approx([1.5, 1.2])
+  lines = fm._stability_lines(runs, sf.choose(runs))  # pylint: disable=protected-access
+  assert 'the order flipped; tested at (0.1, 0.03)' in lines[0], lines
+
+
 def test_test_runs_are_one_population_per_method_on_seeds_disjoint_from_tuning(tmp_path):
   runs_dir, data_dir = str(tmp_path), str(tmp_path / 'data90')
   assert sf.TUNING_SEED not in sf.TEST_SEEDS and len(sf.TEST_SEEDS) >= 5
@@ -103,7 +139,7 @@ def test_the_table_and_verdicts_read_the_test_runs_at_the_papers_length():
   runs = {('fedadam', c, s): {} for c in (0.1, 0.3, 1.0) for s in (0.01, 0.03, 0.1)}
   table = '\n'.join(fm._table_rows(runs, {'fedadam': (0.3, 0.03)}, tests))  # pylint: disable=protected-access
   assert '| FedAdam | 0.3, 0.03 | 5 of 5 | 52.2 ± 0.2 | 57.0 |' in table, table
-  assert '| FedAvg | tuning grid not finished | 0 | – | 56.9 |' in table
+  assert '| FedAvg | tuning not finished | 0 | – | 56.9 |' in table
 
 
 def test_the_builds_counts_and_entropy_are_read_from_the_build(tmp_path):
