@@ -90,12 +90,14 @@ def run_fedopt(runs_dir, data_dir):
   run = lambda args: subprocess.run([python, *args], check=False, cwd=rr.ROOT)
   # Exit 1 when a member came apart: the others finished, and the rule skips it.
   run(sf.tuning_command(runs_dir))
-  for name, rates in sf.choose(sf.tuning_runs(runs_dir)).items():
-    edge = sf.edges(sf.tuning_runs(runs_dir), name, rates)
+  runs = sf.tuning_runs(runs_dir)
+  for name, rates in sf.choose(runs).items():
+    edge = sf.edges(runs, name, rates)
     if edge:  # the grid must be extended past it first (the tuning spec)
       print(f'part fedopt: {name} chose {"; ".join(edge)}: not tested', flush=True)
       continue
-    run(['bin/train.py', f'--together={sf.stability_file(runs_dir, name, sf.tuning_runs(runs_dir))}'])
+    run(['bin/train.py', f'--together={sf.stability_file(runs_dir, name, runs)}'])
+    # Read again: the check continued this method's two best runs.
     leader = sf.stability(sf.tuning_runs(runs_dir), name)[2]
     if leader is None:
       print(f'part fedopt: {name}: the stability check did not finish: not tested', flush=True)

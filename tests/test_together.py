@@ -68,17 +68,27 @@ def _assert_same_metrics(got_dir, want_dir, rtol=1e-5):
                                  err_msg=f'{got_dir} {key} round {w["round"]}')
 
 
-def test_members_equal_their_separate_runs(tmp_path):
-  members = [_member(tmp_path / 'together', *m, '--total_rounds=3') for m in GRID]
-  code, output = train_config.train([f'--together={_write(tmp_path / "m.json", members)}'])
-  assert code == 0, output[-3000:]
-  assert 'Training 4 runs of fedadam on digits together' in output
+def _equal_to_separate_runs(tmp_path, members) -> str:
+  """Runs `members` (their root under tmp_path/together) as one population, then
+  each alone under tmp_path/alone; asserts every member's metrics.csv equals its
+  separate run's. The population's output."""
+  code, together = train_config.train([f'--together={_write(tmp_path / "m.json", members)}'])
+  assert code == 0, together[-3000:]
   for member in members:
     alone = [a.replace(str(tmp_path / 'together'), str(tmp_path / 'alone')) for a in member]
     code, output = train_config.train(alone)
     assert code == 0, output[-3000:]
     name = _flag(member, 'experiment_name')
     _assert_same_metrics(tmp_path / 'together' / name, tmp_path / 'alone' / name)
+  return together
+
+
+def test_members_equal_their_separate_runs(tmp_path):
+  members = [_member(tmp_path / 'together', *m, '--total_rounds=3') for m in GRID]
+  output = _equal_to_separate_runs(tmp_path, members)
+  assert 'Training 4 runs of fedadam on digits together' in output
+  for member in members:
+    name = _flag(member, 'experiment_name')
     with open(tmp_path / 'together' / name / 'flags.json') as f:
       assert json.load(f)['client_learning_rate'] == float(_flag(member, 'client_learning_rate'))
   finals = {_rows(tmp_path / 'together' / _flag(m, 'experiment_name'))[-1][
@@ -99,14 +109,7 @@ def test_members_may_differ_in_the_server_optimisers_betas_and_epsilon(tmp_path)
   members = [_member(tmp_path / 'together', '0.1', '0.01', 0, '--total_rounds=3', *more)
              for more in (['--experiment_name=a', '--server_beta_1=0.5'],
                           ['--experiment_name=b', '--server_beta_2=0.9', '--server_epsilon=0.1'])]
-  code, output = train_config.train([f'--together={_write(tmp_path / "m.json", members)}'])
-  assert code == 0, output[-3000:]
-  for member in members:
-    alone = [a.replace(str(tmp_path / 'together'), str(tmp_path / 'alone')) for a in member]
-    code, output = train_config.train(alone)
-    assert code == 0, output[-3000:]
-    name = _flag(member, 'experiment_name')
-    _assert_same_metrics(tmp_path / 'together' / name, tmp_path / 'alone' / name)
+  _equal_to_separate_runs(tmp_path, members)
   sgd = [m + ['--algorithm=fedavg', f'--experiment_name=sgd{i}'] for i, m in enumerate(members)]
   code, output = train_config.train([f'--together={_write(tmp_path / "s.json", sgd)}'])
   assert code == 2 and 'the members differ in --server_beta_1, which fedavg does not keep' in (
@@ -119,14 +122,7 @@ def test_scaffold_members_keep_their_own_control_variates(tmp_path):
   more = ('--algorithm=scaffold', '--total_rounds=6', '--rounds_per_eval=3')
   members = [_member(tmp_path / 'together', *m, *more) for m in (('0.1', '1', 0),
                                                                   ('0.3', '0.5', 1))]
-  code, output = train_config.train([f'--together={_write(tmp_path / "m.json", members)}'])
-  assert code == 0, output[-3000:]
-  for member in members:
-    alone = [a.replace(str(tmp_path / 'together'), str(tmp_path / 'alone')) for a in member]
-    code, output = train_config.train(alone)
-    assert code == 0, output[-3000:]
-    name = _flag(member, 'experiment_name')
-    _assert_same_metrics(tmp_path / 'together' / name, tmp_path / 'alone' / name)
+  _equal_to_separate_runs(tmp_path, members)
 
 
 def test_a_member_that_diverges_stops_alone(tmp_path):

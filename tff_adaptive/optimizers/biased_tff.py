@@ -40,9 +40,8 @@ class BiasedTFFOptimizer(tff.learning.optimizers.Optimizer):
     return state
 
   def next(self, state, weights, gradients):
-    moments = collections.OrderedDict((k, v) for k, v in state.items() if k != _LR)
     moments = collections.OrderedDict(
-        (k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in moments.items())
+        (k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in state.items() if k != _LR)
     new, direction = self.table.moving_step(moments, tf.nest.flatten(gradients))
     lr = state[_LR]
     stepped = [w - lr * d for w, d in zip(tf.nest.flatten(weights), direction)]

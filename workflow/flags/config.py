@@ -26,6 +26,11 @@ from workflow.flags import train_flags
 
 
 _TYPES = {'string': str, 'enum': str, 'integer': int, 'float': float, 'bool': bool}
+# The flags besides the seed and the directory in which the members of one
+# population (bin/train --together, bin/sweep --together) may differ: the
+# hyperparameters the processes keep in their state.
+POPULATION_HPARAMS = ('client_learning_rate', 'server_learning_rate', 'server_beta_1',
+                      'server_beta_2', 'server_epsilon')
 
 
 def _group_class(class_name: str, group_key: str, doc: str) -> type:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Optional
 
 from tff_adaptive.execution import parent_death
+from workflow.flags import config
 from workflow.sweeps import sweep
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -123,8 +124,7 @@ def _prepare(sweep_dir: str, trials: Sequence[sweep.Trial], fixed: Mapping[str, 
 
 
 # The flags in which the trials of one --together process may differ (and the seed).
-TOGETHER = ('client_learning_rate', 'server_learning_rate', 'server_beta_1', 'server_beta_2',
-            'server_epsilon')
+TOGETHER = config.POPULATION_HPARAMS
 
 
 def _jobs(trials: Sequence[sweep.Trial], together: bool) -> list[list[sweep.Trial]]:

@@ -13,9 +13,9 @@
            (`program.Loop.finish_round`), as its own run does them
 
 What the members may differ in (`VARYING`): the client and server learning
-rates, the server optimiser's β₁, β₂ and ε (where the algorithm keeps them in
-its state, `IN_STATE`), the seed and the run directory; everything else fixes
-the program.
+rates, the server optimiser's β₁, β₂ and ε where the algorithm keeps them in
+its state (`config.POPULATION_HPARAMS`, `IN_STATE`), the seed and the run
+directory; everything else fixes the program.
 A member that diverges stops alone (its run says so, exit 1 at the end); the
 others go on. Ctrl-C and kill -9 lose what an ordinary run loses: each member
 resumes from its own last checkpoint.
@@ -31,18 +31,18 @@ import numpy as np
 from workflow import errors
 from workflow.flags import config
 
+# Where each of `config.POPULATION_HPARAMS` lives: flag → (settings group, state
+# part, the keys it may have there: TFF's optimisers name β₁ `momentum` in SGDm).
+IN_STATE = {'client_learning_rate': ('client', 'client_work', ('learning_rate',)),
+            'server_learning_rate': ('server', 'finalizer', ('learning_rate',)),
+            'server_beta_1': ('server', 'finalizer', ('beta_1', 'momentum')),
+            'server_beta_2': ('server', 'finalizer', ('beta_2',)),
+            'server_epsilon': ('server', 'finalizer', ('epsilon',))}
 # (settings group, field) in which the members of one population may differ.
-VARYING = (('client', 'client_learning_rate'), ('server', 'server_learning_rate'),
-           ('server', 'server_beta_1'), ('server', 'server_beta_2'), ('server', 'server_epsilon'),
-           ('loop', 'seed'), ('loop', 'root_output_dir'), ('loop', 'experiment_name'),
-           ('loop', 'together'))
-# Where each varying hyperparameter lives in the state: (flag, settings group,
-# state part, the keys it may have there: TFF's optimisers name β₁ `momentum` in SGDm).
-IN_STATE = (('client_learning_rate', 'client', 'client_work', ('learning_rate',)),
-            ('server_learning_rate', 'server', 'finalizer', ('learning_rate',)),
-            ('server_beta_1', 'server', 'finalizer', ('beta_1', 'momentum')),
-            ('server_beta_2', 'server', 'finalizer', ('beta_2',)),
-            ('server_epsilon', 'server', 'finalizer', ('epsilon',)))
+VARYING = tuple((IN_STATE[flag][0], flag) for flag in config.POPULATION_HPARAMS) + (
+    ('loop', 'seed'), ('loop', 'root_output_dir'), ('loop', 'experiment_name'),
+    ('loop', 'together'))
+VARIES = ', '.join(f'--{flag}' for flag in config.POPULATION_HPARAMS)
 
 
 def shape_of(settings: config.Settings) -> config.Settings:
@@ -91,8 +91,7 @@ def check_members(members, path: str) -> None:
     if differs:
       raise errors.UsageError(
           f'--together={path}: member {i} differs from member 0 in --{differs[0]}, which fixes '
-          'the program (members may differ in --client_learning_rate, --server_learning_rate, '
-          '--server_beta_1, --server_beta_2, --server_epsilon, --seed and their directory): '
+          f'the program (members may differ in {VARIES}, --seed and their directory): '
           'run it apart')
   from workflow.training import experiment  # pylint: disable=g-import-not-at-top
   dirs = [experiment.experiment_dir(m) for m in members]
@@ -117,7 +116,8 @@ def initial_state(process, initial, first: config.Settings, settings: config.Set
     weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
     state = process.set_model_weights(state, tf.nest.map_structure(np.asarray, weights))
   hparams = process.get_hparams(state)
-  for flag, group, where, keys in IN_STATE:
+  for flag in config.POPULATION_HPARAMS:
+    group, where, keys = IN_STATE[flag]
     value, first_value = (getattr(getattr(s, group), flag) for s in (settings, first))
     if value == first_value:
       continue
