@@ -59,7 +59,8 @@ class CohortNext:
       return output
     return stateful.StatefulClientsOutput(
         output.state, output.metrics,
-        _in_input_order(output.clients, shards, self._process.client_output))
+        in_input_order(output.clients, getattr(shards, 'order', None),
+                       self._process.client_output))
 
   def shards(self, state, client_data):
     """`client_data` as the round's shards (shards are returned as given)."""
@@ -110,16 +111,15 @@ def _kind(entry):
   return None
 
 
-def _in_input_order(stacked_outputs, shards, client_output):
+def in_input_order(stacked_outputs, order, client_output):
   """The clients' outputs (stacked per shard) as one `client_output(value)` per
-  client, in the order the clients were given (`Shards.order`; plain shards:
-  shard order)."""
+  client, in the order the clients were given: `order[k]` is the input index
+  of the k-th client the shards hold (`Shards.order`; None: shard order)."""
   stacked = [tf.nest.map_structure(np.asarray, s) for s in stacked_outputs]
   in_shard_order = [client_output(tf.nest.map_structure(lambda leaf, j=j: leaf[j], s))
                     for s in stacked for j in range(len(tf.nest.flatten(s)[0]))]
-  order = getattr(shards, 'order', range(len(in_shard_order)))
   clients = [None] * len(in_shard_order)
-  for position, index in enumerate(order):
+  for position, index in enumerate(range(len(in_shard_order)) if order is None else order):
     clients[index] = in_shard_order[position]
   return clients
 

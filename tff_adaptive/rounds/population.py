@@ -184,15 +184,9 @@ class PopulationNext:
   def _clients(self, outputs, orders):
     """Each member's clients' outputs (leaves [P, C, ...]) as `client_output`
     values, in the order its clients were given."""
-    outputs = tf.nest.map_structure(np.asarray, outputs)
-    result = []
-    for p, order in enumerate(orders):
-      clients = [None] * len(order)
-      for position, index in enumerate(order):
-        clients[index] = self._process.client_output(
-            tf.nest.map_structure(lambda leaf: leaf[p, position], outputs))  # pylint: disable=cell-var-from-loop
-      result.append(clients)
-    return result
+    return [cohort_next.in_input_order([tf.nest.map_structure(lambda leaf: leaf[p], outputs)],  # pylint: disable=cell-var-from-loop
+                                       order, self._process.client_output)
+            for p, order in enumerate(orders)]
 
   def shard(self, state, member_data):
     """`member_data` as the population's shard (leaves [P, C, ...]). Per member:
