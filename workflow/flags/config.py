@@ -28,9 +28,9 @@ from workflow.flags import train_flags
 _TYPES = {'string': str, 'enum': str, 'integer': int, 'float': float, 'bool': bool}
 # The flags besides the seed and the directory in which the members of one
 # population (bin/train --together, bin/sweep --together) may differ: the
-# hyperparameters the processes keep in their state.
-POPULATION_HPARAMS = ('client_learning_rate', 'server_learning_rate', 'server_beta_1',
-                      'server_beta_2', 'server_epsilon')
+# hyperparameters the processes keep in their state (the table's `in_state`).
+POPULATION_HPARAMS = tuple(f.name for _, _, group in train_flags.GROUPS for f in group
+                           if f.in_state)
 
 
 def _group_class(class_name: str, group_key: str, doc: str) -> type:

@@ -76,6 +76,9 @@ class Flag:
       argument of any owner; argument None: the owner's refusal as a whole.
       A refusal of one of them is told in the flag's words
       (`workflow.flags.library_flags`).
+    in_state: where a population's member keeps its value, as (state part, the
+      keys it may have there), for the flags in which the members of one
+      population may differ (bin/train --together); empty: members share it.
   """
   name: str
   kind: str
@@ -85,11 +88,13 @@ class Flag:
   algorithms: Union[tuple[str, ...], Having] = ()
   checks: tuple[flag_checks.Check, ...] = ()
   feeds: tuple[tuple[Optional[str], Optional[str]], ...] = ()
+  in_state: tuple[str, tuple[str, ...]] = ()
 
 
-def _flag(name, kind, default, help_, values=(), algorithms=(), check=(), feeds=()) -> Flag:
+def _flag(name, kind, default, help_, values=(), algorithms=(), check=(), feeds=(),
+          in_state=()) -> Flag:
   checks = (check,) if isinstance(check, flag_checks.Check) else tuple(check)
-  return Flag(name, kind, default, help_, tuple(values), algorithms, checks, feeds)
+  return Flag(name, kind, default, help_, tuple(values), algorithms, checks, feeds, in_state)
 
 
 def _s(name, default, help_, algorithms=(), **more):
@@ -187,7 +192,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
         _s('client_optimizer', 'sgd', 'Client optimiser; the allowed ones depend on '
            '--algorithm (listed below).', _CLIENT_OPT,
            feeds=(('BiasedOptimizer', 'name'), ('fedada2.build_client_optimizer', 'name'))),
-        _f('client_learning_rate', 0.1, 'Client learning rate η.', check=flag_checks.POSITIVE),
+        _f('client_learning_rate', 0.1, 'Client learning rate η.', check=flag_checks.POSITIVE,
+           in_state=('client_work', ('learning_rate',))),
         _f('client_beta_1', 0.9, 'Client optimiser β (SGDm, RMSProp) or β1 (Adam). SGDm is '
            'the FedGBO paper\'s m ← βm + (1−β)g for fedgbo and mfl (docs/algorithms.md) and TFF\'s heavy '
            'ball m ← βm + g for the others (e.g. mimelite): TFF\'s rate η(1−β) gives seed '
@@ -209,16 +215,18 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            feeds=(('fedopt.build_server_optimizer', 'name'),
                   ('fedada2.build_server_optimizer', 'name'))),
         _f('server_learning_rate', 1.0, 'Server learning rate η_s.', _SERVER_OPT,
-           check=flag_checks.POSITIVE),
+           check=flag_checks.POSITIVE, in_state=('finalizer', ('learning_rate',))),
         _e('server_optimizer_semantics', 'tff', ('tff', 'paper'),
            'tff: TFF\'s optimisers as shipped; paper: FedOpt Algorithm 2 exactly.',
            Having('server_optimizer_semantics', 'the algorithms with a FedOpt server '
                   'optimiser'), feeds=(('fedopt.build_server_optimizer', 'semantics'),)),
+        # TFF's optimisers keep β₁ as `momentum` in SGDm.
         _f('server_beta_1', 0.9, 'Server β1 (momentum).', _SERVER_OPT,
-           check=flag_checks.UNIT_INTERVAL),
-        _f('server_beta_2', 0.99, 'Server β2.', _SERVER_OPT, check=flag_checks.UNIT_INTERVAL),
+           check=flag_checks.UNIT_INTERVAL, in_state=('finalizer', ('beta_1', 'momentum'))),
+        _f('server_beta_2', 0.99, 'Server β2.', _SERVER_OPT, check=flag_checks.UNIT_INTERVAL,
+           in_state=('finalizer', ('beta_2',))),
         _f('server_epsilon', 1e-3, 'Server adaptivity τ.', _SERVER_OPT,
-           check=flag_checks.POSITIVE),
+           check=flag_checks.POSITIVE, in_state=('finalizer', ('epsilon',))),
     ]),
     ('algorithm', 'Algorithm-specific', [
         _e('fedgbo_upload', 'model', ('model', 'average_gradient'),

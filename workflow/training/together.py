@@ -30,14 +30,12 @@ import numpy as np
 
 from workflow import errors
 from workflow.flags import config
+from workflow.flags import train_flags
 
 # Where each of `config.POPULATION_HPARAMS` lives: flag → (settings group, state
-# part, the keys it may have there: TFF's optimisers name β₁ `momentum` in SGDm).
-IN_STATE = {'client_learning_rate': ('client', 'client_work', ('learning_rate',)),
-            'server_learning_rate': ('server', 'finalizer', ('learning_rate',)),
-            'server_beta_1': ('server', 'finalizer', ('beta_1', 'momentum')),
-            'server_beta_2': ('server', 'finalizer', ('beta_2',)),
-            'server_epsilon': ('server', 'finalizer', ('epsilon',))}
+# part, the keys it may have there).
+IN_STATE = {f.name: (group_key, *f.in_state) for group_key, _, group in train_flags.GROUPS
+            for f in group if f.in_state}
 # (settings group, field) in which the members of one population may differ.
 VARYING = tuple((IN_STATE[flag][0], flag) for flag in config.POPULATION_HPARAMS) + (
     ('loop', 'seed'), ('loop', 'root_output_dir'), ('loop', 'experiment_name'),
