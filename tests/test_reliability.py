@@ -23,6 +23,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.saved_model import fingerprinting_utils  # pylint: disable=g-direct-tensorflow-import
 
 import train_config  # pylint: disable=g-bad-import-order
 
@@ -396,22 +397,23 @@ def test_second_run_into_a_locked_directory_exits_2_naming_the_holder(three_roun
 def test_disk_full_while_checkpointing(reference, tmp_path, monkeypatch):
   """ENOSPC in round 3's checkpoint: one message (round, last checkpoint), no partial
   directory; the rerun resumes from round 2 and ends equal to `reference`."""
-  real_save = tf.saved_model.save
+  # The fingerprint is the last file of every SavedModel write (TFF's and checkpoint_files').
+  real_write = fingerprinting_utils.write_fingerprint
 
-  def full_disk(module, path, **kwargs):
+  def full_disk(path):
     if os.path.basename(path).startswith('program_state_3_temp'):
       open(os.path.join(path, 'saved_model.pb'), 'wb').write(b'partial')
       raise OSError(errno.ENOSPC, 'No space left on device')
-    return real_save(module, path, **kwargs)
+    return real_write(path)
 
-  monkeypatch.setattr(tf.saved_model, 'save', full_disk)
+  monkeypatch.setattr(fingerprinting_utils, 'write_fingerprint', full_disk)
   code, lines = _train(_settings(tmp_path))
   run = _run_dir(tmp_path)
   assert code == 1
   _one_line(lines, 'round 3', 'No space left on device', 'program_state_2', 'rerun')
   assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == [
       'program_state_1', 'program_state_2']
-  monkeypatch.setattr(tf.saved_model, 'save', real_save)
+  monkeypatch.setattr(fingerprinting_utils, 'write_fingerprint', real_write)
   code, lines = _train(_settings(tmp_path))
   assert code == 0, lines
   _assert_same_weights(reference, run)

@@ -1,8 +1,9 @@
 """The simulation loop: sample, train a round, evaluate, release, checkpoint.
 
 Program state (the learning process state, the round number and the running
-totals) goes through `tff.program.FileProgramStateManager`; metrics go through
-`tff.program.CSVFileReleaseManager` and `TensorBoardReleaseManager`. A rerun
+totals) goes through `tff.program.FileProgramStateManager`'s format
+(`checkpoint_files`); metrics go to metrics.csv and to TensorBoard scalars as
+TFF's `TensorBoardReleaseManager` writes them (`run_files`). A rerun
 into the same directory resumes from the latest saved state that loads
 (workflow/training/run_files.py's `recover`: damaged checkpoints are set aside, partial
 ones removed); rows of
@@ -31,6 +32,7 @@ from tasks import base as task_base
 from tff_adaptive.rounds import cohort
 from tff_adaptive.rounds import layout
 from workflow.flags import train_flags
+from workflow.training import checkpoint_files
 from workflow.training import cohort_feed
 from workflow.training import divergence
 from workflow.training import heartbeat
@@ -170,11 +172,11 @@ class _Releases:
     self.csv.open_at(start_round)
     tensorboard_dir = os.path.join(output_dir, 'tensorboard')
     run_files.trim_tensorboard(tensorboard_dir, start_round)
-    self._tensorboard = tff.program.TensorBoardReleaseManager(tensorboard_dir)
+    self._tensorboard = run_files.TensorBoardScalars(tensorboard_dir)
 
   async def release(self, metrics: Mapping[str, float], round_num: int):
     self.csv.release(metrics, round_num)
-    await self._tensorboard.release(dict(metrics), key=round_num)
+    self._tensorboard.release(metrics, round_num)
 
 
 def run(process: tff.learning.templates.LearningProcess, task: task_base.FederatedTask,
@@ -254,7 +256,7 @@ class Loop:
     self.round_metrics_fn, self.client_data_fn, self.feeder = (round_metrics_fn, client_data_fn,
                                                                feeder)
     self.sched, self.hook = config.schedules, config.client_state
-    self.state_manager = tff.program.FileProgramStateManager(
+    self.state_manager = checkpoint_files.ProgramStateManager(
         os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
     # A population's members of one seed share theirs (together.py).
     self.evaluate = evaluate or KerasEvaluator(task, config.eval_stride)

@@ -311,3 +311,37 @@ def trim_tensorboard(log_dir: str, last_round: int) -> None:
         writer.write(record)
     os.replace(temp, path)
 
+
+
+class TensorBoardScalars:
+  """A run's metrics as TensorBoard scalars, as TFF's `TensorBoardReleaseManager`
+  writes a flat mapping of numbers (`tf.summary.scalar(name, value, step=round)`).
+
+  TFF's manager writes each scalar eagerly (~0.1 ms of Python and op dispatch
+  each), which at ~30 metrics × 25 members per round cost a 25-member digits
+  sweep a tenth of its wall-clock. Here a round's scalars are written by one
+  call of one graph (traced once per writer, whatever the metric names), with
+  tf.summary.scalar's tag, float32 value and metadata. Values that are not
+  numbers are left out, as TFF leaves them.
+  """
+
+  def __init__(self, log_dir: str):
+    from tensorboard.plugins.scalar import metadata  # pylint: disable=g-import-not-at-top
+    os.makedirs(log_dir, exist_ok=True)
+    writer = tf.summary.create_file_writer(log_dir)
+    scalar = metadata.create_summary_metadata(display_name=None, description=None)
+
+    @tf.function(input_signature=(tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int64)))
+    def write(tags, values, step):
+      with writer.as_default(step=step):
+        for i in tf.range(tf.size(tags)):
+          tf.summary.write(tags[i], values[i], metadata=scalar)
+    self._writer, self._write = writer, write
+
+  def release(self, metrics: Mapping[str, Any], round_num: int) -> None:
+    numbers = {k: v for k, v in metrics.items()
+               if np.asarray(v).dtype.kind in 'biuf' and np.ndim(v) == 0}
+    if numbers:
+      self._write(np.asarray(list(numbers), object),
+                  np.asarray(list(numbers.values()), np.float32), np.int64(round_num))

@@ -1,7 +1,7 @@
 """A run's hyperparameters for TensorBoard's HParams dashboard.
 
 bin/train's metrics reach TensorBoard as TF2 scalar summaries (tensor tags)
-through `tff.program.TensorBoardReleaseManager` in `<run>/tensorboard`. This
+as `tff.program.TensorBoardReleaseManager` writes them, in `<run>/tensorboard`. This
 module adds, in the same directory, the run's flags as an HParams session
 (`tensorboard.plugins.hparams.api.hparams`), so that `tensorboard
 --logdir=<sweep or runs dir>` lists the runs in the HParams table with their
