@@ -8,7 +8,8 @@ parameter count |x| of the Keras model, FLOPs from `flops.client_flops`
 
 What the download counts (the composer's processes): the model weights, the
 broadcast optimiser state, and the round's hyperparameters η (float32) and K
-(int32), i.e. 64 bits on top of the floats. Mimelite broadcasts its whole
+(int32), i.e. 64 bits on top of the floats, and a recipe's client hyperparameters
+(FedProx's μ, float32). Mimelite broadcasts its whole
 base-optimiser state, hyperparameter scalars included.
 
 `costs.measure_upload` measures the upload of a process built by TFF's own
@@ -138,7 +139,8 @@ def test_mimelite_bits(round_costs, num_params):
 def test_fedprox_bits(round_costs, num_params):
   cost = round_costs['fedprox']
   assert cost['upload_bits_per_client'] == 32 * num_params * 1  # Δ
-  assert cost['download_bits_per_client'] == 32 * num_params + HPARAM_BITS  # x, (η, K)
+  # x, (η, K) and μ
+  assert cost['download_bits_per_client'] == 32 * num_params + HPARAM_BITS + 32
   # x_t, which the proximal term reads at every step (plain SGD keeps no state).
   assert cost['client_optimizer_state_floats'] == num_params
 

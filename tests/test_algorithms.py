@@ -315,6 +315,14 @@ def test_fedprox_is_tffs_fed_prox_with_the_papers_sign(clients):
   moved = at.max_abs_diff(at.trainable(ours, output.state), x0)
   assert moved < _prox_round_distance(_prox_process(0.0), data) < _prox_round_distance(
       tffs_sign, data)
+  # μ is state (`client_work`), not a constant of the program: set to TFF's sign, the
+  # process built with +μ runs TFF's round bit for bit.
+  hparams = ours.get_hparams(ours.initialize())
+  hparams['client_work']['proximal_strength'] = np.float32(-PROX_MU)
+  assert _max_diff(at.trainable(ours, ours.next(ours.set_hparams(ours.initialize(), hparams),
+                                                data).state),
+                   at.trainable(tff_fedprox, tff_fedprox.next(tff_fedprox.initialize(),
+                                                               tff_data).state)) == 0.0
   num_params = at.D * at.C + at.C
   cost = output.metrics['cost']
   assert cost['upload_bits_per_client'] == 32 * num_params

@@ -80,11 +80,17 @@ SERVER_RATES = {'fedavg': (1.0, 0.5), 'fedadam': (0.01, 0.03), 'fedadam_paper': 
                 'fedprox': (1.0, 0.7), 'fedgbo': (None,)}
 
 
-def _member_state(process, client_lr, server_lr, seed):
+# FedProx's members differ in μ too (a client hyperparameter of its state); 0: no term.
+MUS = (0.1, 0.0, 1.0)
+
+
+def _member_state(process, client_lr, server_lr, seed, index=0):
   """The process's initial state with this member's rates and seed's weights."""
   state = process.initialize()
   hparams = process.get_hparams(state)
   hparams['client_work']['learning_rate'] = np.float32(client_lr)
+  if 'proximal_strength' in hparams['client_work']:
+    hparams['client_work']['proximal_strength'] = np.float32(MUS[index % len(MUS)])
   if server_lr is not None:
     hparams['finalizer']['learning_rate'] = np.float32(server_lr)
   state = process.set_hparams(state, hparams)
@@ -121,7 +127,7 @@ def test_every_member_equals_its_run_alone(name, datasets):
   else:
     process = BUILDERS[name](cohort.CohortExecution())
     grid = list(itertools.product(CLIENT_RATES, SERVER_RATES[name], SEEDS))
-  alone = [_member_state(process, *member) for member in grid]
+  alone = [_member_state(process, *member, index=i) for i, member in enumerate(grid)]
   pop = population.build_population(process)
   state = pop.stack(alone)
   per_client = BUILDERS[name]('per_client') if name == 'fedadam' else None

@@ -23,7 +23,8 @@ learning rate is replaced by the round's η (`state.client_work
 
 The state has the composer's layout (`composer.py`); a checkpoint written by
 the former wrapper of TFF's builder (TFF's FedProx state layout) does not
-load: `workflow.training.program` refuses it in one line (`IncompatibleCheckpoint`).
+load: `workflow.training.program` refuses it in one line (`IncompatibleCheckpoint`),
+as it refuses one written before μ joined `state.client_work`.
 """
 
 import collections
@@ -45,8 +46,12 @@ PROXIMAL_OPS = 3
 def fedprox_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
                    server_optimizer: tff.learning.optimizers.Optimizer,
                    proximal_strength: float, ops_per_param: float) -> composer.Recipe:
-  """FedProx's math; any real μ (`build_fedprox` requires μ ≥ 0; −μ is TFF's sign)."""
-  mu = float(proximal_strength)
+  """FedProx's math; any real μ (`build_fedprox` requires μ ≥ 0; −μ is TFF's sign).
+
+  μ is a client hyperparameter in the state (`state.client_work
+  ['proximal_strength']`, sent with η and K), not a constant of the program, so
+  that a population's members may differ in it.
+  """
 
   def init_local(broadcast_value, y0):
     del broadcast_value
@@ -54,10 +59,13 @@ def fedprox_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
     return collections.OrderedDict(optimizer=client_optimizer.initialize(specs),
                                    anchor=tuple(y0))
 
-  def local_step(local, y, grads, lr, step):
+  def local_step(local, y, grads, lr, step, proximal_strength):
     del step
-    if mu != 0.0:  # as TFF's client: no term (not even + 0·…) at μ = 0
-      grads = [g + mu * (w - x) for g, w, x in zip(grads, y, local['anchor'])]
+    # As TFF's client, no term (not even + 0·…) at μ = 0; a select, not a branch,
+    # since μ may differ between the lanes of a population's program.
+    with_term = tf.not_equal(proximal_strength, 0.0)
+    grads = [tf.where(with_term, g + proximal_strength * (w - x), g)
+             for g, w, x in zip(grads, y, local['anchor'])]
     state, new_y = client_optimizer.next(
         fedopt.with_learning_rate(local['optimizer'], lr), tuple(y), tuple(grads))
     return collections.OrderedDict(optimizer=state, anchor=local['anchor']), new_y
@@ -65,7 +73,8 @@ def fedprox_recipe(client_optimizer: tff.learning.optimizers.Optimizer,
   # FedOpt's server (its statistics, step and hparams); only the client differs.
   return dataclasses.replace(
       fedopt.fedopt_recipe(server_optimizer), name='fedprox', init_local=init_local,
-      local_step=local_step, optimizer_ops_per_param=ops_per_param)
+      local_step=local_step, optimizer_ops_per_param=ops_per_param,
+      client_hparams={'proximal_strength': float(proximal_strength)})
 
 
 def build_fedprox(

@@ -4,9 +4,11 @@
                                                    it), local = init_local(…)
   carry  = loop.before_steps(carry, passes)        the extensions' work before training
                                                    (a pass at x_t, user accuracy)
-  carry  = loop.step(carry, g_k, loss_k, n_k, η)   one step: the recipe's local_step, g_k at
+  carry  = loop.step(carry, g_k, loss_k, n_k, h)   one step: the recipe's local_step, g_k at
                                                    loop.gradient_point(carry) (y) on its
-                                                   (first) batch, the extensions' keywords
+                                                   (first) batch, h the round's hparams (η
+                                                   and the recipe's client_hparams), the
+                                                   extensions' keywords
   result = loop.final(carry, x_t)                  Δ_i = x_t − y_K, extra_i, weight_i, and
                                                    what goes back to the client (its new
                                                    state, what it measured)
@@ -123,12 +125,14 @@ class ClientLoop:
       measured.update(ext.measure(passes))
     return measured
 
-  def step(self, carry, grads, loss, num_examples, lr, grad_at=None):
-    """`num_examples`: of every batch the step consumes; `grad_at(weights, j)`:
-    the execution's gradient on the step's batch j (for `step_context`)."""
+  def step(self, carry, grads, loss, num_examples, hparams, grad_at=None):
+    """`num_examples`: of every batch the step consumes; `hparams`: the message's
+    (η, K and the recipe's `client_hparams`); `grad_at(weights, j)`: the
+    execution's gradient on the step's batch j (for `step_context`)."""
     grads = tuple(grads)
     is_first = tf.equal(carry['step'], 0)
-    context = {}
+    lr = hparams['learning_rate']
+    context = {name: hparams[name] for name in self.recipe.client_hparams}
     for ext in self.extensions:
       context.update(ext.step_context(carry, grad_at))
     # Tuples throughout: TFF optimisers insist that weights and state have the

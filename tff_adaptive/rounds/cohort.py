@@ -8,7 +8,7 @@
       for each client:
         carry = loop.before_steps(loop.init(x_t, broadcast), passes)  client.ClientLoop
         for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
-                                       carry = loop.step(carry, g, loss, n, η)
+                                       carry = loop.step(carry, g, loss, n, h)
         result = loop.final(carry, x_t)
       Σ over clients of client.client_sums(result)   (the per-client round's sums)
     Σ over shards; server.ServerRound.from_weighted_sums (the per-client server step)
@@ -296,7 +296,7 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
                          options.fb_flops_per_example),
       info.finalizers, options.measure_client_drift)
 
-  @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE, sums_type)
+  @tff.tensorflow.computation(info.weights_type, info.stats_type, info.hparams_type, sums_type)
   def server_round_fn(model_weights, stats, hparams, sums):
     return aggregation.server(server_round, model_weights, stats, hparams, sums)
 
@@ -304,7 +304,8 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float, l
   # gives both executions the same state.
   process = aggregation.create(sums_type)
   initialize_fn = layout.initial_state_computation(
-      info.model_fn, client_learning_rate, local_steps, process, info.init_stats)
+      info.model_fn, client_learning_rate, local_steps, process, info.init_stats,
+      info.client_hparams)
   state_type = initialize_fn.type_signature.result
   message_fn = _message_computation(info, recipe, aggregation, state_type.member.aggregator)
 
@@ -365,7 +366,7 @@ def _message_computation(info, recipe, aggregation, aggregator_state_type) -> tf
   return tff.tensorflow.computation(
       lambda weights, stats, hparams, aggregator_state: program_message(
           recipe, aggregation, weights, stats, hparams, aggregator_state),
-      info.weights_type, info.stats_type, layout.HPARAMS_TYPE, aggregator_state_type)
+      info.weights_type, info.stats_type, info.hparams_type, aggregator_state_type)
 
 
 # The processes `build` returns: TFF learning processes whose `next` runs shard

@@ -152,7 +152,7 @@ class RoundParts:
   def tensor_specs(self):
     """TensorSpecs of (x_t, s_t, hparams[, the aggregator's state]), the message's inputs."""
     specs = [tff.types.type_to_tf_tensor_specs(t)
-             for t in (self.info.weights_type, self.info.stats_type, layout.HPARAMS_TYPE)]
+             for t in (self.info.weights_type, self.info.stats_type, self.info.hparams_type)]
     if self.steps.message_takes_aggregator_state:
       specs.append(tff.types.type_to_tf_tensor_specs(
           self.steps.aggregation.process.initialize.type_signature.result.member))

@@ -8,7 +8,7 @@ each client's round runs whole:
     carry = loop.init(x_t, broadcast[, state])                  client.ClientLoop
     carry = loop.before_steps(carry, passes)       the extensions' passes (_ProgramPasses)
     for each step with real rows:  g, loss = view.loss_and_grads(y, batch, mask)
-                                   carry = loop.step(carry, g, loss, n, η)
+                                   carry = loop.step(carry, g, loss, n, h)
     result = loop.final(carry, x_t)
   Σ over clients of client_sums(result)
 
@@ -142,8 +142,8 @@ class CohortProgram:
       passes = []  # `grad_at`'s forward passes, counted in the metrics after the step
       statistics = self.loop.statistics(carry, _non_trainable(message))
       grad_at = functools.partial(self._grad_at, group, passes, statistics)
-      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64),
-                               message['hparams']['learning_rate'], grad_at)
+      stepped = self.loop.step(carry, grads, loss, tf.cast(n, tf.int64), message['hparams'],
+                               grad_at)
       for args in passes:
         metrics = self.view.add_metrics(metrics, *args)
       return self.loop.with_non_trainable(stepped, moved), metrics

@@ -23,6 +23,13 @@ HPARAMS_TYPE = tff.StructWithPythonType(
     [('learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
 
 
+def hparams_type(client_hparams: Mapping[str, float] = ()) -> tff.StructWithPythonType:
+  """`state.client_work`'s type: η, K and a recipe's `client_hparams`."""
+  return tff.StructWithPythonType(
+      [('learning_rate', np.float32), ('local_steps', np.int32)] +
+      [(name, np.float32) for name in client_hparams], collections.OrderedDict)
+
+
 def leaves(type_spec: tff.Type):
   if isinstance(type_spec, tff.TensorType):
     yield type_spec
@@ -50,12 +57,17 @@ def _initial_weights(model_fn):
 
 
 def initial_state_computation(model_fn, client_learning_rate: float, local_steps: int,
-                              aggregator, init_stats) -> tff.Computation:
+                              aggregator, init_stats,
+                              client_hparams: Mapping[str, float] = ()) -> tff.Computation:
   """`initialize` of every composer-built (and personalised) process.
 
   `aggregator` is the Δ aggregation process, `init_stats` the TF computation
-  of the recipe's s_0.
+  of the recipe's s_0, `client_hparams` the recipe's (`Recipe.client_hparams`).
   """
+  client_work = collections.OrderedDict(
+      learning_rate=np.float32(client_learning_rate), local_steps=np.int32(local_steps),
+      **{name: np.float32(value) for name, value in dict(client_hparams).items()})
+
   @tff.federated_computation
   def initialize_fn():
     weights = tff.federated_eval(
@@ -63,9 +75,7 @@ def initial_state_computation(model_fn, client_learning_rate: float, local_steps
     return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
         global_model_weights=weights,
         distributor=tff.federated_value((), tff.SERVER),
-        client_work=tff.federated_value(collections.OrderedDict(
-            learning_rate=np.float32(client_learning_rate),
-            local_steps=np.int32(local_steps)), tff.SERVER),
+        client_work=tff.federated_value(client_work, tff.SERVER),
         aggregator=aggregator.initialize(),
         finalizer=tff.federated_eval(init_stats, tff.SERVER)))
 

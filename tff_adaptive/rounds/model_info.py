@@ -66,11 +66,13 @@ class ModelInfo:
       return recipe.broadcast(stats)
 
     self.broadcast_type = broadcast_fn.type_signature.result
+    self.client_hparams = dict(recipe.client_hparams)
+    self.hparams_type = layout.hparams_type(self.client_hparams)
     self.message_type = tff.StructWithPythonType(
         [('model_weights', self.weights_type), ('broadcast', self.broadcast_type),
-         ('hparams', layout.HPARAMS_TYPE)], collections.OrderedDict)
+         ('hparams', self.hparams_type)], collections.OrderedDict)
 
-    @tff.tensorflow.computation(self.weights_type, self.stats_type, layout.HPARAMS_TYPE)
+    @tff.tensorflow.computation(self.weights_type, self.stats_type, self.hparams_type)
     def server_message_fn(model_weights, stats, hparams):
       return server_message(recipe, model_weights, stats, hparams)
 

@@ -79,7 +79,7 @@ def client_update(model, loop: client_lib.ClientLoop, message, dataset, iterate:
     num_examples = tf.cast(on_variables.num_examples(output), tf.int64)
     for other in group[1:]:
       num_examples += tf.shape(tf.nest.flatten(other)[0], out_type=tf.int64)[0]
-    carry = loop.step(carry, grads, output.loss, num_examples, lr,
+    carry = loop.step(carry, grads, output.loss, num_examples, message['hparams'],
                       functools.partial(on_variables.grad_at, model, trainable, group))
   # The forward passes in training mode moved the non-trainable weights (batch-norm statistics).
   carry = loop.with_non_trainable(carry, [tf.identity(v) for v in non_trainable])
@@ -103,7 +103,8 @@ def build(model_fn, recipe: recipe_lib.Recipe, *, client_learning_rate: float,
                              _train_metrics_fn(shape, types))
   server_round_fn = _server_round_computation(shape, types)
   initialize_fn = layout.initial_state_computation(
-      info.model_fn, client_learning_rate, local_steps, aggregation.delta, info.init_stats)
+      info.model_fn, client_learning_rate, local_steps, aggregation.delta, info.init_stats,
+      info.client_hparams)
   state_type = initialize_fn.type_signature.result
   steps = skeleton.RoundSteps(
       message=info.server_message_fn, client_phase=client_round_fn, server=server_round_fn,
@@ -202,13 +203,13 @@ def _server_round_computation(shape: _RoundShape, types: _ResultTypes) -> tff.Co
       info.finalizers if shape.metrics_aggregator is None else None,
       options.measure_client_drift)
   if shape.fused_mean:
-    @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE,
+    @tff.tensorflow.computation(info.weights_type, info.stats_type, info.hparams_type,
                                 types.sums)
     def fused_fn(model_weights, stats, hparams, sums):
       return server_round.from_weighted_sums(model_weights, stats, hparams, sums)
     return fused_fn
 
-  @tff.tensorflow.computation(info.weights_type, info.stats_type, layout.HPARAMS_TYPE,
+  @tff.tensorflow.computation(info.weights_type, info.stats_type, info.hparams_type,
                               types.sums, types.delta, types.extra, tff.TensorType(np.float64))
   def server_round_fn(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits):
     return server_round(model_weights, stats, hparams, sums, mean_delta, mean_extra, bits)

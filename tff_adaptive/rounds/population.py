@@ -14,15 +14,16 @@ same recipe, shard program and server step as the member's own cohort process
 (`cohort.build`), batched over a member axis.
 
 Where hyperparameters live: in the state, so members differ by their state
-only. The client learning rate and K are `state.client_work`; the server
+only. The client learning rate, K and a recipe's client hyperparameters
+(`Recipe.client_hparams`, e.g. FedProx's μ) are `state.client_work`; the server
 optimiser's learning rate, β₁, β₂, ε (TFF's optimisers keep them in their
 state, as optax's `inject_hyperparams` does for this reason) are in
 `state.finalizer`, set by the ordinary `process.set_hparams`; a seed decides
 a member's initial weights (the state `initialize` made under it) and the
 clients it samples (the data its caller passes). K must be the same for
 every member: it fixes the shard's shape. What a recipe holds as a Python
-constant (FedProx's μ, a schedule's shape) is the same for every member of
-one population.
+constant (FedGBO's β, a schedule's shape) is the same for every member of one
+population.
 """
 
 import collections

@@ -1,7 +1,7 @@
 """`Recipe`: an algorithm's math as TF functions; every execution runs these."""
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import tensorflow_federated as tff
@@ -43,6 +43,11 @@ class Recipe:
     extensions: what the clients do beyond this core (`rounds.extension`,
       `tff_adaptive/extensions/`): client state, private weights, more
       gradient passes, user accuracy, ...
+    client_hparams: the client step's hyperparameters besides η and K, name →
+      initial value (e.g. FedProx's μ): float32 entries of `state.client_work`
+      beside η and K, so that they are state, not constants of the program (a
+      population's members may differ in them, `set_hparams` changes them), sent
+      with η and K and given to `local_step` as keywords.
   """
   name: str
   init_stats: Callable[[list], Structure]
@@ -57,6 +62,7 @@ class Recipe:
   set_server_hparams: Optional[Callable[[Structure, Structure], Structure]] = None
   sum_extra: bool = False
   extensions: tuple = ()
+  client_hparams: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     extensions = tuple(self.extensions)

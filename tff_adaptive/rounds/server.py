@@ -45,7 +45,7 @@ class RoundCosts:
                     if split is not None else [])
     private_bits = sum(layout.num_bits(tff.types.tensorflow_to_type(s)) for s in undownloaded)
     down = (layout.num_bits(weights_type) + layout.num_bits(broadcast_type) +
-            layout.num_bits(layout.HPARAMS_TYPE) - private_bits)
+            layout.num_bits(layout.hparams_type(recipe.client_hparams)) - private_bits)
     up = layout.num_bits(delta_type) + (
         layout.num_bits(extra_type) if recipe.upload is not None else 0)
     zeros = lambda type_spec: layout.zeros_like_specs(tff.types.type_to_tf_tensor_specs(type_spec))

@@ -238,7 +238,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'RMSProp or Adam: tff = TFF\'s (v from 0, Adam bias-corrected); paper = the FedGBO '
            'paper\'s (v from 1, no correction).', ('mimelite', 'mimexlite')),
         _f('fedprox_mu', 0.01, 'FedProx proximal strength μ.', ('fedprox',),
-           check=flag_checks.NON_NEGATIVE, feeds=(('fedprox', 'proximal_strength'),)),
+           check=flag_checks.NON_NEGATIVE, feeds=(('fedprox', 'proximal_strength'),),
+           in_state=('client_work', ('proximal_strength',))),
         _f('feddyn_alpha', 0.01, 'FedDyn dynamic regulariser α (the middle of the paper\'s '
            'grid 0.1, 0.01, 0.001).', ('feddyn',), check=flag_checks.POSITIVE,
            feeds=(('feddyn', 'alpha'),)),

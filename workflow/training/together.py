@@ -14,7 +14,8 @@
 
 What the members may differ in (`VARYING`): the client and server learning
 rates, the server optimiser's β₁, β₂ and ε where the algorithm keeps them in
-its state (`config.POPULATION_HPARAMS`, `IN_STATE`), the seed and the run
+its state, FedProx's μ (`config.POPULATION_HPARAMS`: the flag table's `in_state`
+entries, `IN_STATE`), the seed and the run
 directory; everything else fixes the program.
 A member that diverges stops alone (its run says so, exit 1 at the end); the
 others go on. Ctrl-C and kill -9 lose what an ordinary run loses: each member
@@ -102,8 +103,8 @@ def initial_state(process, initial, first: config.Settings, settings: config.Set
   """A member's start: `initial` (`process.initialize()`'s, computed once) with its rates
   and its seed's weights.
 
-  The rates (and the server optimiser's β₁, β₂, ε) are set where the process
-  keeps them (client η in `client_work`, the server optimiser's in
+  The rates (and the other `config.POPULATION_HPARAMS`) are set where the process
+  keeps them (client η and μ in `client_work`, the server optimiser's in
   `finalizer`), and only where the flag reaches the state unchanged (checked
   on the first member): else UsageError.
   """
