@@ -170,7 +170,7 @@ def test_a_member_is_an_ordinary_state_and_goes_back(datasets):
 
 
 def test_refusals_name_the_reason(datasets):
-  with pytest.raises(TypeError, match='cohort process run in this process'):
+  with pytest.raises(TypeError, match='build_population takes a cohort process'):
     population.build_population(BUILDERS['fedavg']('per_client'))
   noisy = fedopt.build_fedavg(at.model_fn, _sgd(), local_steps=2,
                               model_aggregator=dp.dp_aggregator(0.0, 1.0, 2),

@@ -33,6 +33,7 @@ COMMON = ['--task=digits', '--num_clients=8', '--clients_per_round=3', '--client
           '--algorithm=fedadam', '--local_steps=2', '--rounds_per_eval=1',
           '--show_progress=false']
 DP = ['--dp=true', '--dp_clip_norm=1', '--dp_noise_multiplier=0.5']
+ON_WORKERS = ['--workers=localhost:9', '--data_on_workers=true']
 GRID = [('0.1', '0.01', 0), ('0.3', '0.01', 0), ('0.1', '0.01', 1), ('0.3', '0.03', 1)]
 
 
@@ -181,12 +182,13 @@ def test_killed_population_resumes_to_the_uninterrupted_result(tmp_path, stop, u
     ('one', 'at least two command lines'),
     ('same_dir', 'two members would write'),
     ('dp', '--together: fedadam: fixed-clip DP has no population form yet'),
+    ('data_on_workers', '--together: drop --data_on_workers'),
 ])
 def test_refused_in_one_line_before_anything_is_written(tmp_path, case, needle):
   a, b = _member(tmp_path / 'out', '0.1', '0.01', 0), _member(tmp_path / 'out', '0.3', '0.01', 0)
   members = {'differs': [a, b + ['--local_steps=3']], 'extra': [a, b], 'one': [a],
              'same_dir': [a, b[:-1] + [a[-1]]],
-             'dp': [a + DP, b + DP]}[case]
+             'dp': [a + DP, b + DP], 'data_on_workers': [a + ON_WORKERS, b + ON_WORKERS]}[case]
   args = [f'--together={_write(tmp_path / "m.json", members)}']
   code, output = train_config.train(args + (['--seed=2'] if case == 'extra' else []))
   assert code == 2, output[-3000:]

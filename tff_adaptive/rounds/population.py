@@ -99,17 +99,25 @@ class PopulationProcess:
   `member(state, p)` is member p's ordinary state: its own process's
   `next`, checkpoints and accessors take it.
 
+  A process built with `CohortExecution(in_process=False, num_shards=W)` (the
+  cohort on TFF workers) makes a population whose client phase is split into W
+  shards of clients, every member's clients in each (each member's sums add up
+  over the shards), run through the current TFF context: on W workers, one
+  shard each; the rest of the round runs in this process.
+
   Attributes:
-    process: the members' own process (a cohort process run in this process).
+    process: the members' own process (a cohort process).
   """
 
   def __init__(self, process):
     parts = getattr(process, 'round_parts', None)
     execution = getattr(process, 'execution', None)
-    if parts is None or not getattr(execution, 'in_process', False):
-      raise TypeError('build_population takes a cohort process run in this process (built '
-                      'with execution=CohortExecution(in_process=True) and no option that '
-                      f'runs it per client); got {type(process).__name__}')
+    if parts is None or not (getattr(execution, 'in_process', False) or
+                             getattr(execution, 'num_shards', None)):
+      raise TypeError('build_population takes a cohort process (built with execution='
+                      'CohortExecution(in_process=True), or in_process=False and num_shards '
+                      'for TFF workers, and no option that runs it per client); got '
+                      f'{type(process).__name__}')
     why = parts.program.aggregation.form.not_in_population
     if why:
       raise ValueError(f'{process.recipe.name}: {why}')
@@ -164,6 +172,11 @@ class PopulationNext:
     self._server = tf.function(over_members(server), autograph=False)
     self._server.get_concrete_function(
         *specs[:3], _with_member_axis(tff.types.type_to_tf_tensor_specs(parts.sums_type)))
+    self._num_shards, self._placement = None, skeleton.IN_PROCESS
+    if not process.execution.in_process:
+      self._num_shards = process.execution.num_shards
+      self._placement = skeleton.ClientPhaseThroughTff(
+          _client_phase_computation(self._lanes, *self._lanes.input_signature))
     self._steps = skeleton.RoundSteps(
         message=self._message_step, client_phase=self._lanes, server=self._server_step,
         aggregation=_PerMember(parts.steps.aggregation),
@@ -176,11 +189,14 @@ class PopulationNext:
     `StatefulClientsOutput` whose `clients[p]` are member p's clients' new
     states, in the order member p's clients were given."""
     shard, orders = self._shard_and_orders(state, member_data)
-    output = skeleton.run_round(skeleton.IN_PROCESS, self._steps, state, [shard])
+    shards = [shard] if self._num_shards is None else _split(shard, self._num_shards)
+    output = skeleton.run_round(self._placement, self._steps, state, shards)
     if not self._steps.stateful_clients:
       return output
+    clients = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=1),
+                                    *output.clients)
     return stateful.StatefulClientsOutput(output.state, output.metrics,
-                                          self._clients(output.clients[0], orders))
+                                          self._clients(clients, orders))
 
   def _clients(self, outputs, orders):
     """Each member's clients' outputs (leaves [P, C, ...]) as `client_output`
@@ -295,6 +311,29 @@ def _padded(shard, shape, test_shape=None):
   if test_shape is not None:
     out['test'] = _padded(shard['test'], test_shape)
   return out
+
+
+def _split(shard, num_shards: int) -> list:
+  """`shard` (leaves [P, C, ...]) as up to `num_shards` shards of consecutive
+  clients (never an empty one)."""
+  clients = int(np.shape(shard['mask'])[1])
+  return [tf.nest.map_structure(lambda leaf, i=part: np.asarray(leaf)[:, i[0]:i[-1] + 1], shard)
+          for part in np.array_split(np.arange(clients), min(num_shards, clients))]
+
+
+def _client_phase_computation(lanes, message_spec, shard_spec):
+  """The lanes program over CLIENTS-placed shards, as one TFF computation."""
+  message_type = tff.types.tensorflow_to_type(message_spec)
+  shard_type = tff.types.tensorflow_to_type(shard_spec)
+  lanes_fn = tff.tensorflow.computation(lambda message, shard: lanes(message, shard),
+                                        message_type, shard_type)
+
+  @tff.federated_computation(tff.FederatedType(message_type, tff.SERVER),
+                             tff.FederatedType(shard_type, tff.CLIENTS))
+  def client_phase(message, shards):
+    return tff.federated_map(lanes_fn, (tff.federated_broadcast(message), shards))
+
+  return client_phase
 
 
 def _with_member_axis(specs):

@@ -12,7 +12,9 @@
 Where the steps run is a `Placement`: `FEDERATED` (TFF intrinsics: the round is
 the body of a `tff.federated_computation`, which TFF's executors run, on one
 machine or on workers), or `IN_PROCESS` (direct calls of the same TF functions
-in this process, without an executor: the cohort's single-machine path). A
+in this process, without an executor: the cohort's single-machine path), or
+`ClientPhaseThroughTff` (in process but the client phase, a population's on
+workers). A
 round's functions are given as `RoundSteps`; what they are (TFF computations or
 `tf.function`s) matches the placement.
 
@@ -131,6 +133,20 @@ class _InProcess(Placement):
 
   def split_client_states(self, results):
     return [r[0] for r in results], [r[1] for r in results]
+
+
+class ClientPhaseThroughTff(_InProcess):
+  """In this process, but the client phase runs as `computation(message, client
+  data)`, a TFF computation over CLIENTS-placed data that the current context
+  runs (on TFF workers: one member of the data per worker); its per-member
+  results come back in order."""
+
+  def __init__(self, computation):
+    self._computation = computation
+
+  def at_clients(self, fn, message, client_data):
+    del fn  # the computation runs it
+    return list(self._computation(message, list(client_data)))
 
 
 FEDERATED = Placement()

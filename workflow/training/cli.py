@@ -26,6 +26,7 @@ from workflow.flags import library_flags
 from workflow.flags import train_flags
 from workflow.flags import validation
 from workflow.training import experiment
+from workflow.training import workers_setup
 
 
 HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
@@ -332,19 +333,6 @@ def run_training(settings: config.Settings, notes=(), members=None):
       restore_signal_handlers(previous_handlers)
 
 
-def _connect_workers(execution: config.ExecutionSettings) -> list[str]:
-  """The --workers addresses, connected before anything is built (a dead worker fails fast)."""
-  from tff_adaptive.execution import remote_context  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
-  addresses = worker_process.parse_addresses(execution.workers or '')
-  if addresses:
-    try:
-      remote_context.set_workers_context(addresses, retry=execution.worker_retry)
-    except worker_process.WorkerError as e:
-      raise errors.RunFailed(str(e)) from None
-  return addresses
-
-
 def _build(settings: config.Settings, status: dict, process=None):
   """Task, process, schedules and client set-up, and the prepared run directory.
   `process`: a population's, built for its first member (None: built here).
@@ -371,7 +359,7 @@ def _build(settings: config.Settings, status: dict, process=None):
     schedules = _round_schedules(settings, task, process)
     client_data_fn = None
     if settings.execution.data_on_workers:
-      process, client_data_fn = _data_on_workers(settings, task, process)
+      process, client_data_fn = workers_setup.with_data_on_workers(settings, task, process)
     fresh = not os.path.exists(os.path.join(run_dir, 'flags.json'))
     out = experiment.prepare_output_dir(settings)
     status['out'] = status['out'] or out
@@ -391,21 +379,6 @@ def _build(settings: config.Settings, status: dict, process=None):
   except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
     raise errors.UsageError(f'cannot write {e.filename or run_dir}: {e.strerror}') from e
   return task, process, schedules, client_data_fn, client_state, out, line
-
-
-def _data_on_workers(settings: config.Settings, task, process):
-  """(`process` taking client ids, its `client_data_fn`): the cohort's shards or each
-  client's dataset built on the workers."""
-  from tff_adaptive.execution import data_on_workers  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.rounds import cohort  # pylint: disable=g-import-not-at-top
-  if cohort.is_cohort(process) and not process.execution.in_process:
-    composed = data_on_workers.compose_cohort_data_on_workers(process, task)
-    client_data_fn = data_on_workers.shard_ids_fn(process.execution.num_shards)
-  else:
-    composed, data_steps = data_on_workers.compose_data_on_workers(
-        process, task, settings.client.local_steps or None)
-    client_data_fn = data_on_workers.client_ids_fn(data_steps)
-  return composed, client_data_fn
 
 
 def _loop_config(settings: config.Settings, out: str, schedules, client_state, line: str):
@@ -443,7 +416,7 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   from workflow.flags import algorithms as algorithm_registry  # pylint: disable=g-import-not-at-top
-  addresses = _connect_workers(settings.execution)
+  addresses = workers_setup.connect(settings.execution)
   # Before building: TFF logs at INFO while it wraps Keras models, which would
   # bury the one-line error of a flag that only the built process can refute.
   logging.set_verbosity(logging.WARNING)
@@ -468,8 +441,7 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   except worker_process.WorkerError as e:
     # One readable message, no TFF traceback: the fix is operational.
     raise errors.RunFailed(str(e), [*getattr(e, '__notes__', ()),
-                                    'Rerun the same command once the worker is back (or without it '
-                                    'in --workers) to resume from the last checkpoint.']) from None
+                                    workers_setup.WORKER_BACK]) from None
   finally:
     runtime.shutdown_workers()
   return result
@@ -478,12 +450,19 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
 def _run_together(members, status: dict, notes=()):
   """--together: the members' runs as one population (workflow/training/together.py)."""
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
+  from tff_adaptive.execution import worker_process  # pylint: disable=g-import-not-at-top
   from workflow.training import together  # pylint: disable=g-import-not-at-top
+  if members[0].execution.data_on_workers:
+    raise errors.UsageError('--together: drop --data_on_workers (a population\'s members of '
+                            'one seed share their clients\' batches, read in this process); '
+                            '--workers alone splits every member\'s clients over the workers')
+  addresses = workers_setup.connect(members[0].execution)
   logging.set_verbosity(logging.WARNING)
   first = _build(members[0], status)
   pop = together.population_of(first[1])
   built = [first] + [_build(settings, status, pop.process) for settings in members[1:]]
-  runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
+  if not addresses:
+    runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
   shared, initial = {}, pop.process.initialize()
   loops = [together.member_loop(
       pop.process, task, _loop_config(settings, out, schedules, client_state, line),
@@ -493,7 +472,14 @@ def _run_together(members, status: dict, notes=()):
   status['progress'] = loops[0].config.progress
   for note in dict.fromkeys(notes):
     print(note, file=sys.stderr)
+  where = f' on {len(addresses)} workers ({", ".join(addresses)})' if addresses else ''
   print(f'Training {len(members)} runs of {members[0].server.algorithm} on {members[0].task.task}'
-        f' together: outputs in {", ".join(status["outs"])}', file=sys.stderr)
-  with _run_errors():  # RunFailed naming the members that diverged, once the others finished
-    together.run_members(pop, loops, members[0].loop.show_progress, _raise_if_signalled)
+        f' together{where}: outputs in {", ".join(status["outs"])}', file=sys.stderr)
+  try:
+    with _run_errors():  # RunFailed naming the members that diverged, once the others finished
+      together.run_members(pop, loops, members[0].loop.show_progress, _raise_if_signalled)
+  except worker_process.WorkerError as e:
+    raise errors.RunFailed(str(e), [*getattr(e, '__notes__', ()),
+                                    workers_setup.WORKER_BACK]) from None
+  finally:
+    runtime.shutdown_workers()
