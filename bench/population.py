@@ -59,8 +59,8 @@ SETTINGS = {
                         rounds=100),
     'shakespeare_small': dict(fixed=SHAKESPEARE, grid='client_learning_rate=0.3,1', rounds=5),
 }
-MODES = {'separate_1': ['--max_parallel=1'], 'separate_2': ['--max_parallel=2'],
-         'together': ['--together']}
+MODES = {'separate_1': ['--max_parallel=1', '--notogether'],
+         'separate_2': ['--max_parallel=2', '--notogether'], 'together': ['--together']}
 
 
 def sweep_command(setting: dict, sweep_dir: str, mode: str, data_dir: str) -> list[str]:

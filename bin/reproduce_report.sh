@@ -12,7 +12,7 @@ sweep_dir=${1:-runs/reproduction}
 start=$(date +%s)
 status=0
 .venv/bin/python bin/sweep.py --spec=reports/reproduction_grid.txt --num_seeds=5 \
-    --max_parallel=2 --sweep_dir="$sweep_dir" --select_rule=last_mean:3 || status=$?
+    --max_parallel=2 --notogether --sweep_dir="$sweep_dir" --select_rule=last_mean:3 || status=$?
 if [ "$status" -ne 0 ] && [ "$status" -ne 1 ]; then exit "$status"; fi  # 1: some trial failed
 minutes=$(( ($(date +%s) - start) / 60 ))
 .venv/bin/python bin/report.py --reproduction --sweep_dir="$sweep_dir" \

@@ -44,11 +44,12 @@ flags.DEFINE_string('select_metric', 'eval/accuracy', 'metrics.csv column to sel
 flags.DEFINE_string('select_rule', 'last_mean:3', 'last_mean:N | max | min | final (per seed; '
                     'then averaged over seeds).')
 flags.DEFINE_enum('select_mode', 'max', ['max', 'min'], 'Whether larger scores are better.')
-flags.DEFINE_bool('together', False, 'Run the trials that differ only in '
-                  '--client_learning_rate, --server_learning_rate, --server_beta_1, '
-                  '--server_beta_2, --server_epsilon and --seed as one bin/train '
-                  'process (bin/train --together: a population, one program over member x '
-                  'client); each trial keeps its own directory and files.')
+flags.DEFINE_bool('together', True, 'Run the trials that differ only in '
+                  f'{", ".join(f"--{flag}" for flag in sweep_runner.TOGETHER)} and --seed as '
+                  'one bin/train process (bin/train --together: a population, one program '
+                  'over member x client); each trial keeps its own directory and files. A '
+                  'group bin/train refuses to run together runs apart. --notogether: every '
+                  'trial its own process.')
 flags.DEFINE_bool('dry_run', False, 'List the trials (and which are finished) without running.')
 FLAGS = flags.FLAGS
 

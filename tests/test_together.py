@@ -224,3 +224,33 @@ def test_sweep_runs_each_program_shape_as_one_process(tmp_path):
   status = {o.trial.name: o.status for o in outcomes}
   assert sorted(status.values()) == ['failed'] * 4 + ['finished'] * 4
   assert all(s == 'failed' for n, s in status.items() if 'client_learning_rate=9' in n)
+
+
+def test_a_group_refused_together_runs_apart(tmp_path):
+  """bin/train refuses a population (exit 2, no round): its trials run apart."""
+  fake = tmp_path / 'fake_train.py'
+  fake.write_text(
+      'import json, os, sys\n'
+      'if sys.argv[1].startswith("--together="):\n'
+      '  members = json.load(open(sys.argv[1].split("=", 1)[1]))\n'
+      '  if "--local_steps=2" in members[0]:\n'
+      '    print("--together: no population form", file=sys.stderr); sys.exit(2)\n'
+      'else:\n'
+      '  members = [sys.argv[1:]]\n'
+      'for argv in members:\n'
+      '  flags = dict(a[2:].split("=", 1) for a in argv)\n'
+      '  out = os.path.join(flags["root_output_dir"], flags["experiment_name"])\n'
+      '  os.makedirs(out, exist_ok=True)\n'
+      '  open(os.path.join(out, "metrics.csv"), "w").write("round\\n1\\n2\\n")\n'
+      '  open(os.path.join(out, "how"), "w").write(str(len(members)))\n')
+  trials = sweep.expand(sweep.parse_grid('client_learning_rate=0.1,0.3;local_steps=1,2'), [0],
+                        {'total_rounds': '2'})
+  lines = []
+  outcomes = sweep_runner.run_sweep(trials, str(tmp_path / 'sw'), fixed={'total_rounds': '2'},
+                                    command=[sys.executable, str(fake)], together=True,
+                                    log=lines.append)
+  assert all(o.status == 'finished' for o in outcomes), lines
+  how = {t.name: (tmp_path / 'sw' / 'trials' / t.name / 'how').read_text() for t in trials}
+  assert sorted(how.values()) == ['1', '1', '2', '2'], how  # local_steps=2 apart
+  assert any('2 trials cannot run together (--together: no population form)' in l
+             for l in lines), lines

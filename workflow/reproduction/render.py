@@ -152,7 +152,8 @@ INTRO = ['# Reproduction report', '',
          'Regenerate everything (the sweep resumes; finished trials are skipped):', '',
          '    bin/reproduce_report.sh', '',
          'which runs `bin/sweep.py --spec=reports/reproduction_grid.txt --num_seeds=5 '
-         '--max_parallel=2 --sweep_dir=runs/reproduction` and then `.venv/bin/python '
+         '--max_parallel=2 --notogether --sweep_dir=runs/reproduction` (each trial its own '
+         'process, as the committed runs were) and then `.venv/bin/python '
          'bin/report.py --reproduction --sweep_dir=runs/reproduction '
          '--out=reports/reproduction.md`.', '']
 

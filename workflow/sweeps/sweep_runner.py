@@ -82,7 +82,9 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
       <experiment_name>/metrics.csv` (tests pass a fake one).
     together: the unfinished trials that differ only in `TOGETHER` flags run
       as one `command --together=<file>` process (a population,
-      workflow/training/together.py), the file in <sweep_dir>/together/.
+      workflow/training/together.py), the file in <sweep_dir>/together/. A
+      population the command refuses (exit 2 before any round: an aggregator
+      with no population form, ...) runs its trials apart, each its own process.
     poll_seconds: how often finished processes are reaped.
     log: progress lines.
 
@@ -199,8 +201,22 @@ class _Runner:
       cpu = _try_wait(proc)
       if proc.returncode is not None:
         del self.running[name]
+        if self._refused_together(proc, job, start_rounds, path):
+          continue
         for trial, start_round in zip(job, start_rounds):
           self._reap(trial, proc, started, cpu and cpu / len(job), start_round, path, len(job))
+
+  def _refused_together(self, proc, job, start_rounds, path) -> bool:
+    """A population refused before its first round (exit 2, no trial moved): its
+    trials go back to the pending ones, each its own process."""
+    if len(job) < 2 or proc.returncode != 2 or any(
+        sweep.last_round(os.path.join(sweep.trial_dir(self.sweep_dir, t), 'metrics.csv')) != r
+        for t, r in zip(job, start_rounds)):
+      return False
+    self.log(f'sweep: {len(job)} trials cannot run together ({_last_line(path)}): '
+             'each runs as its own process')
+    self.pending.extend([t] for t in reversed(job))
+    return True
 
   def _reap(self, trial, proc, started, cpu, start_round, path, members=1):
     """A trial's outcome (a member of a population: finished when its own run is)."""
