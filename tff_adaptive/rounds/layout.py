@@ -19,15 +19,15 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-HPARAMS_TYPE = tff.StructWithPythonType(
-    [('learning_rate', np.float32), ('local_steps', np.int32)], collections.OrderedDict)
-
-
 def hparams_type(client_hparams: Mapping[str, float] = ()) -> tff.StructWithPythonType:
   """`state.client_work`'s type: η, K and a recipe's `client_hparams`."""
   return tff.StructWithPythonType(
       [('learning_rate', np.float32), ('local_steps', np.int32)] +
       [(name, np.float32) for name in client_hparams], collections.OrderedDict)
+
+
+# Without client hyperparameters: (η, K).
+HPARAMS_TYPE = hparams_type()
 
 
 def leaves(type_spec: tff.Type):

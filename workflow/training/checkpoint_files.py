@@ -54,9 +54,11 @@ class _ValueModule(tf.Module):
 class _Template:
   """One structure's SavedModel graph and the variables its saves are written from."""
 
-  def __init__(self, value, directory: str):
-    self.variables = tf.nest.map_structure(tf.Variable, value)
-    self.module = _ValueModule(self.variables)
+  def __init__(self, variables, directory: str):
+    """`variables`: the first value's leaves as variables; its SavedModel (graph,
+    variables and fingerprint) is written to `directory`."""
+    self.variables = variables
+    self.module = _ValueModule(variables)
     tf.saved_model.save(self.module, directory, signatures={})
     with open(os.path.join(directory, 'saved_model.pb'), 'rb') as f:
       self.graph = f.read()
@@ -87,14 +89,6 @@ def _signature(value) -> str:
   return repr(tf.nest.map_structure(leaf, value))
 
 
-def _every_leaf_a_variable(value) -> bool:
-  try:
-    tf.nest.map_structure(tf.Variable, value)
-  except (ValueError, TypeError):
-    return False
-  return True
-
-
 def _write(value, path: str) -> bool:
   """Writes `value` to `path` from its structure's template (made on first use);
   False, having written nothing, for a structure TFF's writer must write."""
@@ -103,11 +97,12 @@ def _write(value, path: str) -> bool:
   shutil.rmtree(temp, ignore_errors=True)
   with _TEMPLATES_LOCK:
     if key not in _TEMPLATES:
-      if not _every_leaf_a_variable(value):
+      try:
+        variables = tf.nest.map_structure(tf.Variable, value)
+      except (ValueError, TypeError):
         _TEMPLATES[key] = None
         return False
-      _TEMPLATES[key] = _Template(value, temp)
-      fingerprinting_utils.write_fingerprint(temp)
+      _TEMPLATES[key] = _Template(variables, temp)
       os.replace(temp, path)
       return True
     template = _TEMPLATES[key]

@@ -312,7 +312,6 @@ def trim_tensorboard(log_dir: str, last_round: int) -> None:
     os.replace(temp, path)
 
 
-
 class TensorBoardScalars:
   """A run's metrics as TensorBoard scalars, as TFF's `TensorBoardReleaseManager`
   writes a flat mapping of numbers (`tf.summary.scalar(name, value, step=round)`).

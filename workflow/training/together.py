@@ -38,7 +38,7 @@ from workflow.flags import train_flags
 IN_STATE = {f.name: (group_key, *f.in_state) for group_key, _, group in train_flags.GROUPS
             for f in group if f.in_state}
 # (settings group, field) in which the members of one population may differ.
-VARYING = tuple((IN_STATE[flag][0], flag) for flag in config.POPULATION_HPARAMS) + (
+VARYING = tuple((group, flag) for flag, (group, _, _) in IN_STATE.items()) + (
     ('loop', 'seed'), ('loop', 'root_output_dir'), ('loop', 'experiment_name'),
     ('loop', 'together'))
 VARIES = ', '.join(f'--{flag}' for flag in config.POPULATION_HPARAMS)
@@ -115,8 +115,7 @@ def initial_state(process, initial, first: config.Settings, settings: config.Set
     weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
     state = process.set_model_weights(state, tf.nest.map_structure(np.asarray, weights))
   hparams = process.get_hparams(state)
-  for flag in config.POPULATION_HPARAMS:
-    group, where, keys = IN_STATE[flag]
+  for flag, (group, where, keys) in IN_STATE.items():
     value, first_value = (getattr(getattr(s, group), flag) for s in (settings, first))
     if value == first_value:
       continue
