@@ -115,15 +115,18 @@ def matmul_gflops() -> float:
 
 def differences(separate: dict, together: dict, key='train/client_work/train/loss') -> dict:
   """Per member: the first round whose `key` differs from its separate run's by more than
-  1e-5 relative (None: none), and the final relative differences."""
+  1e-5 relative (None: none), the relative difference of its first 10 rounds, and the
+  final relative differences."""
   out = {}
   for name, rows in separate.items():
     pairs = [(float(a[key]), float(b[key]), int(a['round'])) for a, b in zip(rows, together[name])]
     first = next((r for want, got, r in pairs if abs(got - want) > 1e-5 * abs(want)), None)
     final = {k: abs(float(together[name][-1][k]) - float(rows[-1][k])) /
              max(abs(float(rows[-1][k])), 1e-12) for k in (key, 'eval/accuracy')}
+    # The size, not only the round: summation order alone stays near 1e-6.
+    by_round = [abs(got - want) / max(abs(want), 1e-12) for want, got, _ in pairs]
     out[name] = dict(first_round_over_1e5=first, final_relative=final,
-                     final_loss=float(rows[-1][key]))
+                     final_loss=float(rows[-1][key]), relative_by_round=by_round[:10])
   return out
 
 
