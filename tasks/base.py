@@ -26,6 +26,29 @@ class KerasEvaluation:
   cache: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class ClientShuffle:
+  """Each client's examples shuffled before the task's preprocessing, with a seed
+  made of the run's seed and the client's id, reshuffled at every pass (epoch).
+
+  TFF's baselines shuffle inside their preprocessing without a seed: a fresh
+  order at every visit, so two runs of one command differ (docs/performance.md)
+  and a resumed run cannot equal an uninterrupted one.
+  The tasks built on them ask TFF for no shuffle (`shuffle_buffer_size=1`)
+  and shuffle here instead, with TFF's buffer, as the package's own tasks do:
+  a client's order then depends on --seed and the client, and is the same at
+  each of its visits in a run.
+  """
+  buffer: int
+  seed: int
+
+  def __call__(self, dataset: tf.data.Dataset, client_id) -> tf.data.Dataset:
+    # FarmHash of the id: the same seed eagerly, in a traced function and on a worker.
+    seed = (tf.strings.to_hash_bucket_fast(client_id, 2**31 - 1) +
+            tf.constant(self.seed % 2**31, tf.int64) * 2**31)
+    return dataset.shuffle(self.buffer, seed=seed, reshuffle_each_iteration=True)
+
+
 @dataclasses.dataclass
 class FederatedTask:
   """A task as TFF defines it, with the Keras model exposed.
@@ -46,6 +69,9 @@ class FederatedTask:
       (`keras_evaluation()`). Tasks that differ (autoencoders, multi-label
       tags with Recall@5, next-word prediction with masked special tokens,
       softmax outputs) set their own.
+    client_shuffle: the seeded shuffle of each client's examples before
+      `baseline`'s preprocessing, for tasks whose TFF preprocessing would
+      shuffle without a seed (`ClientShuffle`); None: the preprocessing's own.
   """
   name: str
   baseline: tff.simulation.baselines.BaselineTask
@@ -56,6 +82,7 @@ class FederatedTask:
   # Build client datasets with one traced function (`client_train_datasets`);
   # for tasks whose `train_data.serializable_dataset_fn` reads a file by id.
   trace_client_datasets: bool = False
+  client_shuffle: Optional[ClientShuffle] = None
   _dataset_fn: Optional[Callable[[tf.Tensor], tf.data.Dataset]] = dataclasses.field(
       default=None, init=False, repr=False, compare=False)
   _client_id_set: Optional[frozenset] = dataclasses.field(
@@ -69,7 +96,11 @@ class FederatedTask:
   def train_data(self) -> tff.simulation.datasets.ClientData:
     return self.baseline.datasets.train_data
 
-  def preprocess_train(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+  def preprocess_train(self, dataset: tf.data.Dataset, client_id='') -> tf.data.Dataset:
+    """Client `client_id`'s training dataset from its raw examples (its id seeds
+    `client_shuffle`; without one, every client is shuffled alike)."""
+    if self.client_shuffle is not None:
+      dataset = self.client_shuffle(dataset, client_id)
     return self.baseline.datasets.train_preprocess_fn(dataset)
 
   def client_train_datasets(self, client_ids) -> list[tf.data.Dataset]:
@@ -80,19 +111,19 @@ class FederatedTask:
     construction: 0.1 s per EMNIST client, 0.7 s per Stack Overflow tag
     client, docs/performance.md) is traced once per task into a `tf.function`
     of the client id and then only called (~5 ms per client).
-    The datasets are the same graphs; TFF's unseeded shuffles stay unseeded
-    (fresh order per dataset and per iteration). With a global seed set
-    (`tf.random.set_seed`), eagerly built shuffles take per-op seeds that a
-    traced function would repeat for every client, so the eager path is kept.
+    The datasets are the same graphs, their shuffles seeded per client
+    (`ClientShuffle`). With a global seed set (`tf.random.set_seed`), an
+    unseeded shuffle built eagerly takes a per-op seed that a traced function
+    would repeat for every client, so the eager path is kept.
     """
     from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     if not self.trace_client_datasets or context.global_seed() is not None:
-      return [self.preprocess_train(self.train_data.create_tf_dataset_for_client(cid))
+      return [self.preprocess_train(self.train_data.create_tf_dataset_for_client(cid), cid)
               for cid in client_ids]
     if self._dataset_fn is None:
       dataset_fn = self.train_data.serializable_dataset_fn
       self._dataset_fn = tf.function(
-          lambda cid: self.preprocess_train(dataset_fn(cid)),
+          lambda cid: self.preprocess_train(dataset_fn(cid), cid),
           input_signature=[tf.TensorSpec((), tf.string)], autograph=False)
       self._client_id_set = frozenset(self.train_data.client_ids)
     for cid in client_ids:

@@ -61,8 +61,20 @@ STACKOVERFLOW_WORD_VOCAB = 10_000
 STACKOVERFLOW_TAG_VOCAB = 500
 # Reddi et al. validate Stack Overflow tasks on 10,000 sampled test examples.
 STACKOVERFLOW_EVAL_EXAMPLES = 10_000
-def _train_spec(batch_size: int, num_epochs: int) -> tff.simulation.baselines.ClientSpec:
-  return tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
+# TFF's default shuffle buffers (its baselines' preprocessing), used by our seeded
+# shuffle before it (`base.ClientShuffle`; TFF's own is turned off by `train_spec`).
+SHUFFLE_BUFFERS = {'cifar100_image': 500, 'emnist_character': 418, 'emnist_autoencoder': 418,
+                   'shakespeare_character': 50, 'stackoverflow_word': 1000,
+                   'stackoverflow_tag': 1000}
+
+
+def train_spec(batch_size: int, num_epochs: int) -> tff.simulation.baselines.ClientSpec:
+  return tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size,
+                                             shuffle_buffer_size=1)
+
+
+def client_shuffle(task: str, seed: int) -> base.ClientShuffle:
+  return base.ClientShuffle(SHUFFLE_BUFFERS[task], seed)
 
 
 def _model_fn(keras_model_fn: Callable[[], tf.keras.Model], loss_fn, metrics_fn, input_spec):
@@ -156,7 +168,7 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
   _check_model('cifar100_image_model', model, CIFAR100_MODELS)
   train, test = tff_files.load_restricted('cifar100_image', 'cifar100', data_dir, num_clients,
                                          max_client_examples, seed)
-  spec = _train_spec(batch_size, num_epochs)
+  spec = train_spec(batch_size, num_epochs)
   keras_model_fn = lambda: create_cifar100_model(model, seed)
   if model == 'resnet18':
     baseline = _BASELINES.cifar100.image_classification_tasks.\
@@ -173,7 +185,8 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
     from_logits = True
     baseline = _logits_classifier(datasets, keras_model_fn)
   return base.FederatedTask(
-      trace_client_datasets=True, name='cifar100_image', baseline=baseline,
+      trace_client_datasets=True, client_shuffle=client_shuffle('cifar100_image', seed),
+      name='cifar100_image', baseline=baseline,
       keras_model_fn=keras_model_fn, num_classes=100,
       evaluation=_classification_evaluation(baseline.datasets, from_logits))
 
@@ -207,12 +220,13 @@ def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_c
   tff_model = 'cnn_dropout' if model == 'fedgbo_cnn' else model
   char_tasks = _BASELINES.emnist.char_recognition_tasks
   baseline = char_tasks.create_character_recognition_task_from_datasets(
-      _train_spec(batch_size, num_epochs), None, tff_model, False, train, test)
+      train_spec(batch_size, num_epochs), None, tff_model, False, train, test)
   keras_model_fn = lambda: create_emnist_character_model(model, seed)
   if model == 'fedgbo_cnn':
     baseline = _logits_classifier(baseline.datasets, keras_model_fn)
   return base.FederatedTask(
-      trace_client_datasets=True, name='emnist_character', baseline=baseline,
+      trace_client_datasets=True, client_shuffle=client_shuffle('emnist_character', seed),
+      name='emnist_character', baseline=baseline,
       keras_model_fn=keras_model_fn, num_classes=62,
       evaluation=_classification_evaluation(baseline.datasets, from_logits=model == 'fedgbo_cnn'))
 
@@ -222,14 +236,15 @@ def create_emnist_autoencoder(*, data_dir: str, num_clients: int, max_client_exa
   train, test = tff_files.load_restricted('emnist_autoencoder', 'emnist', data_dir, num_clients,
                                          max_client_examples, seed)
   baseline = _BASELINES.emnist.autoencoder_tasks.create_autoencoder_task_from_datasets(
-      _train_spec(batch_size, num_epochs), None, train, test)
+      train_spec(batch_size, num_epochs), None, train, test)
   evaluation = base.KerasEvaluation(
       loss_fn=tf.keras.losses.MeanSquaredError,
       metrics_fn=lambda: [tf.keras.metrics.MeanSquaredError(name='mean_squared_error'),
                           tf.keras.metrics.MeanAbsoluteError(name='mean_absolute_error')],
       data_fn=baseline.datasets.get_centralized_test_data)
   return base.FederatedTask(
-      trace_client_datasets=True, name='emnist_autoencoder', baseline=baseline,
+      trace_client_datasets=True, client_shuffle=client_shuffle('emnist_autoencoder', seed),
+      name='emnist_autoencoder', baseline=baseline,
       keras_model_fn=create_emnist_autoencoder_model, num_classes=0,
       evaluation=evaluation)
 
@@ -258,7 +273,7 @@ def create_shakespeare_character(*, shakespeare_character_model: str, data_dir: 
                                          max_client_examples, seed)
   shakespeare = _BASELINES.shakespeare
   baseline = shakespeare.char_prediction_tasks.create_character_prediction_task_from_datasets(
-      _train_spec(batch_size, num_epochs), None, SHAKESPEARE_SEQUENCE_LENGTH, train, test)
+      train_spec(batch_size, num_epochs), None, SHAKESPEARE_SEQUENCE_LENGTH, train, test)
   vocab_size = shakespeare.VOCAB_LENGTH
   pad = shakespeare.char_prediction_preprocessing.get_special_tokens()[0]
   keras_metrics = _BASELINES.keras_metrics
@@ -275,7 +290,8 @@ def create_shakespeare_character(*, shakespeare_character_model: str, data_dir: 
                                                                   name='accuracy')],
       data_fn=baseline.datasets.get_centralized_test_data)
   return base.FederatedTask(
-      trace_client_datasets=True, name='shakespeare_character', baseline=baseline, keras_model_fn=keras_model_fn,
+      trace_client_datasets=True, client_shuffle=client_shuffle('shakespeare_character', seed),
+      name='shakespeare_character', baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=vocab_size, evaluation=evaluation)
 
 
@@ -299,7 +315,7 @@ def create_stackoverflow_word(*, data_dir: str, num_clients: int, max_client_exa
   train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   so = _BASELINES.stackoverflow
   baseline = so.word_prediction_tasks.create_word_prediction_task_from_datasets(
-      _train_spec(batch_size, num_epochs), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train,
+      train_spec(batch_size, num_epochs), None, STACKOVERFLOW_SEQUENCE_LENGTH, vocab, 1, train,
       test, heldout)
   special = so.word_prediction_preprocessing.get_special_tokens(len(vocab), 1)
   extended_vocab = len(vocab) + special.get_number_of_special_tokens()
@@ -322,7 +338,8 @@ def create_stackoverflow_word(*, data_dir: str, num_clients: int, max_client_exa
       metrics_fn=metrics_fn,
       data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES, seed))
   return base.FederatedTask(
-      trace_client_datasets=True, name='stackoverflow_word', baseline=baseline, keras_model_fn=keras_model_fn,
+      trace_client_datasets=True, client_shuffle=client_shuffle('stackoverflow_word', seed),
+      name='stackoverflow_word', baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=extended_vocab, evaluation=evaluation)
 
 
@@ -341,7 +358,7 @@ def create_stackoverflow_tag(*, data_dir: str, num_clients: int, max_client_exam
   tags = tff_files.load_vocabulary('stackoverflow_tag', 'tag', data_dir, STACKOVERFLOW_TAG_VOCAB)
   train = tff_files.restrict_train_data(train, num_clients, max_client_examples, seed)
   baseline = _BASELINES.stackoverflow.tag_prediction_tasks.create_tag_prediction_task_from_datasets(
-      _train_spec(batch_size, num_epochs), None, words, tags, train, test, heldout)
+      train_spec(batch_size, num_epochs), None, words, tags, train, test, heldout)
   evaluation = base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.BinaryCrossentropy(
           from_logits=False, reduction=tf.keras.losses.Reduction.SUM),
@@ -350,6 +367,7 @@ def create_stackoverflow_tag(*, data_dir: str, num_clients: int, max_client_exam
       data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES, seed),
       cache=False)
   return base.FederatedTask(
-      trace_client_datasets=True, name='stackoverflow_tag', baseline=baseline,
+      trace_client_datasets=True, client_shuffle=client_shuffle('stackoverflow_tag', seed),
+      name='stackoverflow_tag', baseline=baseline,
       keras_model_fn=lambda: create_stackoverflow_logistic_regression(len(words), len(tags)),
       num_classes=len(tags), evaluation=evaluation)

@@ -103,7 +103,7 @@ def create_cifar100_vit(*, finetune: str, pretrained_weights: str, allow_random_
   image_size = vit.VIT_S16.image_size
   train, test = tff_files.load_restricted('cifar100_image', 'cifar100', data_dir, num_clients,
                                          max_client_examples, seed)
-  spec = tff.simulation.baselines.ClientSpec(num_epochs=num_epochs, batch_size=batch_size)
+  spec = tff_native.train_spec(batch_size, num_epochs)  # shuffled by `client_shuffle`
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=64,
                                                   shuffle_buffer_size=1)
   datasets = common.baseline_datasets(
@@ -112,6 +112,7 @@ def create_cifar100_vit(*, finetune: str, pretrained_weights: str, allow_random_
   baseline = tff.simulation.baselines.BaselineTask(
       datasets, vit_model_fn(keras_model_fn, datasets.element_type_structure))
   return base.FederatedTask(name='cifar100_image', baseline=baseline,
+                            client_shuffle=tff_native.client_shuffle('cifar100_image', seed),
                             keras_model_fn=keras_model_fn, num_classes=CIFAR100_CLASSES,
                             evaluation=logits_evaluation(datasets))
 

@@ -122,7 +122,7 @@ def test_shard_from_ids_pads_as_the_driver_does(task):
   """The graph-built shard holds the driver's `cohort_data.shards`, client by client."""
   for local_steps in (3, 0):
     built = tf.function(lambda ids, k: cohort_data.shard_from_ids(
-        ids, k, lambda cid: task.preprocess_train(task.train_data.serializable_dataset_fn(cid))))(
+        ids, k, lambda cid: task.preprocess_train(task.train_data.serializable_dataset_fn(cid), cid)))(
             tf.constant(IDS), tf.constant(local_steps))
     batches = [cohort_data.client_batches(ds, local_steps)
                for ds in task.client_train_datasets(IDS)]
@@ -142,7 +142,7 @@ def test_shard_from_ids_pads_as_the_driver_does(task):
   dataset_fn = task.train_data.serializable_dataset_fn
   no_data = lambda cid: tf.where(tf.equal(cid, IDS[1]), tf.constant(0, tf.int64), -1)
   some_empty = tf.function(lambda ids: cohort_data.shard_from_ids(
-      ids, 3, lambda cid: task.preprocess_train(dataset_fn(cid)).take(no_data(cid))))
+      ids, 3, lambda cid: task.preprocess_train(dataset_fn(cid), cid).take(no_data(cid))))
   built = some_empty(tf.constant(IDS))
   assert np.sum(built['mask'][1]) == 0 and built['mask'].shape[1] == 3
   assert [np.sum(built['mask'][c]) > 0 for c in range(len(IDS))] == [True, False, True, True, True]
@@ -217,7 +217,7 @@ def test_clients_without_data_add_nothing(local_cpp_context):
   state = per_client.initialize()
   ids = IDS[:3]
   expected = per_client.next(
-      state, [task.preprocess_train(emptied(tf.constant(cid))) for cid in ids])
+      state, [task.preprocess_train(emptied(tf.constant(cid)), cid) for cid in ids])
   for shards in ([ids[:1], ids[1:]], [ids[:2], ids[2:]]):
     actual = composed.next(state, [np.array(s, dtype=object) for s in shards])
     _assert_outputs_equal(expected, actual, f'shards {shards}')

@@ -165,6 +165,26 @@ def test_shakespeare_character_targets_are_inputs_shifted(tff_dir):
   assert task.keras_model_fn()(x).shape == (x.shape[0], 80, 90)
 
 
+def test_client_shuffles_follow_the_seed_and_the_client(tff_dir):
+  """TFF's preprocessing shuffles without a seed; the tasks built on it shuffle
+  before it (`base.ClientShuffle`) with --seed and the client's id: the same
+  order on every build, traced or eager, and another for another seed."""
+  def orders(seed):
+    task = _create('shakespeare_character', tff_dir, shakespeare_character_model='gru128',
+                   seed=seed)
+    ids = task.train_data.client_ids
+    as_bytes = lambda dataset: [x.numpy().tobytes() for x, _ in dataset]
+    traced = [as_bytes(d) for d in program.client_datasets(task, ids, None)]
+    eager = [as_bytes(task.preprocess_train(task.train_data.create_tf_dataset_for_client(c), c))
+             for c in ids]
+    assert traced == eager
+    return traced
+
+  first = orders(0)
+  assert first == orders(0)
+  assert first != orders(1)
+
+
 def test_stackoverflow_tag_bag_of_words_recall_at_5_and_sampled_evaluation(tff_dir, monkeypatch):
   monkeypatch.setattr(tff_native, 'STACKOVERFLOW_EVAL_EXAMPLES', 5)
   task = _create('stackoverflow_tag', tff_dir)
@@ -290,7 +310,7 @@ def test_traced_client_datasets_equal_the_eager_ones(tmp_path):
   assert task.trace_client_datasets
   ids = task.train_data.client_ids[1:]
   traced = program.client_datasets(task, ids, None)
-  eager = [task.preprocess_train(task.train_data.create_tf_dataset_for_client(c)) for c in ids]
+  eager = [task.preprocess_train(task.train_data.create_tf_dataset_for_client(c), c) for c in ids]
   assert [d.element_spec for d in traced] == [d.element_spec for d in eager]
   assert _example_set(traced) == _example_set(eager)
   assert [sum(1 for _ in d) for d in program.client_datasets(task, ids, 3)] == [3, 3, 3]

@@ -91,7 +91,7 @@ def _client_dataset_fn(task):
   def client_dataset(client_id):
     if global_seed is not None:
       tf.random.set_seed(global_seed)
-    return task.preprocess_train(dataset_fn(client_id))
+    return task.preprocess_train(dataset_fn(client_id), client_id)
 
   return client_dataset
 

@@ -14,7 +14,6 @@ import logging as std_logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
 
 from absl import flags
 from absl import logging
@@ -22,10 +21,10 @@ from absl import logging
 from workflow import errors
 from workflow.flags import config
 from workflow.flags import flagfiles
-from workflow.flags import library_flags
 from workflow.flags import train_flags
 from workflow.flags import validation
 from workflow.training import experiment
+from workflow.training import run_build
 from workflow.training import workers_setup
 
 
@@ -126,47 +125,6 @@ def check_settings(settings: config.Settings) -> None:
   experiment.check_data_dir(settings)
   experiment.check_output_paths(settings)
   experiment.check_not_busy(experiment.experiment_dir(settings))
-
-
-def _round_schedules(settings: config.Settings, task, process):
-  """The K/η/η_s schedule driver; UsageError (naming the flag) if `process` cannot follow it."""
-  from tff_adaptive.schedules import driver as round_schedules  # pylint: disable=g-import-not-at-top
-  from workflow.flags import schedule_flags  # pylint: disable=g-import-not-at-top
-  driver = schedule_flags.from_settings(settings)
-  try:
-    driver.check_process(process, data_on_workers=settings.execution.data_on_workers)
-  except round_schedules.ScheduleError as e:
-    raise errors.UsageError(library_flags.flag_message(e)) from None
-  if settings.schedules.measure_step_time:
-    driver.step_seconds = measure_step_seconds(task)
-    print(f'Measured β = {driver.step_seconds * 1e3:.2f} ms per minibatch step', file=sys.stderr)
-  return driver
-
-
-def measure_step_seconds(task, repeats: int = 30) -> float:
-  """Seconds of one minibatch SGD step of the task's Keras model on this machine."""
-  import time  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  model = task.keras_model_fn()
-  loss_fn = task.keras_evaluation().loss_fn()  # the loss the task trains with
-  optimizer = tf.keras.optimizers.SGD(0.0)
-  cid = task.train_data.client_ids[0]
-  batch = next(iter(task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))))
-  # Tasks batch as {'x', 'y'} dicts or (x, y) tuples.
-  x, y = (batch['x'], batch['y']) if isinstance(batch, Mapping) else batch
-
-  @tf.function
-  def step():
-    with tf.GradientTape() as tape:
-      loss = loss_fn(y, model(x, training=True))
-    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                  model.trainable_variables))
-
-  step()
-  start = time.perf_counter()
-  for _ in range(repeats):
-    step()
-  return (time.perf_counter() - start) / repeats
 
 
 def _dp_metrics_fn(settings: config.Settings, task):
@@ -333,54 +291,6 @@ def run_training(settings: config.Settings, notes=(), members=None):
       restore_signal_handlers(previous_handlers)
 
 
-def _build(settings: config.Settings, status: dict, process=None):
-  """Task, process, schedules and client set-up, and the prepared run directory.
-  `process`: a population's, built for its first member (None: built here).
-
-  Returns (task, process, schedules, client_data_fn, client_state, out, the line that says
-  how rounds run).
-  """
-  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
-  from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
-  from workflow.training import algorithm_builders  # pylint: disable=g-import-not-at-top
-  from workflow.training import personalization  # pylint: disable=g-import-not-at-top
-  runtime.set_intra_op_threads(algorithm_builders.intra_op_threads(settings))  # before any op
-  run_dir = experiment.experiment_dir(settings)
-  try:
-    task = task_registry.create_task(
-        settings.task, batch_size=settings.client.client_batch_size,
-        num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
-    validation.check_task_counts(settings, task)
-    line = ''
-    if process is None:
-      built = algorithm_builders.built(task, settings)
-      process = built.process
-      line = algorithm_builders.execution_line(built, bool(settings.execution.data_on_workers))
-    schedules = _round_schedules(settings, task, process)
-    client_data_fn = None
-    if settings.execution.data_on_workers:
-      process, client_data_fn = workers_setup.with_data_on_workers(settings, task, process)
-    fresh = not os.path.exists(os.path.join(run_dir, 'flags.json'))
-    out = experiment.prepare_output_dir(settings)
-    status['out'] = status['out'] or out
-    status['outs'].append(out)
-    if fresh:  # the run's settings in TensorBoard's HParams table (once per run)
-      from workflow.training import tensorboard_hparams  # pylint: disable=g-import-not-at-top
-      tensorboard_hparams.write_hparams(out, settings)
-    runtime.set_worker_log_dir(out)  # worker.log beside the run's other files
-    # Personalised algorithms: noisy clients, the per-client state store
-    # (a ClientStateError, a ValueError, names a foreign directory).
-    task, client_state = personalization.setup(settings, task, process, out,
-                                               experiment.RESUMABLE_CHANGES)
-  except errors.UsageError:
-    raise
-  except ValueError as e:  # the cause: user code's traceback (TFF_ADAPTIVE_TRACEBACK)
-    raise errors.UsageError(library_flags.flag_message(e, settings)) from e
-  except OSError as e:  # the client-state store (its directory was checked: a race or a full disk)
-    raise errors.UsageError(f'cannot write {e.filename or run_dir}: {e.strerror}') from e
-  return task, process, schedules, client_data_fn, client_state, out, line
-
-
 def _loop_config(settings: config.Settings, out: str, schedules, client_state, line: str):
   from workflow.training import program  # pylint: disable=g-import-not-at-top
   loop, reliability = settings.loop, settings.reliability
@@ -420,7 +330,7 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   # Before building: TFF logs at INFO while it wraps Keras models, which would
   # bury the one-line error of a flag that only the built process can refute.
   logging.set_verbosity(logging.WARNING)
-  task, process, schedules, client_data_fn, client_state, out, line = _build(settings, status)
+  task, process, schedules, client_data_fn, client_state, out, line = run_build.build(settings, status)
   _raise_if_signalled()
   logging.set_verbosity(logging.WARNING)  # TFF logs every checkpoint at INFO too
   if not addresses:
@@ -458,17 +368,22 @@ def _run_together(members, status: dict, notes=()):
                             '--workers alone splits every member\'s clients over the workers')
   addresses = workers_setup.connect(members[0].execution)
   logging.set_verbosity(logging.WARNING)
-  first = _build(members[0], status)
+  first = run_build.build_process(members[0])
   pop = together.population_of(first[1])
-  built = [first] + [_build(settings, status, pop.process) for settings in members[1:]]
+  built = [first] + [run_build.build_process(settings, pop.process) for settings in members[1:]]
   if not addresses:
     runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
   shared, initial = {}, pop.process.initialize()
+  # Every member's start before any run directory is written: a refusal writes nothing.
+  starts = [together.initial_state(pop.process, initial, members[0], settings, parts[0])
+            for settings, parts in zip(members, built)]
+  opened = [run_build.open_run(settings, status, parts[0], pop.process)
+            for settings, parts in zip(members, built)]
   loops = [together.member_loop(
       pop.process, task, _loop_config(settings, out, schedules, client_state, line),
-      _dp_metrics_fn(settings, task),
-      together.initial_state(pop.process, initial, members[0], settings, task), shared)
-           for settings, (task, _, schedules, _, client_state, out, line) in zip(members, built)]
+      _dp_metrics_fn(settings, task), start, shared)
+           for settings, (_, _, schedules, _, line), (task, client_state, out), start
+           in zip(members, built, opened, starts)]
   status['progress'] = loops[0].config.progress
   for note in dict.fromkeys(notes):
     print(note, file=sys.stderr)
