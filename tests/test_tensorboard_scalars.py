@@ -2,12 +2,14 @@
 
 import asyncio
 import glob
+import logging
 
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorboard.compat.proto import event_pb2
 
 from workflow.training import run_files
+from workflow.training import together
 
 ROUNDS = [({'train/loss': 2.5, 'cost/steps': 40, 'note': 'text'}, 1),
           ({'train/loss': 1.25, 'cost/steps': 41, 'eval/accuracy': float('nan')}, 2),
@@ -35,3 +37,26 @@ def test_the_scalars_are_tffs(tmp_path):
   theirs._summary_writer.flush()  # pylint: disable=protected-access
   events = _events(tmp_path / 'ours')
   assert len(events) == 7 and events == _events(tmp_path / 'tff')
+
+
+def test_a_populations_writers_say_nothing_of_retracing(tmp_path):
+  """Each member's writer traces its own function once; TensorFlow calls that
+  retracing from the fifth member on, and --together's filter drops the line."""
+  def warnings_of(members, quiet):
+    records, handler = [], logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger('tensorflow')
+    logger.addHandler(handler)
+    try:
+      if quiet:
+        together.quiet_member_traces()
+      for m in range(members):
+        run_files.TensorBoardScalars(str(tmp_path / f'{quiet}{m}')).release(*ROUNDS[0])
+    finally:
+      logger.removeHandler(handler)
+      logger.filters = [f for f in logger.filters
+                        if not isinstance(f, together.OneTracePerMember)]
+    return [r.getMessage() for r in records if 'retracing' in r.getMessage()]
+
+  assert warnings_of(6, quiet=False)  # what the filter is for
+  assert not warnings_of(6, quiet=True)

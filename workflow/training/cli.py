@@ -368,6 +368,7 @@ def _run_together(members, status: dict, notes=()):
                             '--workers alone splits every member\'s clients over the workers')
   addresses = workers_setup.connect(members[0].execution)
   logging.set_verbosity(logging.WARNING)
+  together.quiet_member_traces()
   first = run_build.build_process(members[0])
   pop = together.population_of(first[1])
   built = [first] + [run_build.build_process(settings, pop.process) for settings in members[1:]]

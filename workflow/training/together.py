@@ -24,6 +24,7 @@ resumes from its own last checkpoint.
 
 import dataclasses
 import json
+import logging as std_logging
 import sys
 import time
 
@@ -97,6 +98,23 @@ def check_members(members, path: str) -> None:
   if len(set(dirs)) != len(dirs):
     twice = sorted({d for d in dirs if dirs.count(d) > 1})[0]
     raise errors.UsageError(f'--together={path}: two members would write {twice}')
+
+
+class OneTracePerMember(std_logging.Filter):
+  """Drops TensorFlow's "N out of the last N calls ... triggered tf.function
+  retracing" warning: each member's TensorBoard writer and Keras evaluator
+  trace their own function once, which TF counts as retracing one function from
+  the fifth member on; it is not the per-call retracing the warning is for."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return 'triggered tf.function retracing' not in record.getMessage()
+
+
+def quiet_member_traces() -> None:
+  """Installs `OneTracePerMember` on TensorFlow's logger (once)."""
+  logger = std_logging.getLogger('tensorflow')
+  if not any(isinstance(f, OneTracePerMember) for f in logger.filters):
+    logger.addFilter(OneTracePerMember())
 
 
 def initial_state(process, initial, first: config.Settings, settings: config.Settings, task):
