@@ -171,7 +171,7 @@ def test_batches_of_varying_shapes_are_refused_at_build(task):
   """Batches whose shapes after the rows vary cannot be padded into one shard: one line."""
   process = _build(task, 3, cohort.CohortExecution(in_process=False, num_shards=WORKERS))
   varying = types.SimpleNamespace(
-      name='varying', preprocess_train=lambda ds: ds, train_data=types.SimpleNamespace(
+      name='varying', preprocess_train=lambda ds, cid: ds, train_data=types.SimpleNamespace(
           serializable_dataset_fn=lambda cid: tf.data.Dataset.from_tensors(
               {'x': tf.zeros([2, tf.strings.length(cid), 1]), 'y': tf.zeros([2], tf.int32)})))
   with pytest.raises(ValueError) as raised:

@@ -105,6 +105,10 @@ def compose_cohort_data_on_workers(process: cohort.CohortProcess, task):
   `compose_data_on_workers` uses, and runs the process's own shard program;
   the shards' weighted sums are summed once, as in `process.tff_next`.
 
+  `task`: its `name`, `train_data.serializable_dataset_fn` (client id → raw
+  dataset) and `preprocess_train(dataset, client_id)` (the id a string tensor,
+  which seeds the client's shuffle in tasks/base.py's tasks).
+
   Returns a `LearningProcess` whose `next` takes a CLIENTS-placed list of
   shards' ids (`shard_ids_fn`).
   """
