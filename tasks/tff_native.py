@@ -77,6 +77,12 @@ def client_shuffle(task: str, seed: int) -> base.ClientShuffle:
   return base.ClientShuffle(SHUFFLE_BUFFERS[task], seed)
 
 
+def _tff_task(name: str, seed: int, **fields) -> base.FederatedTask:
+  """A task on TFF's baselines: client datasets traced once, shuffled with the seed."""
+  return base.FederatedTask(name=name, trace_client_datasets=True,
+                            client_shuffle=client_shuffle(name, seed), **fields)
+
+
 def _model_fn(keras_model_fn: Callable[[], tf.keras.Model], loss_fn, metrics_fn, input_spec):
   def model_fn():
     return tff.learning.models.from_keras_model(
@@ -184,9 +190,8 @@ def create_cifar100_image(*, cifar100_image_model: str, data_dir: str, num_clien
                                                 shuffle_buffer_size=1), distort=False))
     from_logits = True
     baseline = _logits_classifier(datasets, keras_model_fn)
-  return base.FederatedTask(
-      trace_client_datasets=True, client_shuffle=client_shuffle('cifar100_image', seed),
-      name='cifar100_image', baseline=baseline,
+  return _tff_task(
+      'cifar100_image', seed, baseline=baseline,
       keras_model_fn=keras_model_fn, num_classes=100,
       evaluation=_classification_evaluation(baseline.datasets, from_logits))
 
@@ -224,9 +229,8 @@ def create_emnist_character(*, emnist_character_model: str, data_dir: str, num_c
   keras_model_fn = lambda: create_emnist_character_model(model, seed)
   if model == 'fedgbo_cnn':
     baseline = _logits_classifier(baseline.datasets, keras_model_fn)
-  return base.FederatedTask(
-      trace_client_datasets=True, client_shuffle=client_shuffle('emnist_character', seed),
-      name='emnist_character', baseline=baseline,
+  return _tff_task(
+      'emnist_character', seed, baseline=baseline,
       keras_model_fn=keras_model_fn, num_classes=62,
       evaluation=_classification_evaluation(baseline.datasets, from_logits=model == 'fedgbo_cnn'))
 
@@ -242,9 +246,8 @@ def create_emnist_autoencoder(*, data_dir: str, num_clients: int, max_client_exa
       metrics_fn=lambda: [tf.keras.metrics.MeanSquaredError(name='mean_squared_error'),
                           tf.keras.metrics.MeanAbsoluteError(name='mean_absolute_error')],
       data_fn=baseline.datasets.get_centralized_test_data)
-  return base.FederatedTask(
-      trace_client_datasets=True, client_shuffle=client_shuffle('emnist_autoencoder', seed),
-      name='emnist_autoencoder', baseline=baseline,
+  return _tff_task(
+      'emnist_autoencoder', seed, baseline=baseline,
       keras_model_fn=create_emnist_autoencoder_model, num_classes=0,
       evaluation=evaluation)
 
@@ -289,9 +292,8 @@ def create_shakespeare_character(*, shakespeare_character_model: str, data_dir: 
       metrics_fn=lambda: [keras_metrics.MaskedCategoricalAccuracy(masked_tokens=[pad],
                                                                   name='accuracy')],
       data_fn=baseline.datasets.get_centralized_test_data)
-  return base.FederatedTask(
-      trace_client_datasets=True, client_shuffle=client_shuffle('shakespeare_character', seed),
-      name='shakespeare_character', baseline=baseline, keras_model_fn=keras_model_fn,
+  return _tff_task(
+      'shakespeare_character', seed, baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=vocab_size, evaluation=evaluation)
 
 
@@ -337,9 +339,8 @@ def create_stackoverflow_word(*, data_dir: str, num_clients: int, max_client_exa
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       metrics_fn=metrics_fn,
       data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES, seed))
-  return base.FederatedTask(
-      trace_client_datasets=True, client_shuffle=client_shuffle('stackoverflow_word', seed),
-      name='stackoverflow_word', baseline=baseline, keras_model_fn=keras_model_fn,
+  return _tff_task(
+      'stackoverflow_word', seed, baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=extended_vocab, evaluation=evaluation)
 
 
@@ -366,8 +367,7 @@ def create_stackoverflow_tag(*, data_dir: str, num_clients: int, max_client_exam
                           tf.keras.metrics.Recall(top_k=5, name='recall_at_5')],
       data_fn=_sampled_test_data(baseline.datasets, STACKOVERFLOW_EVAL_EXAMPLES, seed),
       cache=False)
-  return base.FederatedTask(
-      trace_client_datasets=True, client_shuffle=client_shuffle('stackoverflow_tag', seed),
-      name='stackoverflow_tag', baseline=baseline,
+  return _tff_task(
+      'stackoverflow_tag', seed, baseline=baseline,
       keras_model_fn=lambda: create_stackoverflow_logistic_regression(len(words), len(tags)),
       num_classes=len(tags), evaluation=evaluation)
