@@ -166,8 +166,10 @@ class InProcessNext:
   def __init__(self, tff_next, parts: RoundParts):
     self.type_signature = tff_next.type_signature
     self._view = parts.program.view
-    message = tf.function(parts.message_fn)
-    server = tf.function(functools.partial(parts.program.aggregation.server, parts.server_round))
+    # autograph=False as the shard program: the recipes branch on Python values only.
+    message = tf.function(parts.message_fn, autograph=False)
+    server = tf.function(functools.partial(parts.program.aggregation.server, parts.server_round),
+                         autograph=False)
     # Traced now, as the TFF computations are: the first round then costs what
     # the others do (a state of another nesting would trace again, not fail).
     specs = parts.tensor_specs()

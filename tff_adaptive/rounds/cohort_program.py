@@ -254,7 +254,7 @@ class CohortProgram:
     `lanes_axis`: batches, mask and state have a leading lane dimension, and
     step_fn steps every lane (`_over_lane_steps`)."""
     if self.jit_compile:
-      step_fn = tf.function(step_fn, jit_compile=True)
+      step_fn = tf.function(step_fn, jit_compile=True, autograph=False)
     step, axis = _on_active_lanes(step_fn), 1
     if not lanes_axis:
       axis = 0
@@ -302,8 +302,6 @@ class _ProgramPasses(extension.ClientPasses):
   def over_batches(self, fn, carry):
     start = (tuple(self.start[0]), self.start[1])
 
-    # Named functions, not lambdas: autograph (XLA steps) reads a lambda's
-    # source and confuses two lambdas on neighbouring lines.
     def at_start(carry, start):
       del carry
       return start
@@ -376,7 +374,9 @@ def _in_sequence(fn, elems):
   """fn(element) for each element of `elems` in turn (`tf.map_fn`), its output
   signature read from one trace of `fn`."""
   first = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), elems)
-  graph = tf.function(fn).get_concrete_function(first)
+  # Unconverted, as the program (traced with autograph=False) calls it:
+  # converting fn's calls for this one signature was most of a sequential build.
+  graph = tf.function(fn, autograph=False).get_concrete_function(first)
   return tf.map_fn(fn, elems, fn_output_signature=tf.nest.map_structure(
       lambda t: tf.TensorSpec(t.shape, t.dtype), graph.structured_outputs))
 
