@@ -84,14 +84,24 @@ def _equal_to_separate_runs(tmp_path, members) -> str:
   return together
 
 
-# FedAdam keeps β₁, β₂ and ε in its state: the seed-1 members also differ in them.
-BETAS = ([], [], ['--server_beta_1=0.5'], ['--server_beta_2=0.9', '--server_epsilon=0.1'])
+# FedAdam keeps β₁, β₂ and ε in its state: the seed-1 members also differ in them;
+# members 1 and 3 also differ in their learning-rate schedules.
+BETAS = ([], ['--client_lr_schedule=exp_decay', '--client_lr_decay_rate=0.5',
+              '--client_lr_decay_steps=1'],
+         ['--server_beta_1=0.5'],
+         ['--server_beta_2=0.9', '--server_epsilon=0.1', '--server_lr_warmup_rounds=2'])
 
 
 def test_members_equal_their_separate_runs(tmp_path):
   members = [_member(tmp_path / 'together', *m, '--total_rounds=3', *betas)
              for m, betas in zip(GRID, BETAS)]
   output = _equal_to_separate_runs(tmp_path, members)
+  scheduled = {i: [float(r[f'schedule/{who}_learning_rate'])
+                   for r in _rows(tmp_path / 'together' / _flag(members[i], 'experiment_name'))]
+               for i, who in ((0, 'client'), (1, 'client'), (3, 'server'))}
+  np.testing.assert_allclose(scheduled[0], [0.1] * 3, rtol=1e-6)
+  np.testing.assert_allclose(scheduled[1], [0.3, 0.15, 0.075], rtol=1e-6)
+  assert scheduled[3][0] < scheduled[3][-1] == pytest.approx(0.03)
   assert 'Training 4 runs of fedadam on digits together' in output
   for member in members:
     name = _flag(member, 'experiment_name')

@@ -31,6 +31,12 @@ _TYPES = {'string': str, 'enum': str, 'integer': int, 'float': float, 'bool': bo
 # hyperparameters the processes keep in their state (the table's `in_state`).
 POPULATION_HPARAMS = tuple(f.name for _, _, group in train_flags.GROUPS for f in group
                            if f.in_state)
+# The learning-rate schedules' flags: each member's loop applies its own schedule
+# to its own state before the round (`program.Loop.prepare`), so they never reach
+# the program either.
+POPULATION_SCHEDULES = tuple(f.name for prefix in ('client', 'server')
+                             for f in train_flags.lr_schedule_flags(prefix))
+POPULATION_VARYING = POPULATION_HPARAMS + POPULATION_SCHEDULES
 
 
 def _group_class(class_name: str, group_key: str, doc: str) -> type:

@@ -122,7 +122,7 @@ def _t(make, name, *rest, **more):
   return make(name, task_settings.DEFAULTS[name], *rest, **more)
 
 
-def _lr_schedule_flags(prefix: str) -> list[Flag]:
+def lr_schedule_flags(prefix: str) -> list[Flag]:
   return [
       _e(f'{prefix}_lr_schedule', 'constant', schedule_flags.LR_SCHEDULES,
          f'{prefix} learning-rate schedule (docs/schedules.md).',
@@ -295,8 +295,8 @@ GROUPS: list[tuple[str, str, list[Flag]]] = [
            'dividing by 10 (default 10).', check=flag_checks.POSITIVE_INT),
         _f('plateau_min_delta', None, 'step schedules: smallest improvement (1e-4).',
            check=flag_checks.NON_NEGATIVE),
-        *_lr_schedule_flags('client'),
-        *_lr_schedule_flags('server'),
+        *lr_schedule_flags('client'),
+        *lr_schedule_flags('server'),
         _f('step_time_seconds', 0.0, 'Runtime model: compute seconds per minibatch β.',
            check=flag_checks.NON_NEGATIVE),
         _b('measure_step_time', False, 'Runtime model: measure β on this machine.'),

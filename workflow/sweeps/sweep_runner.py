@@ -126,7 +126,7 @@ def _prepare(sweep_dir: str, trials: Sequence[sweep.Trial], fixed: Mapping[str, 
 
 
 # The flags in which the trials of one --together process may differ (and the seed).
-TOGETHER = config.POPULATION_HPARAMS
+TOGETHER = config.POPULATION_VARYING
 
 
 def _jobs(trials: Sequence[sweep.Trial], together: bool) -> list[list[sweep.Trial]]:

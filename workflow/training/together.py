@@ -15,8 +15,9 @@
 What the members may differ in (`VARYING`): the client and server learning
 rates, the server optimiser's β₁, β₂ and ε where the algorithm keeps them in
 its state, FedProx's μ (`config.POPULATION_HPARAMS`: the flag table's `in_state`
-entries, `IN_STATE`), the seed and the run
-directory; everything else fixes the program.
+entries, `IN_STATE`), the client and server learning-rate schedules
+(`config.POPULATION_SCHEDULES`: each member's loop applies its own), the seed
+and the run directory; everything else fixes the program.
 A member that diverges stops alone (its run says so, exit 1 at the end); the
 others go on. Ctrl-C and kill -9 lose what an ordinary run loses: each member
 resumes from its own last checkpoint.
@@ -39,10 +40,11 @@ from workflow.flags import train_flags
 IN_STATE = {f.name: (group_key, *f.in_state) for group_key, _, group in train_flags.GROUPS
             for f in group if f.in_state}
 # (settings group, field) in which the members of one population may differ.
-VARYING = tuple((group, flag) for flag, (group, _, _) in IN_STATE.items()) + (
+VARYING = tuple((group, flag) for flag, (group, _, _) in IN_STATE.items()) + tuple(
+    ('schedules', flag) for flag in config.POPULATION_SCHEDULES) + (
     ('loop', 'seed'), ('loop', 'root_output_dir'), ('loop', 'experiment_name'),
     ('loop', 'together'))
-VARIES = ', '.join(f'--{flag}' for flag in config.POPULATION_HPARAMS)
+VARIES = ', '.join(f'--{flag}' for flag in config.POPULATION_VARYING)
 
 
 def shape_of(settings: config.Settings) -> config.Settings:
