@@ -31,6 +31,7 @@ report -> markdown -> fedopt, curves, data -> verdicts -> report_runner.
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def run_fedopt(runs_dir, data_dir):
   test population at the leader there."""
   python = os.path.join(rr.ROOT, '.venv', 'bin', 'python')
   run = lambda args: subprocess.run([python, *args], check=False, cwd=rr.ROOT)
+  together = lambda path: run_together(path, run)
   # Exit 1 when a member came apart: the others finished, and the rule skips it.
   run(sf.tuning_command(runs_dir))
   runs = sf.tuning_runs(runs_dir)
@@ -96,13 +98,28 @@ def run_fedopt(runs_dir, data_dir):
     if edge:  # the grid must be extended past it first (the tuning spec)
       print(f'part fedopt: {name} chose {"; ".join(edge)}: not tested', flush=True)
       continue
-    run(['bin/train.py', f'--together={sf.stability_file(runs_dir, name, runs)}'])
+    together(sf.stability_file(runs_dir, name, runs))
     # Read again: the check continued this method's two best runs.
     leader = sf.stability(sf.tuning_runs(runs_dir), name)[2]
     if leader is None:
       print(f'part fedopt: {name}: the stability check did not finish: not tested', flush=True)
       continue
-    run(['bin/train.py', f'--together={sf.together_file(runs_dir, data_dir, name, leader)}'])
+    together(sf.together_file(runs_dir, data_dir, name, leader))
+
+
+def run_together(path, run) -> None:
+  """`run(['bin/train.py', '--together=<path>'])` unless every member of the file has
+  finished (or `path` is None: no file to run).
+
+  Finished is read from each member's metrics.csv, not from a checkpoint: git keeps
+  only unfinished runs' checkpoints (shakespeare_runs/.gitignore), and without one
+  bin/train would train a finished run again from round 1.
+  """
+  if path is None:
+    return
+  with open(path) as f:
+    if not all(rr.finished(member) for member in json.load(f)):
+      run(['bin/train.py', f'--together={path}'])
 
 
 if __name__ == '__main__':

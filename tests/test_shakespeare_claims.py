@@ -462,3 +462,22 @@ def test_a_report_written_elsewhere_draws_its_figures_beside_it(part, tmp_path, 
   assert '](figures/shakespeare_decayk.png)' in out.read_text()
   assert before == {n: os.stat(os.path.join(committed, n)).st_mtime_ns
                     for n in os.listdir(committed)}
+
+
+def test_a_together_file_runs_only_while_a_member_is_unfinished(tmp_path):
+  """A population whose members' metrics.csv hold their last round is not run again
+  (on a new machine they have no checkpoint, and bin/train would start them over)."""
+  import shakespeare_report
+  members = [['--total_rounds=3', f'--root_output_dir={tmp_path}', f'--experiment_name=m{i}']
+             for i in range(2)]
+  path = tmp_path / 'together.json'
+  path.write_text(json.dumps(members))
+  ran = []
+  write_run(members[0], 0.5, 1.0)
+  write_run(members[1], 0.5, 1.0, rounds=2)
+  shakespeare_report.run_together(str(path), ran.append)
+  assert ran == [['bin/train.py', f'--together={path}']]
+  write_run(members[1], 0.5, 1.0)
+  shakespeare_report.run_together(str(path), ran.append)
+  shakespeare_report.run_together(None, ran.append)
+  assert len(ran) == 1
