@@ -93,7 +93,8 @@ def run_fedopt(runs_dir, data_dir):
   # Exit 1 when a member came apart: the others finished, and the rule skips it.
   run(sf.tuning_command(runs_dir))
   runs = sf.tuning_runs(runs_dir)
-  for name, rates in sf.choose(runs).items():
+  chosen = sf.choose(runs)
+  for name, rates in sorted(chosen.items(), key=lambda item: sf.RUN_ORDER.index(item[0])):
     edge = sf.edges(runs, name, rates)
     if edge:  # the grid must be extended past it first (the tuning spec)
       print(f'part fedopt: {name} chose {"; ".join(edge)}: not tested', flush=True)
