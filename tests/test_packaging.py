@@ -17,8 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIT = ['git', '-c', 'user.email=test@example.com', '-c', 'user.name=test']
 
 
-def _run(cmd, cwd, timeout=300):
-  result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _run(cmd, cwd, timeout=300, stdin=None):
+  result = subprocess.run(cmd, cwd=cwd, input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
   assert result.returncode == 0, (cmd, result.stdout[-3000:], result.stderr[-3000:])
   return result.stdout
 
@@ -26,13 +27,15 @@ def _run(cmd, cwd, timeout=300):
 def _clone_of_the_working_tree(dest):
   """The checkout's tracked and new files as they are now, committed in a fresh repository."""
   files = _run(['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], ROOT)
-  for name in filter(None, files.split('\0')):
-    source = os.path.join(ROOT, name)
-    if os.path.isfile(source):
-      os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
-      shutil.copy2(source, os.path.join(dest, name))
+  copied = [n for n in filter(None, files.split('\0')) if os.path.isfile(os.path.join(ROOT, n))]
+  for name in copied:
+    os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
+    shutil.copy2(os.path.join(ROOT, name), os.path.join(dest, name))
   _run(GIT + ['init', '-q'], dest)
-  _run(GIT + ['add', '-A'], dest)
+  # -f: files a .gitignore hides but the checkout tracks (added with `git add -f`, as
+  # reports/shakespeare_runs/.gitignore's resumable checkpoints are) stay tracked, as in a clone.
+  _run(GIT + ['add', '-f', '--pathspec-from-file=-', '--pathspec-file-nul'], dest,
+       stdin='\0'.join(copied))
   _run(GIT + ['commit', '-q', '-m', 'copy'], dest)
 
 
