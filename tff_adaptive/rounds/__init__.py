@@ -39,6 +39,8 @@
                         layers unrolled under tf.vectorized_map
   population.py         a population of runs: P members of one cohort process as one
                         program, its lanes member × client (state with a member axis)
+  pfor_trace.py         a cheaper trace of tf.vectorized_map for those programs (TF's
+                        pfor broadcasts elementwise inputs with static ranks)
 
 `tff_adaptive.algorithms.composer` is the entry point algorithms use.
 """
