@@ -342,6 +342,21 @@ def test_damaged_flags_json_refuses_to_resume(three_rounds, tmp_path, damage):
   assert _tree(run) == before  # not even a lock file changed
 
 
+def test_a_path_flag_written_another_way_is_the_same_run(tmp_path, monkeypatch):
+  """--data_dir relative to the working directory, then absolute: one run; another
+  directory is refused naming the flag (no training: the check before anything runs)."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / 'data').mkdir()
+  (tmp_path / 'other').mkdir()
+  common = ['--task=digits', f'--root_output_dir={tmp_path / "runs"}', '--experiment_name=r']
+  for data_dir in ('data', str(tmp_path / 'data'), './data/'):
+    settings, _ = cli.config_from_args([*common, f'--data_dir={data_dir}'])
+    experiment.unlock_run_dir(experiment.prepare_output_dir(settings))
+  settings, _ = cli.config_from_args([*common, '--data_dir=other'])
+  with pytest.raises(errors.UsageError, match="holds a run with different flags: --data_dir='other'"):
+    experiment.prepare_output_dir(settings)
+
+
 def test_trust_command_line_resumes_and_records_flags(reference, three_rounds, tmp_path):
   root = _copy(three_rounds, tmp_path)
   run = _run_dir(root)

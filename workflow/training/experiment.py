@@ -36,6 +36,10 @@ RESUMABLE_CHANGES = frozenset({'total_rounds', 'rounds_per_eval', 'first_eval_ro
                                # Which other runs share this one's process.
                                'together'})
 
+# Flags that name a file or directory: a run resumes with the same place written
+# another way (relative to the working directory, or absolute).
+PATH_FLAGS = frozenset({'data_dir', 'client_state_dir', 'pretrained_weights'})
+
 # Flags that do not name a run: where it runs and for how long (resumable
 # changes), where its files and data are.
 NOT_IN_NAME = RESUMABLE_CHANGES | {'experiment_name', 'data_dir', 'client_state_dir', 'task',
@@ -234,6 +238,12 @@ def _read_saved_flags(out: str, trust_command_line: bool) -> Any:
       'file, or rerun with --trust_command_line if this command has the run\'s flags')
 
 
+def _same_value(name: str, saved, value) -> bool:
+  if name in PATH_FLAGS and saved and value and isinstance(saved, str) and isinstance(value, str):
+    return os.path.realpath(saved) == os.path.realpath(value)
+  return saved == value
+
+
 def _check_resume_flags(out: str, settings: config.Settings) -> None:
   saved = _read_saved_flags(out, settings.reliability.trust_command_line)
   if saved is None:
@@ -248,7 +258,7 @@ def _check_resume_flags(out: str, settings: config.Settings) -> None:
   # A flag added to bin/train after the run was made is absent from its
   # flags.json: at its default it changes nothing, so the run resumes.
   changed = sorted(k for k in set(saved) | set(values)
-                   if k not in resumable and saved.get(k) != values.get(k)
+                   if k not in resumable and not _same_value(k, saved.get(k), values.get(k))
                    and not (k not in saved and values.get(k) == _flag_default(k)))
   if changed:
     diffs = ', '.join(f'--{k}={values.get(k)!r} (saved {saved.get(k)!r})' for k in changed)
