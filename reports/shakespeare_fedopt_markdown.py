@@ -1,5 +1,6 @@
 """Part fedopt's section of reports/shakespeare.md (shakespeare_fedopt's runs)."""
 
+import json
 import math
 import os
 
@@ -51,7 +52,8 @@ def _table_rows(runs, chosen, tests):
 
 def _cost_lines(runs):
   """The tuning's measured compute: per population (a method's grid), the seconds
-  of its rounds (its members share each round: one member's round_seconds)."""
+  of its rounds (its members share each round: one member's round_seconds); and
+  what a population saves, from the bench's sample."""
   hours = {}
   for (name, *_), columns in runs.items():
     seconds = sum(v for v in columns.get('round_seconds', []) if v == v)
@@ -61,7 +63,28 @@ def _cost_lines(runs):
   return [f'**Compute.** The finished tuning populations\' rounds took '
           f'{sum(hours.values()):.2f} hours ({", ".join(f"{sf.METHODS[n][0]} {h:.2f}" for n, h in hours.items())}; '
           'evaluation and start-up excluded), each process on both cores beside other work: '
-          f'at most {2 * sum(hours.values()):.1f} core-hours.']
+          f'at most {2 * sum(hours.values()):.1f} core-hours. {_saving_sentence()}']
+
+
+def _saving_sentence() -> str:
+  """The population against separate processes, as bench/population.py measured it."""
+  path = os.path.join(rr.ROOT, 'bench', 'results', 'population_shakespeare.json')
+  with open(path) as f:
+    bench = json.load(f)
+  together, separate = bench['modes']['together'], bench['modes']['separate_2']
+  setting = bench['setting']
+  return (f'What the populations save, measured on a sample (`bench/population.py`, '
+          f'`{os.path.relpath(path, rr.ROOT)}`: FedAvg, {setting["grid"]}, {setting["seeds"]} '
+          f'seeds, {setting["rounds"]} rounds, {together["member_rounds"]} member-rounds): '
+          f'as one population {together["cpu_seconds"] / 3600:.2f} core-hours, as separate '
+          f'processes two at a time {separate["cpu_seconds"] / 3600:.2f} '
+          f'({separate["cpu_seconds"] / together["cpu_seconds"]:.2f}× the CPU, '
+          f'{bench["together_over_separate_2"]:.2f}× the member-rounds per second). At that '
+          'ratio the same runs as separate processes would have cost about that many times '
+          'the core-hours above. The 5-seed test populations differ from the sample: each '
+          'seed samples its own 10 clients, so a round lasts as long as the longest of 50 '
+          'clients, against 20 in the sample (its two seeds\' 10); their saving was not '
+          'measured.')
 
 
 def _stability_lines(runs, chosen):
@@ -106,7 +129,10 @@ def section(runs_dir, data_dir):
       '1–100) and FedAvg\'s ranking check (to round 300) shuffled each client\'s snippets as '
       'TFF\'s preprocessing does, without a seed, so a rerun gives other numbers; the other '
       'methods\' ranking checks from round 101 on and the test runs shuffle with the seed and the '
-      'client\'s id (docs/tasks.md), so the test commands below give the same numbers again.', '', *_cost_lines(runs), '',
+      'client\'s id (docs/tasks.md), so the test commands below give the same numbers again. '
+      'FedAdagrad\'s two ranking-check runs were trained again from round 1 on a later machine '
+      '(the earlier machine\'s checkpoints were not kept), so all 300 of their rounds, their '
+      'tuning rows included, shuffle with the seed.', '', *_cost_lines(runs), '',
       f'**Tuning** (seed {sf.TUNING_SEED}, not a test seed; {sf.TUNING_ROUNDS} rounds; client '
       'and server rates jointly on 3 × 3 grids, extended past any edge a grid chose; chosen by '
       'the paper\'s rule, the lowest mean training loss '

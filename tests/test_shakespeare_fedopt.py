@@ -158,3 +158,18 @@ def test_the_builds_counts_and_entropy_are_read_from_the_build(tmp_path):
   assert capped == sum(min(len(u['y']), shakespeare_data.MAX_CLIENT_EXAMPLES)
                        for u in users.values())
   assert stats['leaf_train'] == total and stats['leaf_clients'] == len(users)
+
+
+def test_the_populations_saving_is_read_from_the_bench_sample(tmp_path, monkeypatch):
+  results = tmp_path / 'bench' / 'results'
+  results.mkdir(parents=True)
+  mode = lambda cpu: {'cpu_seconds': cpu, 'member_rounds': 800}
+  (results / 'population_shakespeare.json').write_text(json.dumps({
+      'setting': {'grid': 'client_learning_rate=0.1,1', 'seeds': 2, 'rounds': 100},
+      'modes': {'together': mode(3600.0), 'separate_2': mode(6300.0)},
+      'together_over_separate_2': 1.5}))
+  monkeypatch.setattr(fm.rr, 'ROOT', str(tmp_path))
+  sentence = fm._saving_sentence()  # pylint: disable=protected-access
+  assert ('as one population 1.00 core-hours, as separate processes two at a time 1.75 '
+          '(1.75× the CPU, 1.50× the member-rounds per second)') in sentence
+  assert 'client_learning_rate=0.1,1, 2 seeds, 100 rounds, 800 member-rounds' in sentence
