@@ -50,20 +50,39 @@ def _table_rows(runs, chosen, tests):
   return rows
 
 
-def _cost_lines(runs):
-  """The tuning's measured compute: per population (a method's grid), the seconds
-  of its rounds (its members share each round: one member's round_seconds); and
-  what a population saves, from the bench's sample."""
+def _population_hours(runs, rows=lambda r: True) -> dict:
+  """{method: hours of its population's rounds `rows`}: its members share each
+  round, so one member's round_seconds summed (the longest member's)."""
   hours = {}
-  for (name, *_), columns in runs.items():
-    seconds = sum(v for v in columns.get('round_seconds', []) if v == v)
-    hours[name] = max(hours.get(name, 0.0), seconds / 3600)
-  if not hours:
+  for name, columns in runs:
+    seconds = sum(v for r, v in zip(columns.get('round', []), columns.get('round_seconds', []))
+                  if v == v and rows(r))
+    if seconds:
+      hours[name] = max(hours.get(name, 0.0), seconds / 3600)
+  return hours
+
+
+def _cost_lines(runs, tests):
+  """The measured compute of the tuning, its ranking checks and the finished test
+  populations, and what a population saves, from the bench's sample."""
+  tuning = [(k[0], c) for k, c in runs.items()]
+  parts = [
+      ('tuning populations\' rounds',
+       _population_hours(tuning, lambda r: r <= sf.TUNING_ROUNDS)),
+      (f'ranking checks\' rounds after round {sf.TUNING_ROUNDS}',
+       _population_hours(tuning, lambda r: r > sf.TUNING_ROUNDS)),
+      ('5-seed test populations\' rounds', _population_hours(
+          [(n, c) for n, by_seed in tests.items() for c in by_seed.values()]))]
+  parts = [(what, hours) for what, hours in parts if hours]
+  if not parts:
     return []
-  return [f'**Compute.** The finished tuning populations\' rounds took '
-          f'{sum(hours.values()):.2f} hours ({", ".join(f"{sf.METHODS[n][0]} {h:.2f}" for n, h in hours.items())}; '
-          'evaluation and start-up excluded), each process on both cores beside other work: '
-          f'at most {2 * sum(hours.values()):.1f} core-hours. {_saving_sentence()}']
+  said = '; '.join(f'the finished {what} took {sum(h.values()):.2f} hours ('
+                   + ', '.join(f'{sf.METHODS[n][0]} {v:.2f}' for n, v in h.items()) + ')'
+                   for what, h in parts)
+  total = sum(sum(h.values()) for _, h in parts)
+  return [f'**Compute.** {said[0].upper()}{said[1:]}; evaluation and start-up excluded, each '
+          f'process on both cores beside other work: at most {2 * total:.1f} core-hours. '
+          f'{_saving_sentence()}']
 
 
 def _saving_sentence() -> str:
@@ -132,7 +151,7 @@ def section(runs_dir, data_dir):
       'client\'s id (docs/tasks.md), so the test commands below give the same numbers again. '
       'FedAdagrad\'s two ranking-check runs were trained again from round 1 on a later machine '
       '(the earlier machine\'s checkpoints were not kept), so all 300 of their rounds, their '
-      'tuning rows included, shuffle with the seed.', '', *_cost_lines(runs), '',
+      'tuning rows included, shuffle with the seed.', '', *_cost_lines(runs, tests), '',
       f'**Tuning** (seed {sf.TUNING_SEED}, not a test seed; {sf.TUNING_ROUNDS} rounds; client '
       'and server rates jointly on 3 × 3 grids, extended past any edge a grid chose; chosen by '
       'the paper\'s rule, the lowest mean training loss '

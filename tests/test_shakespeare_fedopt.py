@@ -173,3 +173,18 @@ def test_the_populations_saving_is_read_from_the_bench_sample(tmp_path, monkeypa
   assert ('as one population 1.00 core-hours, as separate processes two at a time 1.75 '
           '(1.75× the CPU, 1.50× the member-rounds per second)') in sentence
   assert 'client_learning_rate=0.1,1, 2 seeds, 100 rounds, 800 member-rounds' in sentence
+
+
+def test_the_compute_line_counts_each_population_once_and_the_checks_apart():
+  rounds = lambda n: [float(r) for r in range(1, n + 1)]
+  tuned = {'round': rounds(sf.TUNING_ROUNDS), 'round_seconds': [36.0] * sf.TUNING_ROUNDS}
+  checked = {'round': rounds(300), 'round_seconds': [36.0] * 100 + [72.0] * 200}
+  runs = {('fedavg', 1.0, 1.0): checked, ('fedavg', 0.3, 1.0): tuned}
+  seeds = {s: {'round': rounds(100), 'round_seconds': [18.0 + s] * 100} for s in (0, 1)}
+  (line,) = fm._cost_lines(runs, {'fedavg': seeds})  # pylint: disable=protected-access
+  # members share a round: 1 h of tuning (not 2), 4 h of checks, 0.53 h of tests (the longest)
+  assert ('The finished tuning populations\' rounds took 1.00 hours (FedAvg 1.00); the '
+          f'finished ranking checks\' rounds after round {sf.TUNING_ROUNDS} took 4.00 hours '
+          '(FedAvg 4.00); the finished 5-seed test populations\' rounds took 0.53 hours '
+          '(FedAvg 0.53)') in line
+  assert 'at most 11.1 core-hours' in line
