@@ -132,8 +132,10 @@ def section(runs_dir, data_dir):
   tested = {n: sf.stability(runs, n)[2] for n in chosen}
   tested = {n: pair for n, pair in tested.items() if pair is not None}
   tests = sf.test_runs(runs_dir, data_dir, tested)
-  populations = [f'`.venv/bin/python bin/train.py --together='
-                 f'{os.path.join(runs_dir, sf.TEST_DIR, f"{n}_together.json")}`' for n in tested]
+  # The commands of the populations started (their file is written when one starts).
+  files = [os.path.join(runs_dir, sf.TEST_DIR, f'{n}_together.json') for n in tested]
+  populations = [f'`.venv/bin/python bin/train.py --together={path}`' for path in files
+                 if os.path.exists(path)]
   return [
       f'## {sf.PAPER}: FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi', '',
       f'**Setting.** `shakespeare_character` (TFF\'s format: each speech a snippet), 10 clients '

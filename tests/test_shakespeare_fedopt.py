@@ -108,6 +108,12 @@ def test_the_two_best_are_continued_and_the_leader_at_300_rounds_is_tested(tmp_p
   assert leader == (0.1, 0.03) and late == pytest.approx([1.5, 1.2])
   lines = fm._stability_lines(runs, sf.choose(runs))  # pylint: disable=protected-access
   assert 'the order flipped; tested at (0.1, 0.03)' in lines[0], lines
+  # The report lists a test population's command once it has started (its file written).
+  data_dir = os.path.join(runs_dir, 'data90')
+  test_line = lambda: next(l for l in fm.section(runs_dir, data_dir) if l.startswith('**Test runs'))
+  assert test_line().endswith('one population): not started.')
+  path = sf.together_file(runs_dir, data_dir, 'fedadam', leader)
+  assert test_line().endswith(f'one population): `.venv/bin/python bin/train.py --together={path}`.')
 
 
 def test_test_runs_are_one_population_per_method_on_seeds_disjoint_from_tuning(tmp_path):
