@@ -20,7 +20,6 @@ largest difference to the other nesting's. Load average before and after.
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -85,10 +84,7 @@ def main(argv=None):
     result[name]['update_diff_to_first'] = bench_cohort.state_update_difference(
         first.initial_state, first.first_state, runner.first_state)[0]
   result['load_before'], result['load_after'] = load_before, machine_info.load_average()
-  print(json.dumps(result, indent=1))
-  if args.out:
-    with open(args.out, 'w') as f:
-      json.dump(result, f, indent=1)
+  machine_info.print_and_save(result, args.out)
 
 
 if __name__ == '__main__':

@@ -2,6 +2,7 @@
 orchestrator imports it too)."""
 
 import collections
+import json
 import os
 import platform
 
@@ -23,3 +24,11 @@ def machine(**versions) -> collections.OrderedDict:
       nproc=os.cpu_count(), sched_affinity=len(os.sched_getaffinity(0)), cpu_model=cpu,
       memory_gib=round(mem, 1), python=platform.python_version(), **versions,
       load_average=load_average())
+
+
+def print_and_save(result, out: str = '') -> None:
+  """A probe's result: printed as JSON, and written to `out` when given (its --out)."""
+  print(json.dumps(result, indent=1))
+  if out:
+    with open(out, 'w') as f:
+      json.dump(result, f, indent=1)

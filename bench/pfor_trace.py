@@ -85,10 +85,7 @@ def main(argv=None):
         own.initial_state, own.first_state, runners['static'].first_state)[0]
     print(algorithm, json.dumps(result[algorithm]), flush=True)
   result['load_after'] = machine_info.load_average()
-  print(json.dumps(result, indent=1))
-  if args.out:
-    with open(args.out, 'w') as f:
-      json.dump(result, f, indent=1)
+  machine_info.print_and_save(result, args.out)
 
 
 if __name__ == '__main__':
