@@ -63,7 +63,6 @@ from tff_adaptive.rounds import layout
 from tff_adaptive.rounds import model_info as model_info_lib
 from tff_adaptive.rounds import options as options_lib
 from tff_adaptive.rounds import on_variables
-from tff_adaptive.rounds import pfor_trace
 from tff_adaptive.rounds import processes
 from tff_adaptive.rounds import recipe as recipe_lib
 from tff_adaptive.rounds import recurrent
@@ -237,7 +236,7 @@ def _traced(program: cohort_program.CohortProgram, xla: bool, message_type, data
   program is most of a small model's build (pfor converts the client loop:
   seconds), which tracing it a second time for the TFF computation doubled.
   """
-  with _pfor_fallbacks_in_one_line(), pfor_trace.static_broadcast_ranks():
+  with _pfor_fallbacks_in_one_line():
     # autograph=False: the program's loops are explicit (tf.while_loop, map_fn,
     # vectorized_map) and the recipes branch on Python values only, so converting
     # every function it calls buys nothing and was a third of a first build's time.

@@ -46,6 +46,7 @@ from tff_adaptive.rounds import client as client_lib
 from tff_adaptive.rounds import cohort_aggregation
 from tff_adaptive.rounds import extension
 from tff_adaptive.rounds import functional
+from tff_adaptive.rounds import pfor_trace
 
 
 class CohortProgram:
@@ -75,8 +76,8 @@ class CohortProgram:
           tf.nest.map_structure(lambda t: tf.repeat(t[tf.newaxis], clients, axis=0), message),
           self._client_elems(shard))
     elif self.vectorized:
-      out = tf.vectorized_map(lambda client: self._one_client(message, x_t, client),
-                              self._client_elems(shard), fallback_to_while_loop=True)
+      out = pfor_trace.vectorized_map(lambda client: self._one_client(message, x_t, client),
+                                      self._client_elems(shard))
     else:
       out = self._clients_in_sequence(message, x_t, shard)
     sums, states = out if self.stateful else (out, None)
@@ -107,7 +108,7 @@ class CohortProgram:
     if self.vectorized and steps_outside(self.view):
       out = self._lanes_in_parallel(lane_messages, lanes)
     elif self.vectorized:
-      out = tf.vectorized_map(one, (lane_messages, lanes), fallback_to_while_loop=True)
+      out = pfor_trace.vectorized_map(one, (lane_messages, lanes))
     else:
       out = _in_sequence(one, (lane_messages, lanes))
     sums, outputs = out if self.stateful else (out, None)
@@ -393,7 +394,7 @@ def _non_trainable(message) -> list:
 def _over_clients(fn, elems):
   """fn(*client's elems) for every client, vectorised (`tf.vectorized_map`);
   ops without a vectorising converter run client by client in a loop."""
-  return tf.vectorized_map(lambda args: fn(*args), elems, fallback_to_while_loop=True)
+  return pfor_trace.vectorized_map(lambda args: fn(*args), elems)
 
 
 def _like(old, new):

@@ -10,8 +10,8 @@ its data unchanged), so building those ops was over half of the vectorised
 program's trace (bench/pfor_trace.py: the digits MLP's FedAvg cohort built in
 0.45x the time, Mime Lite's in 0.32x; docs/performance.md).
 
-`static_broadcast_ranks()` replaces that method while the package traces its
-programs: with static ranks it inserts the same unit axes with `expand_dims`,
+`vectorized_map` (the package's every `tf.vectorized_map`) converts under
+`static_broadcast_ranks()`, which replaces that method for the conversion: with static ranks it inserts the same unit axes with `expand_dims`,
 and none when the ranks already agree; with an unknown rank it calls TF's own.
 Same tensors, same values: only reshapes that change nothing are left out.
 Written against TensorFlow 2.14's private `pfor` module (the TF that TFF 0.87
@@ -66,3 +66,10 @@ def static_broadcast_ranks():
       _users -= 1
       if not _users:
         _TARGET.expanddim_inputs_for_broadcast = _TF_OWN
+
+
+def vectorized_map(fn, elems):
+  """`tf.vectorized_map(fn, elems, fallback_to_while_loop=True)`, converted
+  under `static_broadcast_ranks` (pfor converts when this is called: at a trace)."""
+  with static_broadcast_ranks():
+    return tf.vectorized_map(fn, elems, fallback_to_while_loop=True)

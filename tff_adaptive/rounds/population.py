@@ -157,10 +157,10 @@ class PopulationNext:
     self._parts = parts
     self._process = process
     program, aggregation = parts.program, parts.program.aggregation
-    over_members = lambda fn: lambda *args: tf.vectorized_map(
-        lambda a: fn(*a), args, fallback_to_while_loop=True)
+    over_members = lambda fn: lambda *args: pfor_trace.vectorized_map(lambda a: fn(*a), args)
     specs = [_with_member_axis(s) for s in parts.tensor_specs()]
     self._message = tf.function(over_members(parts.message_fn), autograph=False)
+    self._message.get_concrete_function(*specs)
     # The shard program's relaxed signature with a member axis: one trace for
     # every population size and shard shape (epochs pad to other step counts).
     message_spec, shard_spec = parts.traced_shard.structured_input_signature[0]
@@ -170,11 +170,8 @@ class PopulationNext:
                                                _with_member_axis(shard_spec)])
     server = lambda *args: aggregation.server(parts.server_round, *args)
     self._server = tf.function(over_members(server), autograph=False)
-    with pfor_trace.static_broadcast_ranks():  # every trace here, none at a round
-      self._message.get_concrete_function(*specs)
-      self._lanes.get_concrete_function()
-      self._server.get_concrete_function(
-          *specs[:3], _with_member_axis(tff.types.type_to_tf_tensor_specs(parts.sums_type)))
+    self._server.get_concrete_function(
+        *specs[:3], _with_member_axis(tff.types.type_to_tf_tensor_specs(parts.sums_type)))
     self._num_shards, self._placement = None, skeleton.IN_PROCESS
     if not process.execution.in_process:
       self._num_shards = process.execution.num_shards
