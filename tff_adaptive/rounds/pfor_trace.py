@@ -11,8 +11,9 @@ program's trace (bench/pfor_trace.py: the digits MLP's FedAvg cohort built in
 0.45x the time, Mime Lite's in 0.32x; docs/performance.md).
 
 `vectorized_map` (the package's every `tf.vectorized_map`) converts under
-`static_broadcast_ranks()`, which replaces that method for the conversion: with static ranks it inserts the same unit axes with `expand_dims`,
-and none when the ranks already agree; with an unknown rank it calls TF's own.
+`static_broadcast_ranks()`, which replaces that method for the conversion: with
+static ranks it inserts the same unit axes with `expand_dims`, and none when the
+ranks already agree; with an unknown rank it calls TF's own.
 Same tensors, same values: only reshapes that change nothing are left out.
 Written against TensorFlow 2.14's private `pfor` module (the TF that TFF 0.87
 pins); tests/test_pfor_trace.py checks that the target still exists and that
