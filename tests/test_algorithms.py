@@ -1,4 +1,4 @@
-"""Correctness of the FedOpt family (both semantics), Mimelite/MimeXlite, FLOPs and bad input.
+"""Correctness of the FedOpt family (both semantics), Mimelite/MimeXlite and FLOPs.
 
 The algorithms' correctness tests; FedGBO and MFL are in test_fedgbo.py,
 the process-level bits and FLOPs in test_algorithm_costs.py. Every process runs
@@ -16,16 +16,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import algorithm_testing as at
-import train_config  # pylint: disable=g-bad-import-order
 from tasks.models import paper_cnns
-from workflow import errors
 from workflow.flags import algorithms as workflow_algorithms
-from workflow.flags import config
-from workflow.flags import validation
 from tff_adaptive.accounting import flops
 from tff_adaptive.optimizers import biased as biased_optimizers
 from tff_adaptive.algorithms import composer
-from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import fedprox
 from tff_adaptive.algorithms import mimelite
@@ -430,79 +425,3 @@ def test_cifar100_flops_table_row():
   fb = 3 * 5_163_072
   assert got[('fedavg', None, None)] * 1e8 == 10 * (32 * fb + 2 * 1_250_852)
   assert got[('mfl', 'adam', None)] * 1e8 == 10 * (32 * fb + 11 * 1_250_852)
-
-
-# ---------------------------------------------------------------------------
-# Bad input: bin/train exits 2 with one line naming the flag.
-# ---------------------------------------------------------------------------
-
-# Each class of bad input, several flags each. `validation.validate` is
-# what bin/train runs first; one case per class also goes through the real
-# binary (each run imports TF and TFF: seconds).
-BAD_FLAGS = [
-    (['--algorithm=fedgbo', '--client_optimizer=sgd', '--local_steps=5'], '--client_optimizer'),
-    (['--algorithm=mfl', '--client_optimizer=yogi'], '--client_optimizer'),
-    (['--algorithm=fedadam', '--client_optimizer=adam'], '--client_optimizer'),
-    (['--algorithm=mimelite', '--client_optimizer=yogi'], '--client_optimizer'),
-    (['--algorithm=fedgbo', '--client_optimizer=adam', '--local_steps=5', '--client_beta_2=1.0'],
-     '--client_beta_2'),
-    (['--algorithm=mfl', '--client_optimizer=sgdm', '--client_beta_1=-0.5'], '--client_beta_1'),
-    (['--algorithm=fedadam', '--server_beta_1=-0.1'], '--server_beta_1'),
-    (['--algorithm=fedyogi', '--server_beta_2=1.5'], '--server_beta_2'),
-    (['--algorithm=mfl', '--client_optimizer=rmsprop', '--client_epsilon=0'], '--client_epsilon'),
-    (['--algorithm=fedgbo', '--client_optimizer=adam', '--local_steps=5',
-      '--client_epsilon=-1e-8'], '--client_epsilon'),
-    (['--algorithm=fedyogi', '--server_epsilon=-0.001'], '--server_epsilon'),
-    (['--algorithm=fedadam', '--server_epsilon=0'], '--server_epsilon'),
-    # Their default K = 10 applies unless --local_steps is given: 0 contradicts it.
-    (['--algorithm=fedgbo', '--client_optimizer=sgdm', '--local_steps=0'], '--local_steps'),
-    (['--algorithm=mimexlite', '--client_optimizer=sgdm', '--local_steps=0'], '--local_steps'),
-]
-SUBPROCESS_CASES = (0, 4, 8, 13)  # optimiser, β, ε, local steps
-
-
-def _config(args):
-  cfg = dict(task='digits', algorithm='fedavg', client_optimizer='sgd', clients_per_round=10,
-             client_learning_rate=0.1, server_learning_rate=1.0, local_steps=0)
-  for arg in args:
-    name, value = arg[2:].split('=')
-    cfg[name] = value if name in ('algorithm', 'client_optimizer') else float(value)
-  cfg['local_steps'] = int(cfg['local_steps'])
-  return cfg
-
-
-@pytest.mark.parametrize('args, flag', BAD_FLAGS)
-def test_validate_names_the_flag(args, flag):
-  with pytest.raises(errors.UsageError) as error:
-    validation.validate(config.from_flags(_config(args)))
-  message = str(error.value)
-  assert flag in message and '\n' not in message
-
-
-def test_bin_train_bad_input_exits_2_naming_the_flag(tmp_path):
-  cases = [BAD_FLAGS[i] for i in SUBPROCESS_CASES]
-  for (args, flag), (result, out) in zip(
-      cases, train_config.refused_runs(tmp_path, [args for args, _ in cases])):
-    train_config.assert_refused(result, out, flag, args)
-
-
-def test_builders_refuse_bad_input_naming_the_argument():
-  """The library path (no bin/train) refuses the same input, naming its arguments
-  (bin/train names the flags: workflow.flags.library_flags)."""
-  with pytest.raises(ValueError, match=r'BiasedOptimizer: beta_1 must be in \[0, 1\)'):
-    biased_optimizers.BiasedOptimizer('sgdm', beta_1=1.0)
-  with pytest.raises(ValueError, match='BiasedOptimizer: beta_2'):
-    biased_optimizers.BiasedOptimizer('adam', beta_2=-0.5)
-  with pytest.raises(ValueError, match='BiasedOptimizer: epsilon must be > 0'):
-    biased_optimizers.BiasedOptimizer('rmsprop', epsilon=0.0)
-  with pytest.raises(ValueError, match='BiasedOptimizer: name must be one of'):
-    biased_optimizers.BiasedOptimizer('sgd')
-  with pytest.raises(ValueError, match='fedgbo: local_steps must be an integer ≥ 1'):
-    fedgbo.build_fedgbo(at.model_fn, tff.learning.optimizers.build_adam(0.1), local_steps=0)
-  with pytest.raises(ValueError, match='mimexlite: local_steps must be an integer ≥ 1'):
-    mimexlite.build_mimexlite(at.model_fn, _base_optimizer(), local_steps=0)
-  with pytest.raises(TypeError, match='mimelite: full_gradient_aggregator is not supported'):
-    mimelite.build_mimelite(at.model_fn, _base_optimizer(),
-                            full_gradient_aggregator=tff.aggregators.MeanFactory())
-  with pytest.raises(ValueError, match='mimelite: upload_compression is not supported'):
-    mimelite.build_mimelite(at.model_fn, _base_optimizer(), upload_compression=object())

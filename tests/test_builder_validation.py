@@ -1,6 +1,7 @@
 """Builders check `model_fn`, `client_weighting` and the aggregators as TFF's
 `build_weighted_fed_avg` does (TFF's own fed_avg_test asserts these): TypeError naming the
-argument, raised while building (nothing is run)."""
+argument, raised while building (nothing is run); bad hyperparameters a ValueError naming
+the argument."""
 
 import pytest
 import tensorflow_federated as tff
@@ -11,10 +12,12 @@ from tff_adaptive.algorithms import fedada2
 from tff_adaptive.algorithms import fedgbo
 from tff_adaptive.algorithms import fedopt
 from tff_adaptive.algorithms import mfl
+from tff_adaptive.algorithms import mimelite
 from tff_adaptive.algorithms import mimexlite
 from tff_adaptive.algorithms import mtfl
 from tff_adaptive.algorithms import perfedavg
 from tff_adaptive.algorithms import pfedme
+from tff_adaptive.optimizers import biased as biased_optimizers
 
 opts = tff.learning.optimizers
 
@@ -71,3 +74,24 @@ def test_a_model_fn_returning_a_model_still_builds():
                                client_weighting=tff.learning.ClientWeighting.UNIFORM)
   assert isinstance(process, tff.learning.templates.LearningProcess)
 
+
+def test_builders_refuse_bad_input_naming_the_argument():
+  """The library path (no bin/train) refuses the same input, naming its arguments
+  (bin/train names the flags: workflow.flags.library_flags)."""
+  with pytest.raises(ValueError, match=r'BiasedOptimizer: beta_1 must be in \[0, 1\)'):
+    biased_optimizers.BiasedOptimizer('sgdm', beta_1=1.0)
+  with pytest.raises(ValueError, match='BiasedOptimizer: beta_2'):
+    biased_optimizers.BiasedOptimizer('adam', beta_2=-0.5)
+  with pytest.raises(ValueError, match='BiasedOptimizer: epsilon must be > 0'):
+    biased_optimizers.BiasedOptimizer('rmsprop', epsilon=0.0)
+  with pytest.raises(ValueError, match='BiasedOptimizer: name must be one of'):
+    biased_optimizers.BiasedOptimizer('sgd')
+  with pytest.raises(ValueError, match='fedgbo: local_steps must be an integer ≥ 1'):
+    fedgbo.build_fedgbo(at.model_fn, opts.build_adam(0.1), local_steps=0)
+  with pytest.raises(ValueError, match='mimexlite: local_steps must be an integer ≥ 1'):
+    mimexlite.build_mimexlite(at.model_fn, opts.build_sgdm(0.1, momentum=0.9), local_steps=0)
+  with pytest.raises(TypeError, match='mimelite: full_gradient_aggregator is not supported'):
+    mimelite.build_mimelite(at.model_fn, opts.build_sgdm(0.1, momentum=0.9),
+                            full_gradient_aggregator=tff.aggregators.MeanFactory())
+  with pytest.raises(ValueError, match='mimelite: upload_compression is not supported'):
+    mimelite.build_mimelite(at.model_fn, opts.build_sgdm(0.1, momentum=0.9), upload_compression=object())
