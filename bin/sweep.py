@@ -9,7 +9,7 @@ Examples:
 Each trial is `bin/train.py <fixed> <grid flags> --seed=S` in
 <sweep_dir>/trials/<name> (log: <sweep_dir>/logs/<name>.log). Rerunning the
 same command skips finished trials and resumes interrupted ones from their
-checkpoints; a failing trial does not stop the others (exit status 1 at the
+checkpoints (trials that diverged are skipped unless --retry_diverged); a failing trial does not stop the others (exit status 1 at the
 end, with the failures listed). At the end the best configuration of each
 group is printed, chosen by --select_metric/--select_rule/--select_mode.
 Spec syntax: workflow/sweeps/sweep.py and docs/sweeps.md.
@@ -50,6 +50,8 @@ flags.DEFINE_bool('together', True, 'Run the trials that differ only in '
                   'over member x client); each trial keeps its own directory and files. A '
                   'group bin/train refuses to run together runs apart. --notogether: every '
                   'trial its own process.')
+flags.DEFINE_bool('retry_diverged', False, 'Run again the trials whose last run diverged '
+                  '(their diverged.json); by default a rerun reports them and skips them.')
 flags.DEFINE_bool('dry_run', False, 'List the trials (and which are finished) without running.')
 FLAGS = flags.FLAGS
 
@@ -84,12 +86,15 @@ def main(argv):
   signal.signal(signal.SIGTERM, _interrupt)
   if FLAGS.dry_run:
     for t in trials:
-      done = 'finished' if sweep.is_finished(FLAGS.sweep_dir, t, fixed) else 'to run'
+      done = ('finished' if sweep.is_finished(FLAGS.sweep_dir, t, fixed) else
+              'diverged' if sweep.diverged(FLAGS.sweep_dir, t) and not FLAGS.retry_diverged
+              else 'to run')
       print(f'{done:8s} [{t.group}] {t.name}')
     return
   try:
     outcomes = sweep_runner.run_sweep(trials, FLAGS.sweep_dir, fixed=fixed,
-                                      max_parallel=FLAGS.max_parallel, together=FLAGS.together)
+                                      max_parallel=FLAGS.max_parallel, together=FLAGS.together,
+                                      retry_diverged=FLAGS.retry_diverged)
   except sweep.SpecError as e:
     _fail(str(e))
   except KeyboardInterrupt:

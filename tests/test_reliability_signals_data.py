@@ -2,13 +2,9 @@
 line and resume; malformed data files get one line naming the file before any output;
 worker logs stay in the run directory or a private removed one."""
 
-import asyncio
-import csv
-import errno
 import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,14 +13,11 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
-
-import train_config  # pylint: disable=g-bad-import-order
 
 from workflow import errors
-from workflow.flags import validation
+from workflow.sweeps import sweep
 from workflow.training import cli
-from workflow.training import experiment
+from workflow.training import run_dir as run_directory
 from workflow.training import run_files
 
 from test_reliability import (_assert_same_weights, _event_steps, _one_line, _rounds,  # pylint: disable=g-bad-import-order,unused-import
@@ -78,6 +71,22 @@ def test_a_finished_or_failed_run_puts_the_signal_handlers_back(tmp_path):
   finally:
     for s, handler in before.items():
       signal.signal(s, handler)
+
+
+# ---- A diverged run's record, which bin/sweep reads to skip the trial ----
+
+def test_a_diverged_run_leaves_its_record_and_a_rerun_forgets_it(tmp_path):
+  code, lines = _train(_settings(tmp_path, client_learning_rate=1e6, total_rounds=5))
+  assert code == 1, lines
+  path = os.path.join(_run_dir(tmp_path), run_directory.DIVERGED)
+  with open(path) as f:
+    record = json.load(f)
+  assert record['round'] == 3 and record['error'] in lines[-1], (record, lines)
+  assert sweep.DIVERGED == run_directory.DIVERGED
+  # A rerun retries the run: the record goes, whether or not it diverges again.
+  code, lines = _train(_settings(tmp_path, client_learning_rate=1e6, total_rounds=2))
+  assert code == 0, lines
+  assert not os.path.exists(path)
 
 
 # ---- Malformed data files: one line naming the file, before any output ----

@@ -38,16 +38,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #   accuracy(r) = peak·(1 − e^{−r/2}) − drop·max(0, r − 4)/10 + seed/1000
 # with peak = client_learning_rate and drop = server_learning_rate (if given);
 # evaluated every 2 rounds like bin/train's --rounds_per_eval=2. A trial with
-# client_learning_rate=13 fails; every call is appended to $FAKE_CALLS.
+# client_learning_rate=13 fails, at seed 0 leaving bin/train's record of a diverged run
+# (at seed 1 none, as a crash would); every call is appended to $FAKE_CALLS.
 FAKE_TRIAL = textwrap.dedent('''
-    import csv, math, os, sys
+    import csv, json, math, os, sys
     args = dict(a[2:].split('=', 1) for a in sys.argv[1:])
     with open(os.environ['FAKE_CALLS'], 'a') as f:
       f.write(args['experiment_name'] + '\\n')
+    out = os.path.join(args['root_output_dir'], args['experiment_name'])
     if args.get('client_learning_rate') == '13':
+      if args['seed'] == '0':
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, 'diverged.json'), 'w') as f:
+          json.dump({'round': 1, 'error': 'training diverged at round 1'}, f)
       print('error: training diverged at round 1 (non-finite training loss)', file=sys.stderr)
       sys.exit(1)
-    out = os.path.join(args['root_output_dir'], args['experiment_name'])
     os.makedirs(out, exist_ok=True)
     peak = float(args['client_learning_rate'])
     drop = float(args.get('server_learning_rate', 0))
@@ -186,11 +191,18 @@ def test_failure_isolated_and_listed_then_resume(tmp_path, fake):
     assert 'training diverged' in open(o.log).read()
   assert len(calls()) == 6
 
-  # Rerun: finished trials are skipped, the failed ones are tried again.
+  # Rerun: finished trials are skipped, and so is the one that left a record of its
+  # divergence (listed with its round); the other failed one is tried again.
   outcomes = sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, max_parallel=2, command=command,
                                     log=_quiet)
+  assert sorted(o.status for o in outcomes) == ['diverged', 'failed'] + ['skipped'] * 4
+  assert len(calls()) == 7 and calls()[6].endswith('client_learning_rate=13,seed=1')
+  assert 'client_learning_rate=13,seed=0: diverged at round 1 when last run' in (
+      sweep_runner.failure_report(outcomes))
+  outcomes = sweep_runner.run_sweep(trials, sweep_dir, fixed=fixed, retry_diverged=True,
+                                    command=command, log=_quiet)
   assert sorted(o.status for o in outcomes) == ['failed'] * 2 + ['skipped'] * 4
-  assert len(calls()) == 8
+  assert len(calls()) == 9
 
   # An interrupted trial (metrics short of the final round) is run again;
   # raising total_rounds makes every trial unfinished.
@@ -203,11 +215,11 @@ def test_failure_isolated_and_listed_then_resume(tmp_path, fake):
   ok = [t for t in trials if 'client_learning_rate=13' not in t.name]
   outcomes = sweep_runner.run_sweep(ok, sweep_dir, fixed=fixed, command=command, log=_quiet)
   assert [o.trial.name for o in outcomes if o.status == 'finished'] == [victim.name]
-  assert calls()[-1] == victim.name and len(calls()) == 9
+  assert calls()[-1] == victim.name and len(calls()) == 10
   assert sweep.last_round(path) == 6
   more = {'total_rounds': '8'}
   outcomes = sweep_runner.run_sweep(ok, sweep_dir, fixed=more, command=command, log=_quiet)
-  assert all(o.status == 'finished' for o in outcomes) and len(calls()) == 13
+  assert all(o.status == 'finished' for o in outcomes) and len(calls()) == 14
   # The manifest lists every trial ever run, with the wall time of finished runs.
   trials_read, fixed_read = sweep.read_manifest(sweep_dir)
   assert {t.name for t in trials_read} == {t.name for t in trials}

@@ -138,6 +138,9 @@ def test_a_member_that_diverges_stops_alone(tmp_path):
   assert '1 of 2 members diverged (the others finished)' in last and 'm1000000_0.01_0' in last
   assert [r['round'] for r in _rows(tmp_path / 'm0.1_0.01_0')] == ['1', '2', '3', '4']
   assert len(_rows(tmp_path / 'm1000000_0.01_0')) < 4
+  # The diverged member's record (bin/sweep skips its trial), and only its.
+  assert [os.path.exists(tmp_path / m / 'diverged.json')
+          for m in ('m0.1_0.01_0', 'm1000000_0.01_0')] == [False, True]
 
 
 STOPPED = ('--total_rounds=12', '--rounds_per_checkpoint=4')

@@ -364,6 +364,22 @@ def last_round(metrics_csv: str) -> int:
   return max(rounds, default=0)
 
 
+# What bin/train leaves in a run directory the divergence rule stopped: {"round", "error"}
+# (workflow/training/divergence.record; the name is run_dir.DIVERGED).
+DIVERGED = 'diverged.json'
+
+
+def diverged(sweep_dir: str, trial: Trial) -> Optional[dict]:
+  """The trial's record of its last attempt's divergence, None if there is none
+  (a damaged record is none: the trial is simply run again)."""
+  try:
+    with open(os.path.join(trial_dir(sweep_dir, trial), DIVERGED)) as f:
+      record = json.load(f)
+    return record if isinstance(record, dict) and isinstance(record.get('round'), int) else None
+  except (OSError, ValueError):
+    return None
+
+
 def is_finished(sweep_dir: str, trial: Trial, fixed: Mapping[str, str]) -> bool:
   return last_round(os.path.join(trial_dir(sweep_dir, trial), 'metrics.csv')) >= total_rounds(
       trial, fixed)

@@ -3,8 +3,10 @@
 Each trial runs `bin/train.py` as its own process in `<sweep_dir>/trials/<name>`,
 its output appended to `<sweep_dir>/logs/<name>.log`. Finished trials are
 skipped, and an interrupted trial is simply started again: bin/train resumes it
-from its last checkpoint. A failing trial does not stop the others; failures
-are listed at the end. Trials get SIGTERM if the sweep dies
+from its last checkpoint. A trial whose run diverged (its `diverged.json`) is
+skipped too unless asked to retry: the same seed and rates would most likely
+diverge again. A failing trial does not stop the others; failures and skipped
+diverged trials are listed at the end. Trials get SIGTERM if the sweep dies
 (`parent_death`), so none outlives it.
 """
 
@@ -29,7 +31,8 @@ TRAIN_PY = os.path.join(REPO_ROOT, 'bin', 'train.py')
 @dataclasses.dataclass
 class TrialOutcome:
   trial: sweep.Trial
-  status: str  # 'finished' (ran now), 'skipped' (finished before), 'failed'
+  # 'finished' (ran now), 'skipped' (finished before), 'failed', 'diverged' (before: not run)
+  status: str
   log: str
   returncode: Optional[int] = None
   seconds: float = 0.0
@@ -67,7 +70,8 @@ def _start(argv: Sequence[str], log_file: str) -> subprocess.Popen:
 def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
               fixed: Optional[Mapping[str, str]] = None,
               max_parallel: int = 1, command: Optional[Sequence[str]] = None,
-              together: bool = False, poll_seconds: float = 0.2,
+              together: bool = False, retry_diverged: bool = False,
+              poll_seconds: float = 0.2,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)
               ) -> list[TrialOutcome]:
   """Runs every unfinished trial, at most `max_parallel` at a time.
@@ -85,6 +89,8 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
       workflow/training/together.py), the file in <sweep_dir>/together/. A
       population the command refuses (exit 2 before any round: an aggregator
       with no population form, ...) runs its trials apart, each its own process.
+    retry_diverged: run the trials whose last run diverged again (else they
+      are reported, not run).
     poll_seconds: how often finished processes are reaped.
     log: progress lines.
 
@@ -98,8 +104,11 @@ def run_sweep(trials: Sequence[sweep.Trial], sweep_dir: str, *,
     raise sweep.SpecError(f'--max_parallel must be a positive integer; got {max_parallel}')
   command = list(command or [sys.executable, TRAIN_PY])
   _prepare(sweep_dir, trials, fixed)
-  runner = _Runner(trials, sweep_dir, fixed, command, log, together)
-  log(f'sweep: {len(trials)} trials, {runner.done_before} already finished, '
+  runner = _Runner(trials, sweep_dir, fixed, command, log, together, retry_diverged)
+  diverged = (f'{len(runner.diverged_before)} diverged before (not run again), '
+              if runner.diverged_before else '')
+  log(f'sweep: {len(trials)} trials, {runner.done_before - len(runner.diverged_before)} '
+      f'already finished, {diverged}'
       f'{sum(map(len, runner.pending))} to run in {len(runner.pending)} processes '
       f'({max_parallel} at a time) in {sweep_dir}')
   try:
@@ -144,15 +153,24 @@ class _Runner:
   """A sweep's trials by where they are: pending, running or with an outcome.
   A job is the trials one process runs (one, or a --together population)."""
 
-  def __init__(self, trials, sweep_dir, fixed, command, log, together=False):
+  def __init__(self, trials, sweep_dir, fixed, command, log, together=False,
+               retry_diverged=False):
     self.trials, self.sweep_dir, self.fixed, self.command, self.log = (trials, sweep_dir, fixed,
                                                                        command, log)
     self.outcomes: dict[str, TrialOutcome] = {}
+    self.diverged_before = []
     todo = []
     for trial in trials:
+      record = None if retry_diverged else sweep.diverged(sweep_dir, trial)
       if sweep.is_finished(sweep_dir, trial, fixed):
         self.outcomes[trial.name] = TrialOutcome(trial, 'skipped',
                                                  sweep.log_path(sweep_dir, trial))
+      elif record is not None:
+        self.outcomes[trial.name] = TrialOutcome(
+            trial, 'diverged', sweep.log_path(sweep_dir, trial),
+            message=f'diverged at round {record["round"]} when last run (not run again; '
+                    '--retry_diverged runs it)')
+        self.diverged_before.append(trial)
       else:
         todo.append(trial)
     self.pending = _jobs(todo, together)
@@ -275,7 +293,8 @@ def _stop(running, log, timeout: float = 60.0) -> None:
 
 
 def failure_report(outcomes: Sequence[TrialOutcome]) -> str:
-  failed = [o for o in outcomes if o.status == 'failed']
+  """The trials that failed now or diverged before, one entry each; '' if none."""
+  failed = [o for o in outcomes if o.status in ('failed', 'diverged')]
   if not failed:
     return ''
   lines = [f'{len(failed)} trial(s) failed:']

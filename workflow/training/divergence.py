@@ -6,15 +6,23 @@ rounds stops it too (factor 0: only the first rule). Non-finite evaluation
 metrics only warn: the model is finite then, so they come from the task's test
 data or metric, which stopping the run would not fix. docs/reliability.md lists
 the messages.
+
+A stopped run leaves `diverged.json` (its round and message) in its directory,
+and a rerun that resumes it removes the file: bin/sweep skips a trial that has
+one, since the same seed and rates would most likely stop it again
+(`--retry_diverged` runs it anyway).
 """
 
+import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from workflow.training import data_checks
+from workflow.training import run_dir
 from workflow.training import run_files
 
 _ADVICE = 'try a smaller --client_learning_rate or --server_learning_rate'
@@ -22,6 +30,24 @@ _ADVICE = 'try a smaller --client_learning_rate or --server_learning_rate'
 
 class TrainingDiverged(RuntimeError):
   pass
+
+
+def record(output_dir: str, round_num: int, message: str) -> None:
+  """Leaves `diverged.json` in the run directory. Best effort: a run whose record
+  cannot be written is retried by the next sweep, and its error is what matters."""
+  try:
+    with run_dir.write_text(os.path.join(output_dir, run_dir.DIVERGED)) as f:
+      json.dump({'round': round_num, 'error': message}, f)
+  except (OSError, run_dir.PathError):
+    pass
+
+
+def forget(output_dir: str) -> None:
+  """Removes the record of an earlier attempt's divergence: this attempt retries it."""
+  try:
+    os.remove(os.path.join(output_dir, run_dir.DIVERGED))
+  except FileNotFoundError:
+    pass
 
 
 def all_finite(structure) -> bool:

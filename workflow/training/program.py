@@ -286,6 +286,7 @@ class Loop:
           initial, tf.nest.flatten(program_state['state']))
       print(f'Resuming from the checkpoint after round {self.start_round}.', file=sys.stderr)
     self._open_releases()
+    divergence.forget(self.config.output_dir)
     if self.hook is not None:
       # The client-state snapshot saved with this server checkpoint (0: none).
       self.hook.restore(self.start_round)
@@ -354,7 +355,12 @@ class Loop:
                          started: float) -> dict:
     """Everything after `process.next`: measure, check, evaluate, write, checkpoint; the row."""
     row, weights = self.measure(round_num, output)
-    self.divergence_rule.check(round_num, row, weights, self.task, sampled, self.where_to_resume)
+    try:
+      self.divergence_rule.check(round_num, row, weights, self.task, sampled,
+                                 self.where_to_resume)
+    except divergence.TrainingDiverged as e:
+      divergence.record(self.config.output_dir, round_num, str(e))
+      raise
     self.state = output.state
     self.update_client_states(round_num, sampled, output, row)
     self.add_totals(row)

@@ -22,8 +22,11 @@ import os
 from collections.abc import Iterable
 from typing import Optional
 
+# Left by a run the divergence rule stopped (workflow/training/divergence.record); bin/sweep
+# reads it by this name (workflow/sweeps/sweep.DIVERGED).
+DIVERGED = 'diverged.json'
 # What a run writes in its directory: files, and directories (written by TF/TFF).
-FILES = ('.lock', 'flags.json', 'metrics.csv', 'worker.log')
+FILES = ('.lock', 'flags.json', 'metrics.csv', 'worker.log', DIVERGED)
 DIRECTORIES = ('tensorboard', 'checkpoints', 'client_state')
 # Room left in a path for what a run writes below its directory
 # (checkpoints/program_state_N_temp.../variables/variables.data-00000-of-00001).
