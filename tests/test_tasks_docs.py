@@ -5,7 +5,11 @@ flags and validated. Its --data_dir is replaced by fixture files in the task's
 real format, and, to keep the test cheap, --total_rounds by 1, --local_steps
 by at most 2, --clients_per_round by at most 2 and --num_clients by at most
 the fixture's clients. The first command of each file-based task then trains
-and evaluates for one round through `cli.run_training` (ResNet-18, whose
+and evaluates for one round through `cli.run_training`, its clients in sequence
+without XLA, the cheapest program to build (what is checked is the row's task,
+model and flags; every execution equals the per-client round in test_cohort.py
+and test_recurrent_cohort.py; the recurrent tasks' default program took up to
+52 s to build here) (ResNet-18, whose
 single CPU round costs minutes, is only built); the task's other commands,
 and the offline `digits`/`synthetic` rows (trained by their own tests), build
 their task and check the batches their flags ask for.
@@ -126,7 +130,7 @@ def test_table_command_runs_on_fixtures(fixture_root, tmp_path, task, index, com
   cfg.update(total_rounds=1, rounds_per_eval=1, rounds_per_checkpoint=1, show_progress=False,
              local_steps=min(cfg['local_steps'], 2),
              clients_per_round=min(cfg['clients_per_round'], 2), root_output_dir=str(tmp_path),
-             experiment_name='row')
+             experiment_name='row', cohort_mode='sequential', cohort_jit_compile='none')
   settings = config.from_flags(cfg)
   built = registry.create_task(settings.task, batch_size=settings.client.client_batch_size,
                                num_epochs=config.num_epochs(settings), seed=settings.loop.seed)
