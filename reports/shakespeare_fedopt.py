@@ -203,6 +203,17 @@ def test_runs(runs_dir, data_dir, chosen) -> dict:
   return out
 
 
+def started_runs(runs_dir, data_dir, chosen) -> dict:
+  """{method: columns} of a test population started and not finished: its seed-0
+  member's rounds so far (its members share each round)."""
+  out = {}
+  for name, rates in chosen.items():
+    job = test_member(runs_dir, data_dir, name, rates, TEST_SEEDS[0])
+    if os.path.exists(os.path.join(rr.run_dir(job), 'metrics.csv')) and not rr.finished(job):
+      out[name] = rr.read_columns(job)
+  return out
+
+
 def baselines() -> sv.Baselines:
   return sv.Baselines(VOCAB_SIZE, shakespeare_data.UNIGRAM_ENTROPY[TRAIN_FRACTION])
 

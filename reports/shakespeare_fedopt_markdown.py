@@ -3,12 +3,16 @@
 import json
 import math
 import os
+import statistics
 
 import report_runner as rr  # pylint: disable=g-import-not-at-top
 import shakespeare_curves as sc  # pylint: disable=g-import-not-at-top
 import shakespeare_fedopt as sf  # pylint: disable=g-import-not-at-top
 import shakespeare_tables as st  # pylint: disable=g-import-not-at-top
-import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
+
+
+# The core-hours the issue gave all of this report's new compute (every part).
+BUDGET_CORE_HOURS = 15.0
 
 
 def _tuning_rows(runs, chosen):
@@ -62,9 +66,9 @@ def _population_hours(runs, rows=lambda r: True) -> dict:
   return hours
 
 
-def _cost_lines(runs, tests):
-  """The measured compute of the tuning, its ranking checks and the finished test
-  populations, and what a population saves, from the bench's sample."""
+def _parts_hours(runs, tests) -> list:
+  """[(what, {method: hours of rounds})] of the tuning, its ranking checks and the
+  finished test populations, the empty ones left out."""
   tuning = [(k[0], c) for k, c in runs.items()]
   parts = [
       ('tuning populations\' rounds',
@@ -73,7 +77,13 @@ def _cost_lines(runs, tests):
        _population_hours(tuning, lambda r: r > sf.TUNING_ROUNDS)),
       ('5-seed test populations\' rounds', _population_hours(
           [(n, c) for n, by_seed in tests.items() for c in by_seed.values()]))]
-  parts = [(what, hours) for what, hours in parts if hours]
+  return [(what, hours) for what, hours in parts if hours]
+
+
+def _cost_lines(runs, tests):
+  """The measured compute of the tuning, its ranking checks and the finished test
+  populations, and what a population saves, from the bench's sample."""
+  parts = _parts_hours(runs, tests)
   if not parts:
     return []
   said = '; '.join(f'the finished {what} took {sum(h.values()):.2f} hours ('
@@ -83,6 +93,45 @@ def _cost_lines(runs, tests):
   return [f'**Compute.** {said[0].upper()}{said[1:]}; evaluation and start-up excluded, each '
           f'process on both cores beside other work: at most {2 * total:.1f} core-hours. '
           f'{_saving_sentence()}']
+
+
+def _left_lines(runs, tests, started) -> list[str]:
+  """What part fedopt still has to run, at the rates measured so far: the rest of a
+  started test population, the populations not started and the ranking checks not
+  run; beside the issue's budget for all of its new compute."""
+  seconds = [v for columns in [*started.values(), *(next(iter(by_seed.values()))
+                                                  for by_seed in tests.values() if by_seed)]
+             for v in columns.get('round_seconds', []) if v == v]
+  if not seconds:
+    return []
+  population = 2 * statistics.median(seconds) * sf.FEDOPT_ROUNDS / 3600  # core-hours
+  checks = _population_hours([(k[0], c) for k, c in runs.items()],
+                             lambda r: r > sf.TUNING_ROUNDS)
+  check = 2 * statistics.mean(checks.values()) if checks else math.nan
+  spent = {n: 2 * sum(v for v in c.get('round_seconds', []) if v == v) / 3600
+           for n, c in started.items()}
+  used = 2 * sum(sum(h.values()) for _, h in _parts_hours(runs, tests)) + sum(spent.values())
+  rest = {n: population * (1 - c['round'][-1] / sf.FEDOPT_ROUNDS) for n, c in started.items()}
+  todo = [n for n in sf.RUN_ORDER if not tests.get(n) and n not in started]
+  unchecked = [n for n in todo if n not in checks]
+  total = sum(rest.values()) + population * len(todo) + check * len(unchecked)
+  said = [f'{sf.METHODS[n][0]}\'s test population is at round {int(c["round"][-1]):,} of '
+          f'{sf.FEDOPT_ROUNDS:,} (its rounds so far: {spent[n]:.1f} core-hours)'
+          for n, c in started.items()]
+  names = lambda ns: ', '.join(sf.METHODS[n][0] for n in ns)
+  return [f'**Left to run.** {"; ".join(said) + "; " if said else ""}a 5-seed population of '
+          f'{sf.FEDOPT_ROUNDS:,} rounds takes about {population:.1f} core-hours at the median '
+          f'round of the test populations so far ({statistics.median(seconds):.1f} s, both '
+          f'cores beside other work: an upper bound), a ranking check about {check:.1f} (the '
+          f'finished checks\' mean). Still to '
+          f'run: ' + '; '.join(filter(None, [
+              ', '.join(f'the rest of {sf.METHODS[n][0]}\'s population (about {h:.1f})'
+                        for n, h in rest.items()),
+              unchecked and f'the ranking checks of {names(unchecked)}',
+              todo and f'the test populations of {names(todo)}'])) +
+          f': about {total:.0f} core-hours more. This part has used at most {used:.1f} '
+          f'core-hours so far, of the {BUDGET_CORE_HOURS:g} given to all of this report\'s '
+          'new compute (parts fedgbo and decayk, not rerun, included).', '']
 
 
 def _saving_sentence() -> str:
@@ -154,6 +203,7 @@ def section(runs_dir, data_dir):
       'FedAdagrad\'s two ranking-check runs were trained again from round 1 on a later machine '
       '(the earlier machine\'s checkpoints were not kept), so all 300 of their rounds, their '
       'tuning rows included, shuffle with the seed.', '', *_cost_lines(runs, tests), '',
+      *_left_lines(runs, tests, sf.started_runs(runs_dir, data_dir, tested)),
       f'**Tuning** (seed {sf.TUNING_SEED}, not a test seed; {sf.TUNING_ROUNDS} rounds; client '
       'and server rates jointly on 3 × 3 grids, extended past any edge a grid chose; chosen by '
       'the paper\'s rule, the lowest mean training loss '

@@ -33,6 +33,7 @@ report -> markdown -> fedopt, curves, data -> verdicts -> report_runner.
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -119,8 +120,24 @@ def run_together(path, run) -> None:
   if path is None:
     return
   with open(path) as f:
-    if not all(rr.finished(member) for member in json.load(f)):
-      run(['bin/train.py', f'--together={path}'])
+    members = json.load(f)
+  if all(rr.finished(member) for member in members):
+    return
+  from workflow.training import run_files  # pylint: disable=g-import-not-at-top
+  firsts = [run_files.newest_checkpoint(rr.run_dir(member)) for member in members]
+  before, started = _children_cpu(), time.monotonic()
+  code = run(['bin/train.py', f'--together={path}']).returncode
+  seconds, cpu = time.monotonic() - started, _children_cpu() - before
+  status = 'ok' if code == 0 else 'diverged' if code == 1 else f'exit {code}'
+  for member, first in zip(members, firsts):  # each member's share of the process's CPU
+    rr.log_attempt(member, status, seconds, cpu / len(members), first)
+
+
+def _children_cpu() -> float:
+  """User + system seconds of this process's finished children (bin/train and what it
+  waited for)."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
 
 
 if __name__ == '__main__':

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -473,11 +474,21 @@ def test_a_together_file_runs_only_while_a_member_is_unfinished(tmp_path):
   path = tmp_path / 'together.json'
   path.write_text(json.dumps(members))
   ran = []
+
+  def run(args):  # a child that uses some CPU, as bin/train would
+    ran.append(args)
+    return subprocess.run([sys.executable, '-c', 'sum(range(3 * 10**7))'], check=True)
+
   write_run(members[0], 0.5, 1.0)
   write_run(members[1], 0.5, 1.0, rounds=2)
-  shakespeare_report.run_together(str(path), ran.append)
+  shakespeare_report.run_together(str(path), run)
   assert ran == [['bin/train.py', f'--together={path}']]
+  # Each member's wall_clock.csv logs the attempt with its share of the process's CPU.
+  logged = [rr.read_attempts(os.path.join(rr.run_dir(m), rr.WALL_CLOCK)) for m in members]
+  assert [len(rows) for rows in logged] == [1, 1]
+  assert logged[0][0]['cpu_seconds'] == logged[1][0]['cpu_seconds'] and float(
+      logged[0][0]['cpu_seconds']) > 0.1 and logged[0][0]['first_round'] == '0'
   write_run(members[1], 0.5, 1.0)
-  shakespeare_report.run_together(str(path), ran.append)
-  shakespeare_report.run_together(None, ran.append)
+  shakespeare_report.run_together(str(path), run)
+  shakespeare_report.run_together(None, run)
   assert len(ran) == 1

@@ -194,3 +194,22 @@ def test_the_compute_line_counts_each_population_once_and_the_checks_apart():
           '(FedAvg 4.00); the finished 5-seed test populations\' rounds took 0.53 hours '
           '(FedAvg 0.53)') in line
   assert 'at most 11.1 core-hours' in line
+
+
+def test_what_is_left_is_priced_at_the_measured_rounds_against_the_budget():
+  rounds = lambda n: [float(r) for r in range(1, n + 1)]
+  tuned = {'round': rounds(sf.TUNING_ROUNDS), 'round_seconds': [36.0] * sf.TUNING_ROUNDS}
+  checked = {'round': rounds(300), 'round_seconds': [36.0] * 100 + [72.0] * 200}
+  runs = {('fedavg', 1.0, 1.0): checked, ('fedavg', 0.3, 1.0): tuned}
+  started = {'fedavg': {'round': rounds(600), 'round_seconds': [12.0] * 599 + [math.nan]}}
+  (line, blank) = fm._left_lines(runs, {}, started)  # pylint: disable=protected-access
+  # A population: 2 cores x 12 s x 1,200 rounds = 8 core-hours; FedAvg's check 2 x 4 h.
+  for part in ("FedAvg's test population is at round 600 of 1,200 (its rounds so far: 4.0 "
+               'core-hours)', 'takes about 8.0 core-hours at the median round', '(12.0 s,',
+               'a ranking check about 8.0', "the rest of FedAvg's population (about 4.0)",
+               'the ranking checks of FedAdagrad, FedAvgM, FedYogi, FedAdam; the test '
+               'populations of FedAdagrad, FedAvgM, FedYogi, FedAdam: about 68 core-hours more',
+               # tuning 1 h + checks 4 h, on 2 cores, + the started population's 4.0
+               'used at most 14.0 core-hours so far, of the 15'):
+    assert part in line, (part, line)
+  assert blank == '' and fm._left_lines(runs, {}, {}) == []  # pylint: disable=protected-access
