@@ -95,6 +95,26 @@ def _cost_lines(runs, tests):
           f'{_saving_sentence()}']
 
 
+def _measured_cpu_lines(members_of, tests) -> list[str]:
+  """Per finished test population, the CPU its process used, from its members'
+  wall_clock.csv (`rr.seconds_per_run`: the attempt that finished it, scaled to the
+  whole run), beside the bound of 2 cores x its rounds' wall time.
+  `members_of(name)`: the population's member flag lists."""
+  said = []
+  for name, by_seed in tests.items():
+    cpu = [rr.seconds_per_run(member) for member in members_of(name)]
+    if not by_seed or None in cpu:
+      continue
+    bound = 2 * _population_hours([(name, c) for c in by_seed.values()])[name]
+    said.append(f'{sf.METHODS[name][0]}\'s {sum(cpu) / 3600:.1f} core-hours (against at '
+                f'most {bound:.1f} from 2 × its rounds\' wall time)')
+  if not said:
+    return []
+  return [f'**Measured CPU of the test populations** (the bin/train process and its TFF '
+          'worker, evaluation and start-up included; from the attempt that finished each, '
+          'scaled to the whole run by the rounds it ran): ' + '; '.join(said) + '.', '']
+
+
 def _left_lines(runs, tests, started) -> list[str]:
   """What part fedopt still has to run, at the rates measured so far: the rest of a
   started test population, the populations not started and the ranking checks not
@@ -203,6 +223,8 @@ def section(runs_dir, data_dir):
       'FedAdagrad\'s two ranking-check runs were trained again from round 1 on a later machine '
       '(the earlier machine\'s checkpoints were not kept), so all 300 of their rounds, their '
       'tuning rows included, shuffle with the seed.', '', *_cost_lines(runs, tests), '',
+      *_measured_cpu_lines(lambda n: [sf.test_member(runs_dir, data_dir, n, tested[n], seed)
+                                      for seed in sf.TEST_SEEDS], tests),
       *_left_lines(runs, tests, sf.started_runs(runs_dir, data_dir, tested)),
       f'**Tuning** (seed {sf.TUNING_SEED}, not a test seed; {sf.TUNING_ROUNDS} rounds; client '
       'and server rates jointly on 3 × 3 grids, extended past any edge a grid chose; chosen by '

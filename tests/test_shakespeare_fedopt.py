@@ -213,3 +213,18 @@ def test_what_is_left_is_priced_at_the_measured_rounds_against_the_budget():
                'used at most 14.0 core-hours so far, of the 15'):
     assert part in line, (part, line)
   assert blank == '' and fm._left_lines(runs, {}, {}) == []  # pylint: disable=protected-access
+
+
+def test_a_finished_populations_cpu_is_read_from_its_members_logged_attempts(tmp_path):
+  members = [['--total_rounds=1200', f'--root_output_dir={tmp_path}', f'--experiment_name=m{s}']
+             for s in range(2)]
+  for member in members:
+    os.makedirs(sf.rr.run_dir(member))
+    sf.rr.log_attempt(member, 'exit 143', 100.0, 50.0, 0)  # stopped: not the finishing one
+    sf.rr.log_attempt(member, 'ok', 3600.0, 1800.0, 600)  # rounds 601-1200: half the run
+  tests = {'fedavg': {s: {'round': [1200.0], 'round_seconds': [3600.0]} for s in range(2)}}
+  (line, _) = fm._measured_cpu_lines(lambda name: members, tests)  # pylint: disable=protected-access
+  assert "FedAvg's 2.0 core-hours (against at most 2.0 from 2 × its rounds' wall time)" in line
+  unlogged = lambda name: [['--total_rounds=1200', f'--root_output_dir={tmp_path}',
+                            '--experiment_name=none']]
+  assert fm._measured_cpu_lines(unlogged, tests) == []  # pylint: disable=protected-access
