@@ -110,7 +110,7 @@ def _measured_cpu_lines(members_of, tests) -> list[str]:
                 f'most {bound:.1f} from 2 × its rounds\' wall time)')
   if not said:
     return []
-  return [f'**Measured CPU of the test populations** (the bin/train process and its TFF '
+  return ['**Measured CPU of the test populations** (the bin/train process and its TFF '
           'worker, evaluation and start-up included; from the attempt that finished each, '
           'scaled to the whole run by the rounds it ran): ' + '; '.join(said) + '.', '']
 
