@@ -139,7 +139,9 @@ def _left_lines(runs, tests, started) -> list[str]:
           f'{sf.FEDOPT_ROUNDS:,} (its rounds so far: {spent[n]:.1f} core-hours)'
           for n, c in started.items()]
   names = lambda ns: ', '.join(sf.METHODS[n][0] for n in ns)
-  return [f'**Left to run.** {"; ".join(said) + "; " if said else ""}a 5-seed population of '
+  said.append('a 5-seed population of ')
+  opening = '; '.join(said)
+  return [f'**Left to run.** {opening[0].upper()}{opening[1:]}'
           f'{sf.FEDOPT_ROUNDS:,} rounds takes about {population:.1f} core-hours at the median '
           f'round of the test populations so far ({statistics.median(seconds):.1f} s, both '
           f'cores beside other work: an upper bound), a ranking check about {check:.1f} (the '

@@ -213,6 +213,9 @@ def test_what_is_left_is_priced_at_the_measured_rounds_against_the_budget():
                'used at most 14.0 core-hours so far, of the 15'):
     assert part in line, (part, line)
   assert blank == '' and fm._left_lines(runs, {}, {}) == []  # pylint: disable=protected-access
+  finished = {'fedavg': {0: started['fedavg']}}
+  (line, _) = fm._left_lines(runs, finished, {})  # pylint: disable=protected-access
+  assert line.startswith('**Left to run.** A 5-seed population of 1,200 rounds takes about 8.0')
 
 
 def test_a_finished_populations_cpu_is_read_from_its_members_logged_attempts(tmp_path):
