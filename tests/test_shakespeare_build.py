@@ -281,7 +281,7 @@ def test_bad_input_exits_2_with_one_line_before_writing(tmp_path, args, flag):
 
 
 @pytest.fixture(scope='module')
-def built(tmp_path_factory):
+def built_by_bin(tmp_path_factory):
   """bin/build_shakespeare's output directory for the fixture plays, built once."""
   out = str(tmp_path_factory.mktemp('build') / 'shakespeare')
   result = _run(BUILD, f'--source_dir={PLAYS_DIR}', f'--output_dir={out}')
@@ -294,11 +294,11 @@ def built(tmp_path_factory):
 
 
 @pytest.mark.parametrize('task', ['shakespeare_leaf', 'shakespeare_character'])
-def test_bin_builds_and_the_task_trains_on_the_output(tmp_path, task, built):
+def test_bin_builds_and_the_task_trains_on_the_output(tmp_path, task, built_by_bin):
   # Only --data_dir points at the build (docs/tasks.md); the clients run in sequence
   # without XLA, the cheapest program to build (the executions' equality is
   # test_recurrent_cohort's).
-  run = _run(TRAIN, f'--task={task}', f'--data_dir={built}', '--total_rounds=1',
+  run = _run(TRAIN, f'--task={task}', f'--data_dir={built_by_bin}', '--total_rounds=1',
              '--clients_per_round=2', f'--root_output_dir={tmp_path}/runs',
              '--show_progress=false', '--cohort_mode=sequential', '--cohort_jit_compile=none',
              timeout=600)
