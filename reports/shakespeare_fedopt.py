@@ -205,12 +205,15 @@ def test_runs(runs_dir, data_dir, chosen) -> dict:
 
 def started_runs(runs_dir, data_dir, chosen) -> dict:
   """{method: columns} of a test population started and not finished: its seed-0
-  member's rounds so far (its members share each round)."""
+  member's rounds so far (its members share each round), once it has one."""
   out = {}
   for name, rates in chosen.items():
-    job = test_member(runs_dir, data_dir, name, rates, TEST_SEEDS[0])
-    if os.path.exists(os.path.join(rr.run_dir(job), 'metrics.csv')) and not rr.finished(job):
-      out[name] = rr.read_columns(job)
+    try:
+      columns = rr.read_columns(test_member(runs_dir, data_dir, name, rates, TEST_SEEDS[0]))
+    except FileNotFoundError:
+      continue
+    if columns.get('round') and columns['round'][-1] < FEDOPT_ROUNDS:  # a round, not the last
+      out[name] = columns
   return out
 
 

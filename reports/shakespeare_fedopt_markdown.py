@@ -66,15 +66,22 @@ def _population_hours(runs, rows=lambda r: True) -> dict:
   return hours
 
 
+def _tuning_hours(runs, rows) -> dict:
+  """`_population_hours` of the tuning runs ({(method, rates): columns})."""
+  return _population_hours([(key[0], columns) for key, columns in runs.items()], rows)
+
+
+def _check_hours(runs) -> dict:
+  """{method: hours of its ranking check's rounds}: those past the tuning length."""
+  return _tuning_hours(runs, lambda r: r > sf.TUNING_ROUNDS)
+
+
 def _parts_hours(runs, tests) -> list:
   """[(what, {method: hours of rounds})] of the tuning, its ranking checks and the
   finished test populations, the empty ones left out."""
-  tuning = [(k[0], c) for k, c in runs.items()]
   parts = [
-      ('tuning populations\' rounds',
-       _population_hours(tuning, lambda r: r <= sf.TUNING_ROUNDS)),
-      (f'ranking checks\' rounds after round {sf.TUNING_ROUNDS}',
-       _population_hours(tuning, lambda r: r > sf.TUNING_ROUNDS)),
+      ('tuning populations\' rounds', _tuning_hours(runs, lambda r: r <= sf.TUNING_ROUNDS)),
+      (f'ranking checks\' rounds after round {sf.TUNING_ROUNDS}', _check_hours(runs)),
       ('5-seed test populations\' rounds', _population_hours(
           [(n, c) for n, by_seed in tests.items() for c in by_seed.values()]))]
   return [(what, hours) for what, hours in parts if hours]
@@ -124,36 +131,34 @@ def _left_lines(runs, tests, started) -> list[str]:
              for v in columns.get('round_seconds', []) if v == v]
   if not seconds:
     return []
-  population = 2 * statistics.median(seconds) * sf.FEDOPT_ROUNDS / 3600  # core-hours
-  checks = _population_hours([(k[0], c) for k, c in runs.items()],
-                             lambda r: r > sf.TUNING_ROUNDS)
+  median = statistics.median(seconds)
+  population = 2 * median * sf.FEDOPT_ROUNDS / 3600  # core-hours
+  checks = _check_hours(runs)
   check = 2 * statistics.mean(checks.values()) if checks else math.nan
-  spent = {n: 2 * sum(v for v in c.get('round_seconds', []) if v == v) / 3600
-           for n, c in started.items()}
+  spent = {n: 2 * h for n, h in _population_hours(started.items()).items()}
   used = 2 * sum(sum(h.values()) for _, h in _parts_hours(runs, tests)) + sum(spent.values())
   rest = {n: population * (1 - c['round'][-1] / sf.FEDOPT_ROUNDS) for n, c in started.items()}
   todo = [n for n in sf.RUN_ORDER if not tests.get(n) and n not in started]
   unchecked = [n for n in todo if n not in checks]
   total = sum(rest.values()) + population * len(todo) + check * len(unchecked)
-  said = [f'{sf.METHODS[n][0]}\'s test population is at round {int(c["round"][-1]):,} of '
-          f'{sf.FEDOPT_ROUNDS:,} (its rounds so far: {spent[n]:.1f} core-hours)'
-          for n, c in started.items()]
   names = lambda ns: ', '.join(sf.METHODS[n][0] for n in ns)
-  said.append('a 5-seed population of ')
-  opening = '; '.join(said)
-  return [f'**Left to run.** {opening[0].upper()}{opening[1:]}'
-          f'{sf.FEDOPT_ROUNDS:,} rounds takes about {population:.1f} core-hours at the median '
-          f'round of the test populations so far ({statistics.median(seconds):.1f} s, both '
-          f'cores beside other work: an upper bound), a ranking check about {check:.1f} (the '
-          f'finished checks\' mean). Still to '
-          f'run: ' + '; '.join(filter(None, [
-              ', '.join(f'the rest of {sf.METHODS[n][0]}\'s population (about {h:.1f})'
-                        for n, h in rest.items()),
-              unchecked and f'the ranking checks of {names(unchecked)}',
-              todo and f'the test populations of {names(todo)}'])) +
-          f': about {total:.0f} core-hours more. This part has used at most {used:.1f} '
-          f'core-hours so far, of the {BUDGET_CORE_HOURS:g} given to all of this report\'s '
-          'new compute (parts fedgbo and decayk, not rerun, included).', '']
+  opening = '; '.join([
+      *(f'{sf.METHODS[n][0]}\'s test population is at round {int(c["round"][-1]):,} of '
+        f'{sf.FEDOPT_ROUNDS:,} (its rounds so far: {spent.get(n, 0.0):.1f} core-hours)'
+        for n, c in started.items()),
+      f'a 5-seed population of {sf.FEDOPT_ROUNDS:,} rounds takes about {population:.1f} '
+      f'core-hours at the median round of the test populations so far ({median:.1f} s, both '
+      f'cores beside other work: an upper bound), a ranking check about {check:.1f} (the '
+      'finished checks\' mean)'])
+  still = '; '.join(filter(None, [
+      ', '.join(f'the rest of {sf.METHODS[n][0]}\'s population (about {h:.1f})'
+                for n, h in rest.items()),
+      unchecked and f'the ranking checks of {names(unchecked)}',
+      todo and f'the test populations of {names(todo)}']))
+  return [f'**Left to run.** {opening[0].upper()}{opening[1:]}. Still to run: {still}: about '
+          f'{total:.0f} core-hours more. This part has used at most {used:.1f} core-hours so '
+          f'far, of the {BUDGET_CORE_HOURS:g} given to all of this report\'s new compute '
+          '(parts fedgbo and decayk, not rerun, included).', '']
 
 
 def _saving_sentence() -> str:

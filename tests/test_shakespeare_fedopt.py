@@ -181,12 +181,21 @@ def test_the_populations_saving_is_read_from_the_bench_sample(tmp_path, monkeypa
   assert 'client_learning_rate=0.1,1, 2 seeds, 100 rounds, 800 member-rounds' in sentence
 
 
+def _rounds(n):
+  return [float(r) for r in range(1, n + 1)]
+
+
+def _tuned_and_checked():
+  """FedAvg's tuning runs: one of 100 rounds of 36 s (1 h), one continued to 300
+  rounds, its 200 past the tuning at 72 s (a 4 h check)."""
+  tuned = {'round': _rounds(sf.TUNING_ROUNDS), 'round_seconds': [36.0] * sf.TUNING_ROUNDS}
+  checked = {'round': _rounds(300), 'round_seconds': [36.0] * 100 + [72.0] * 200}
+  return {('fedavg', 1.0, 1.0): checked, ('fedavg', 0.3, 1.0): tuned}
+
+
 def test_the_compute_line_counts_each_population_once_and_the_checks_apart():
-  rounds = lambda n: [float(r) for r in range(1, n + 1)]
-  tuned = {'round': rounds(sf.TUNING_ROUNDS), 'round_seconds': [36.0] * sf.TUNING_ROUNDS}
-  checked = {'round': rounds(300), 'round_seconds': [36.0] * 100 + [72.0] * 200}
-  runs = {('fedavg', 1.0, 1.0): checked, ('fedavg', 0.3, 1.0): tuned}
-  seeds = {s: {'round': rounds(100), 'round_seconds': [18.0 + s] * 100} for s in (0, 1)}
+  runs = _tuned_and_checked()
+  seeds = {s: {'round': _rounds(100), 'round_seconds': [18.0 + s] * 100} for s in (0, 1)}
   (line,) = fm._cost_lines(runs, {'fedavg': seeds})  # pylint: disable=protected-access
   # members share a round: 1 h of tuning (not 2), 4 h of checks, 0.53 h of tests (the longest)
   assert ('The finished tuning populations\' rounds took 1.00 hours (FedAvg 1.00); the '
@@ -197,11 +206,8 @@ def test_the_compute_line_counts_each_population_once_and_the_checks_apart():
 
 
 def test_what_is_left_is_priced_at_the_measured_rounds_against_the_budget():
-  rounds = lambda n: [float(r) for r in range(1, n + 1)]
-  tuned = {'round': rounds(sf.TUNING_ROUNDS), 'round_seconds': [36.0] * sf.TUNING_ROUNDS}
-  checked = {'round': rounds(300), 'round_seconds': [36.0] * 100 + [72.0] * 200}
-  runs = {('fedavg', 1.0, 1.0): checked, ('fedavg', 0.3, 1.0): tuned}
-  started = {'fedavg': {'round': rounds(600), 'round_seconds': [12.0] * 599 + [math.nan]}}
+  runs = _tuned_and_checked()
+  started = {'fedavg': {'round': _rounds(600), 'round_seconds': [12.0] * 599 + [math.nan]}}
   (line, blank) = fm._left_lines(runs, {}, started)  # pylint: disable=protected-access
   # A population: 2 cores x 12 s x 1,200 rounds = 8 core-hours; FedAvg's check 2 x 4 h.
   for part in ("FedAvg's test population is at round 600 of 1,200 (its rounds so far: 4.0 "
@@ -231,3 +237,16 @@ def test_a_finished_populations_cpu_is_read_from_its_members_logged_attempts(tmp
   unlogged = lambda name: [['--total_rounds=1200', f'--root_output_dir={tmp_path}',
                             '--experiment_name=none']]
   assert fm._measured_cpu_lines(unlogged, tests) == []  # pylint: disable=protected-access
+
+
+def test_a_started_population_is_read_once_it_has_a_round_and_until_its_last(tmp_path):
+  runs_dir, data_dir, chosen = str(tmp_path), str(tmp_path / 'data90'), {'fedavg': (1.0, 1.0)}
+  out = sf.rr.run_dir(sf.test_member(runs_dir, data_dir, 'fedavg', (1.0, 1.0), sf.TEST_SEEDS[0]))
+  os.makedirs(out)
+  read = []
+  for last in (0, 3, sf.FEDOPT_ROUNDS):  # just started (a header only), running, finished
+    with open(os.path.join(out, 'metrics.csv'), 'w', newline='') as f:
+      csv.writer(f).writerows([['round', 'round_seconds'], *([r, 1.0] for r in _rounds(last))])
+    read.append(sf.started_runs(runs_dir, data_dir, chosen))
+  assert [r.get('fedavg', {'round': None})['round'] for r in read] == [None, [1.0, 2.0, 3.0],
+                                                                       None]
