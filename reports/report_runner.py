@@ -62,11 +62,17 @@ def _train(args: Sequence[str]):
   try:  # what bin/train's main() does: presets and algorithm defaults, then the run
     settings, notes = cli.resolve_flags(_FLAGS)
     cli.run_training(settings, notes)
-    status = 'ok'
-  except errors.RunError as e:  # exit status 1: diverged or failed; 2: bad flags or files
+    status = attempt_status(0)
+  except errors.RunError as e:
     errors.report(e)
-    status = 'diverged' if e.exit_code == 1 else f'exit {e.exit_code}'
+    status = attempt_status(e.exit_code)
   return tuple(args), status, time.monotonic() - started, time.process_time() - cpu, first
+
+
+def attempt_status(exit_code: int) -> str:
+  """An attempt's status in wall_clock.csv from bin/train's exit status (1: diverged or
+  failed; 2: bad flags or files)."""
+  return 'ok' if exit_code == 0 else 'diverged' if exit_code == 1 else f'exit {exit_code}'
 
 
 def command_line(args: Sequence[str]) -> str:

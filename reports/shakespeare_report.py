@@ -128,9 +128,8 @@ def run_together(path, run) -> None:
   before, started = _children_cpu(), time.monotonic()
   code = run(['bin/train.py', f'--together={path}']).returncode
   seconds, cpu = time.monotonic() - started, _children_cpu() - before
-  status = 'ok' if code == 0 else 'diverged' if code == 1 else f'exit {code}'
   for member, first in zip(members, firsts):  # each member's share of the process's CPU
-    rr.log_attempt(member, status, seconds, cpu / len(members), first)
+    rr.log_attempt(member, rr.attempt_status(code), seconds, cpu / len(members), first)
 
 
 def _children_cpu() -> float:
