@@ -9,8 +9,9 @@ Examples:
 Each trial is `bin/train.py <fixed> <grid flags> --seed=S` in
 <sweep_dir>/trials/<name> (log: <sweep_dir>/logs/<name>.log). Rerunning the
 same command skips finished trials and resumes interrupted ones from their
-checkpoints (trials that diverged are skipped unless --retry_diverged); a failing trial does not stop the others (exit status 1 at the
-end, with the failures listed). At the end the best configuration of each
+checkpoints (trials that diverged are skipped unless --retry_diverged); a
+failing trial does not stop the others (exit status 1 at the end, with the
+failures listed). At the end the best configuration of each
 group is printed, chosen by --select_metric/--select_rule/--select_mode.
 Spec syntax: workflow/sweeps/sweep.py and docs/sweeps.md.
 """
@@ -86,10 +87,8 @@ def main(argv):
   signal.signal(signal.SIGTERM, _interrupt)
   if FLAGS.dry_run:
     for t in trials:
-      done = ('finished' if sweep.is_finished(FLAGS.sweep_dir, t, fixed) else
-              'diverged' if sweep.diverged(FLAGS.sweep_dir, t) and not FLAGS.retry_diverged
-              else 'to run')
-      print(f'{done:8s} [{t.group}] {t.name}')
+      where, _ = sweep.standing(FLAGS.sweep_dir, t, fixed, FLAGS.retry_diverged)
+      print(f'{where:8s} [{t.group}] {t.name}')
     return
   try:
     outcomes = sweep_runner.run_sweep(trials, FLAGS.sweep_dir, fixed=fixed,

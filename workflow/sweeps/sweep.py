@@ -385,6 +385,16 @@ def is_finished(sweep_dir: str, trial: Trial, fixed: Mapping[str, str]) -> bool:
       trial, fixed)
 
 
+def standing(sweep_dir: str, trial: Trial, fixed: Mapping[str, str],
+             retry_diverged: bool = False) -> tuple[str, Optional[dict]]:
+  """Where a trial stands before a sweep runs: ('finished', None), ('diverged', its
+  record) unless `retry_diverged`, else ('to run', None)."""
+  if is_finished(sweep_dir, trial, fixed):
+    return 'finished', None
+  record = None if retry_diverged else diverged(sweep_dir, trial)
+  return ('diverged', record) if record is not None else ('to run', None)
+
+
 def trial_argv(sweep_dir: str, trial: Trial, fixed: Mapping[str, str],
                command: Sequence[str]) -> list[str]:
   """`command` + --fixed flags + grid flags + the flags the sweep manages.

@@ -161,11 +161,11 @@ class _Runner:
     self.diverged_before = []
     todo = []
     for trial in trials:
-      record = None if retry_diverged else sweep.diverged(sweep_dir, trial)
-      if sweep.is_finished(sweep_dir, trial, fixed):
+      where, record = sweep.standing(sweep_dir, trial, fixed, retry_diverged)
+      if where == 'finished':
         self.outcomes[trial.name] = TrialOutcome(trial, 'skipped',
                                                  sweep.log_path(sweep_dir, trial))
-      elif record is not None:
+      elif where == 'diverged':
         self.outcomes[trial.name] = TrialOutcome(
             trial, 'diverged', sweep.log_path(sweep_dir, trial),
             message=f'diverged at round {record["round"]} when last run (not run again; '
