@@ -198,7 +198,7 @@ class CohortProgram:
                             _non_trainable(message))
 
     # Longest lanes first: the lanes still training at a step are then a prefix,
-    # and each step runs only those (`_on_active_lanes`). Everything per lane is
+    # and each step runs only those (`_lanes_over_steps`). Everything per lane is
     # ordered so before its start is made from it.
     order = _longest_first(lanes['mask'])
     messages, lanes = _gathered(messages, order), _gathered(lanes, order)
@@ -224,8 +224,7 @@ class CohortProgram:
     (vectorised), the pass of every lane at once (`_pass_of_lanes`), each
     lane's step after it (vectorised); a lane without real rows stays."""
 
-    def lane_step(both, group):
-      state, context = both
+    def lane_step(state, group, context):
       weights, statistics = _over_clients(step.point, (state, context))
       out = self._pass_of_lanes(weights, statistics, *group[0])
 
@@ -234,10 +233,11 @@ class CohortProgram:
         new = step.after(state, group, context, out)
         return tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
 
-      return _over_clients(after, (state, group, context, out)), context
+      return _over_clients(after, (state, group, context, out))
 
-    return self._over_steps(lane_step, batches, mask, (state, context), per_step,
-                            lanes_axis=True)[0]
+    if self.jit_compile:
+      lane_step = tf.function(lane_step, jit_compile=True, autograph=False)
+    return _lanes_over_steps(lane_step, batches, mask, state, context, per_step)
 
   def _pass_of_lanes(self, weights, statistics, batch, rows):
     """`view.train_pass` of every lane: one call on the lane-axis model
@@ -247,31 +247,22 @@ class CohortProgram:
     return _over_clients(lambda w, s, b, r: self.view.train_pass(w, b, r, s),
                          (weights, statistics, batch, rows))
 
-  def _over_steps(self, step_fn, batches, mask, state, per_step: int = 1, lanes_axis=False):
+  def _over_steps(self, step_fn, batches, mask, state, per_step: int = 1):
     """state = step_fn(state, group) for each step of the padded batches, group
     being `per_step` consecutive (batch, rows) pairs (under XLA when
     `jit_compile`); a client's step with a batch without real rows (a shorter
-    client, a last incomplete group) changes nothing of its state.
-    `lanes_axis`: batches, mask and state have a leading lane dimension, and
-    step_fn steps every lane (`_over_lane_steps`)."""
+    client, a last incomplete group) changes nothing of its state."""
     if self.jit_compile:
       step_fn = tf.function(step_fn, jit_compile=True, autograph=False)
-    step, axis = _on_active_lanes(step_fn), 1
-    if not lanes_axis:
-      axis = 0
-
-      def step(state, group):
-        new = step_fn(state, group)
-        active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
-        return tf.nest.map_structure(lambda a, b: tf.where(active, a, b), new, state)
 
     def body(s, state):
-      at = lambda i: lambda t: tf.gather(t, i, axis=axis)
-      group = tuple((tf.nest.map_structure(at(s * per_step + j), batches),
-                     at(s * per_step + j)(mask)) for j in range(per_step))
-      return s + 1, _like(state, step(state, group))
+      group = _group_at(batches, mask, s, per_step, axis=0)
+      new = step_fn(state, group)
+      active = tf.reduce_all([tf.reduce_sum(rows) > 0 for _, rows in group])
+      return s + 1, _like(state, tf.nest.map_structure(lambda a, b: tf.where(active, a, b),
+                                                       new, state))
 
-    _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[axis] // per_step, body,
+    _, state = tf.while_loop(lambda s, _: s < tf.shape(mask)[0] // per_step, body,
                              (tf.constant(0), state))
     return state
 
@@ -356,19 +347,60 @@ def _gathered(structure, order):
   return tf.nest.map_structure(lambda t: tf.gather(t, order), structure)
 
 
-def _on_active_lanes(step_fn):
-  """step_fn(state, group) run on the lanes up to the last with real rows in this
-  step (the others, past their data, stay as they are): with the lanes longest
-  first, a step costs the lanes still training, not the shard's padding."""
+def _group_at(batches, mask, s, per_step: int, axis: int):
+  """Step s's `per_step` consecutive (batch, rows) pairs, the steps on `axis`."""
+  at = lambda i: lambda t: tf.gather(t, i, axis=axis)
+  return tuple((tf.nest.map_structure(at(s * per_step + j), batches), at(s * per_step + j)(mask))
+               for j in range(per_step))
 
-  def step(state, group):
-    active = tf.reduce_all([tf.reduce_sum(rows, axis=1) > 0 for _, rows in group], axis=0)
-    n = tf.maximum(tf.reduce_max(tf.where(active, tf.range(1, tf.size(active) + 1), 0)), 1)
+
+def _lanes_over_steps(step_fn, batches, mask, state, context, per_step: int):
+  """state = step_fn(state, group, context) for each step, every argument with a
+  leading lane axis, the lanes longest first. A step runs only the lanes up to
+  the last with real rows in it; a lane past its data leaves the loop's state
+  and is written once to its place in the result, so a step neither computes
+  nor copies the lanes that finished (at E = 1 the longest client sets the
+  steps, and most lanes of a population finish long before it). A lane's real
+  batches come first, as the shards pad them: the lanes training only shrink."""
+  flat = tf.nest.flatten(state)
+  done = [tf.TensorArray(t.dtype, size=tf.shape(mask)[0], element_shape=t.shape[1:])
+          for t in flat]
+  training = _training_lanes(mask, per_step)
+
+  def leave(done, live, n):
+    gone = tf.range(n, tf.shape(live[0])[0])
+    return [ta.scatter(gone, t[n:]) for ta, t in zip(done, live)]
+
+  def body(s, live, done):
+    n = tf.minimum(training[s], tf.shape(live[0])[0])
+    done = leave(done, live, n)
     head = lambda t: t[:n]
-    new = step_fn(tf.nest.map_structure(head, state), tf.nest.map_structure(head, group))
-    return tf.nest.map_structure(lambda a, b: tf.concat([a, b[n:]], 0), new, state)
+    group = tf.nest.map_structure(head, _group_at(batches, mask, s, per_step, axis=1))
+    new = step_fn(tf.nest.pack_sequence_as(state, [head(t) for t in live]), group,
+                  tf.nest.map_structure(head, context))
+    return s + 1, [_shaped(t, like) for t, like in zip(tf.nest.flatten(new), live)], done
 
-  return step
+  invariants = (tf.TensorShape([]), [tf.TensorShape([None]).concatenate(t.shape[1:])
+                                     for t in flat], [tf.TensorShape(None)] * len(flat))
+  _, live, done = tf.while_loop(lambda s, *_: training[s] > 0, body,
+                                (tf.constant(0), flat, done), shape_invariants=invariants)
+  done = leave(done, live, tf.constant(0))
+  return tf.nest.pack_sequence_as(state, [_shaped(ta.stack(), t) for ta, t in zip(done, flat)])
+
+
+def _training_lanes(mask, per_step: int):
+  """For each step of `per_step` batches (mask [L, S, B], lanes longest first),
+  the lanes up to the last with real rows in all of them; then a 0 (the end)."""
+  lanes, steps = tf.shape(mask)[0], tf.shape(mask)[1] // per_step
+  real = tf.reduce_sum(mask[:, :steps * per_step], axis=2) > 0
+  real = tf.reduce_all(tf.reshape(real, [lanes, steps, per_step]), axis=2)
+  last = tf.reduce_max(tf.where(real, tf.range(1, lanes + 1)[:, tf.newaxis], 0), axis=0)
+  return tf.concat([last, [0]], 0)
+
+
+def _shaped(t, like):
+  t.set_shape(tf.TensorShape([None]).concatenate(like.shape[1:]))
+  return t
 
 
 def _in_sequence(fn, elems):

@@ -139,9 +139,34 @@ def _dense(layer, w, h):
   return layer.activation(out)
 
 
+@tf.custom_gradient
 def _project(h, kernel, bias):
   """Every position's input projection at once: [T,L,B,I] × [L,I,G] + [L,G]."""
-  return tf.einsum('tlbi,lig->tlbg', h, kernel) + bias[:, tf.newaxis]
+
+  def grad(d):
+    return (tf.einsum('tlbg,lig->tlbi', d, kernel), _over_positions(h, d),
+            _sum_over_positions(d))
+
+  return tf.einsum('tlbi,lig->tlbg', h, kernel) + bias[:, tf.newaxis], grad
+
+
+# The weight gradients below contract the time-major [T,L,B,·] sequences over
+# positions and rows. Written as einsum ('tlbi,tlbg->lig') or one
+# reduce_sum(axis=[0, 2]), TensorFlow transposes them element by element:
+# 22 and 12 ms at 14 lanes on the Shakespeare GRU, against 7.7 and 1.4 ms for
+# the forms below (lane-major copies, one batched matmul; two reductions over
+# contiguous axes), which made them a third of a train step.
+
+def _over_positions(a, b):
+  """Σ over positions t and rows b of a[t,l,b,:]ᵀ b[t,l,b,:]: [L, I, G]."""
+  lane_major = lambda t: tf.reshape(tf.transpose(t, [1, 0, 2, 3]),
+                                    tf.stack([tf.shape(t)[1], -1, tf.shape(t)[3]]))
+  return tf.matmul(lane_major(a), lane_major(b), transpose_a=True)
+
+
+def _sum_over_positions(d):
+  """Σ over positions t and rows b of d[t,l,b,:]: [L, G]."""
+  return tf.reduce_sum(tf.reduce_sum(d, axis=0), axis=1)
 
 
 def _shifted(hs):
@@ -194,8 +219,8 @@ def _gru_recurrence(xp, recurrent, recurrent_bias, mask):
       _, d_xp, d_inner = tf.scan(back, (dhs, zs, rs, hhs, r_hs, prev, ones),
                                  initializer=(zero, tf.concat([zero] * 3, -1),
                                               tf.concat([zero] * 3, -1)), reverse=True)
-      d_recurrent = tf.einsum('tlbh,tlbg->lhg', prev, d_inner)
-      return d_xp, d_recurrent, tf.reduce_sum(d_inner, axis=[0, 2])[:, tf.newaxis]
+      return (d_xp, _over_positions(prev, d_inner),
+              _sum_over_positions(d_inner)[:, tf.newaxis])
 
     return hs, grad
 
@@ -242,7 +267,7 @@ def _lstm(h, kernel, recurrent, bias, mask):
       zero = tf.zeros_like(dhs[0])
       _, _, d_z = tf.scan(back, (dhs, i_s, fs, gs, os_, ts, prev_c, prev_h, ones),
                           initializer=(zero, zero, tf.concat([zero] * 4, -1)), reverse=True)
-      return d_z, tf.einsum('tlbh,tlbg->lhg', prev_h, d_z)
+      return d_z, _over_positions(prev_h, d_z)
 
     return hs, grad
 
