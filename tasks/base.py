@@ -8,6 +8,30 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 
+# The test clients' order when they are joined into one dataset: any fixed one,
+# the same for every run, seed and process.
+TEST_CLIENT_ORDER_SEED = 0
+
+
+def centralized_test_data(datasets: tff.simulation.baselines.BaselineTaskDatasets
+                          ) -> tf.data.Dataset:
+  """`datasets.get_centralized_test_data()` with the test clients joined in one
+  fixed order. TFF's joins them in an order drawn without a seed, another in
+  every process: a strided evaluation (--eval_stride) then evaluates other
+  examples after each start or resume, and two runs of one command differ in
+  their evaluation by that alone."""
+  test = datasets.test_data
+  if isinstance(test, tff.simulation.datasets.ClientData):
+    test = all_clients(test)
+  preprocess = datasets.eval_preprocess_fn
+  return test if preprocess is None else preprocess(test)
+
+
+def all_clients(client_data: tff.simulation.datasets.ClientData) -> tf.data.Dataset:
+  """Every client's examples, the clients in `TEST_CLIENT_ORDER_SEED`'s order."""
+  return client_data.create_tf_dataset_from_all_clients(seed=TEST_CLIENT_ORDER_SEED)
+
+
 @dataclasses.dataclass(frozen=True)
 class KerasEvaluation:
   """How the global model is evaluated centrally with Keras.
@@ -134,7 +158,7 @@ class FederatedTask:
 
   def centralized_test_data(self) -> tf.data.Dataset:
     """Batched, preprocessed test data of all clients."""
-    return self.baseline.datasets.get_centralized_test_data()
+    return centralized_test_data(self.baseline.datasets)
 
   def keras_evaluation(self) -> KerasEvaluation:
     """The task's `evaluation`, or the default for `{'x', 'y'}` classifiers."""

@@ -206,7 +206,7 @@ def create_task(*, cifar10_model: str, dirichlet_alpha: float, num_clients: int,
   evaluation = base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
       metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
-      data_fn=datasets.get_centralized_test_data)
+      data_fn=lambda: base.centralized_test_data(datasets))
   return base.FederatedTask(
       name='cifar10', baseline=tff.simulation.baselines.BaselineTask(datasets, model_fn),
       keras_model_fn=keras_model_fn, num_classes=NUM_CLASSES,

@@ -356,7 +356,7 @@ def _build(task: str, to_xy: Callable, keras_model_fn, num_classes: int, *, data
 def _sent140_evaluation(test) -> base.KerasEvaluation:
   def data_fn():
     # Cache token ids, not the dense 5,000-float bags (95k test tweets).
-    tokens = test.create_tf_dataset_from_all_clients().cache()
+    tokens = base.all_clients(test).cache()
     return tokens.map(_sent140_xy).batch(256).map(lambda b: (b['x'], b['y']))
   return base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

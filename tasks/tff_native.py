@@ -108,7 +108,7 @@ def _classification_evaluation(datasets, from_logits: bool) -> base.KerasEvaluat
   return base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
       metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
-      data_fn=datasets.get_centralized_test_data)
+      data_fn=lambda: base.centralized_test_data(datasets))
 
 
 def _sampled_test_data(datasets, num_examples: int, seed: int) -> Callable[[], tf.data.Dataset]:
@@ -245,7 +245,7 @@ def create_emnist_autoencoder(*, data_dir: str, num_clients: int, max_client_exa
       loss_fn=tf.keras.losses.MeanSquaredError,
       metrics_fn=lambda: [tf.keras.metrics.MeanSquaredError(name='mean_squared_error'),
                           tf.keras.metrics.MeanAbsoluteError(name='mean_absolute_error')],
-      data_fn=baseline.datasets.get_centralized_test_data)
+      data_fn=lambda: base.centralized_test_data(baseline.datasets))
   return _tff_task(
       'emnist_autoencoder', seed, baseline=baseline,
       keras_model_fn=create_emnist_autoencoder_model, num_classes=0,
@@ -291,7 +291,7 @@ def create_shakespeare_character(*, shakespeare_character_model: str, data_dir: 
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       metrics_fn=lambda: [keras_metrics.MaskedCategoricalAccuracy(masked_tokens=[pad],
                                                                   name='accuracy')],
-      data_fn=baseline.datasets.get_centralized_test_data)
+      data_fn=lambda: base.centralized_test_data(baseline.datasets))
   return _tff_task(
       'shakespeare_character', seed, baseline=baseline, keras_model_fn=keras_model_fn,
       num_classes=vocab_size, evaluation=evaluation)

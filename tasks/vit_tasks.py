@@ -25,7 +25,6 @@ import tensorflow_federated as tff
 
 from tasks import base
 from tasks import common
-from tasks import data_files
 from tasks import tff_files
 from tasks import tff_native
 from tasks.models import vit
@@ -77,7 +76,7 @@ def logits_evaluation(datasets) -> base.KerasEvaluation:
   return base.KerasEvaluation(
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
-      data_fn=datasets.get_centralized_test_data)
+      data_fn=lambda: base.centralized_test_data(datasets))
 
 
 def cifar100_vit_preprocess_fn(spec: tff.simulation.baselines.ClientSpec, image_size: int):
