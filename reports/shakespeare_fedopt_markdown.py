@@ -226,10 +226,15 @@ def section(runs_dir, data_dir):
       '1–100) and FedAvg\'s ranking check (to round 300) shuffled each client\'s snippets as '
       'TFF\'s preprocessing does, without a seed, so a rerun gives other numbers; the other '
       'methods\' ranking checks from round 101 on and the test runs shuffle with the seed and the '
-      'client\'s id (docs/tasks.md), so the test commands below give the same numbers again. '
+      'client\'s id (docs/tasks.md), so the test commands below train the same again. '
       'FedAdagrad\'s two ranking-check runs were trained again from round 1 on a later machine '
       '(the earlier machine\'s checkpoints were not kept), so all 300 of their rounds, their '
-      'tuning rows included, shuffle with the seed.', '', *_cost_lines(runs, tests), '',
+      'tuning rows included, shuffle with the seed. **Evaluation sequences**: every run here '
+      'evaluated every 50th sequence of the test clients joined in the order TFF\'s join drew '
+      'in that process (another in every process: a resumed run, and each test seed, saw '
+      'another fiftieth of the test split, so the intervals below include that sampling); the '
+      'tasks now join the test clients in one fixed order (docs/tasks.md), so a rerun '
+      'evaluates other sequences than these runs did.', '', *_cost_lines(runs, tests), '',
       *_measured_cpu_lines(lambda n: [sf.test_member(runs_dir, data_dir, n, tested[n], seed)
                                       for seed in sf.TEST_SEEDS], tests),
       *_left_lines(runs, tests, sf.started_runs(runs_dir, data_dir, tested)),
