@@ -31,6 +31,10 @@ FEDGBO_PAPER_ROUNDS, DECAYK_PAPER_ROUNDS = 5000, 4000
 # evaluated, the same ones at every evaluation.
 TRAIN_FRACTION = 0.9
 EVAL_STRIDE = 50
+# What the committed runs' evaluations sampled, said in each part's setting.
+EVAL_ORDER = ('the test roles in the order TFF\'s join drew in each process, so a resumed run '
+              'evaluated another sample from there on; the tasks now join them in one fixed '
+              'order, so a rerun evaluates another one')
 
 # ---- part fedgbo: the FedGBO paper's Figure 1 (Shakespeare, K = 10) -----------
 FEDGBO_ROUNDS = 300

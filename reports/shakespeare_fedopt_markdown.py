@@ -230,11 +230,8 @@ def section(runs_dir, data_dir):
       'FedAdagrad\'s two ranking-check runs were trained again from round 1 on a later machine '
       '(the earlier machine\'s checkpoints were not kept), so all 300 of their rounds, their '
       'tuning rows included, shuffle with the seed. **Evaluation sequences**: every run here '
-      'evaluated every 50th sequence of the test clients joined in the order TFF\'s join drew '
-      'in that process (another in every process: a resumed run, and each test seed, saw '
-      'another fiftieth of the test split, so the intervals below include that sampling); the '
-      'tasks now join the test clients in one fixed order (docs/tasks.md), so a rerun '
-      'evaluates other sequences than these runs did.', '', *_cost_lines(runs, tests), '',
+      f'evaluated every 50th sequence of {sc.EVAL_ORDER}; each test seed drew its own sample, '
+      'so the intervals below include that sampling.', '', *_cost_lines(runs, tests), '',
       *_measured_cpu_lines(lambda n: [sf.test_member(runs_dir, data_dir, n, tested[n], seed)
                                       for seed in sf.TEST_SEEDS], tests),
       *_left_lines(runs, tests, sf.started_runs(runs_dir, data_dir, tested)),

