@@ -72,9 +72,17 @@ def sent_types(monkeypatch):
   return sent
 
 
+_BUILT = {}
+
+
 def _build(task, local_steps, execution='per_client'):
-  return fedopt.build_fedadam(task.model_fn, tff.learning.optimizers.build_sgdm(0.1), 0.05,
-                              local_steps=local_steps, execution=execution)
+  """FedAdam on the digits MLP, built once per module for each (K, execution): every
+  task of this file has that model, so one build (its traces) serves every test."""
+  key = (local_steps, repr(execution))
+  if key not in _BUILT:
+    _BUILT[key] = fedopt.build_fedadam(task.model_fn, tff.learning.optimizers.build_sgdm(0.1),
+                                       0.05, local_steps=local_steps, execution=execution)
+  return _BUILT[key]
 
 
 @pytest.mark.parametrize('local_steps', [3, 0])

@@ -65,19 +65,37 @@ def _counts(measurements, zeroing, clipping):
   return zeroed, int(measurements['clipped_count']) if clipping else 0
 
 
+_REFERENCES = {}
+
+
+def _per_client_rounds(zeroing, clipping, weighted, rounds):
+  """(initial state, the per-client process's first `rounds` outputs from it), made
+  once per module for each aggregator (the executions compared with it share them)."""
+  key = (zeroing, clipping, weighted)
+  if key not in _REFERENCES or len(_REFERENCES[key][1]) < rounds:
+    per_client = fedavg(model_aggregator=robust.robust_aggregator(
+        zeroing=zeroing, clipping=clipping, weighted=weighted))
+    initial = state = per_client.initialize()
+    outputs = []
+    for _ in range(rounds):
+      outputs.append(per_client.next(state, robust_datasets()))
+      state = outputs[-1].state
+    _REFERENCES[key] = (initial, outputs)
+  initial, outputs = _REFERENCES[key]
+  return initial, outputs[:rounds]
+
+
 def _compare_robust(execution, zeroing=True, clipping=True, weighted=True, rounds=3):
   factory = robust.robust_aggregator(zeroing=zeroing, clipping=clipping, weighted=weighted)
   datasets = robust_datasets()
-  per_client = fedavg(model_aggregator=factory)
   with warnings.catch_warnings():
     warnings.simplefilter('error')  # the cohort must not fall back to per client
     fast = fedavg(model_aggregator=factory, execution=execution)
   assert isinstance(fast, cohort.CohortProcess)
-  state = per_client.initialize()
+  state, references = _per_client_rounds(zeroing, clipping, weighted, rounds)
   tf.nest.assert_same_structure(state, fast.initialize(), check_types=True)
   fast_state, zeroed, clipped = state, 0, 0
-  for r in range(rounds):
-    expected = per_client.next(state, datasets)
+  for r, expected in enumerate(references):
     actual = fast.next(fast_state, tc._shards(fast, datasets, 2))
     tc._assert_outputs_equal(expected, actual, f'robust round {r + 1}')
     tf.nest.assert_same_structure(expected.state, actual.state, check_types=True)
@@ -115,21 +133,18 @@ def test_robust_through_tff_executor_on_two_shards():
 def test_robust_on_two_tff_workers(live_pool):
   # TFF's mergeable context: the norms go down with the model, each worker
   # returns its shard's sums (records and counts included), merged once.
-  factory = robust.robust_aggregator()
   datasets = robust_datasets()
-  per_client = fedavg(model_aggregator=factory)
-  on_workers = fedavg(model_aggregator=factory,
+  on_workers = fedavg(model_aggregator=robust.robust_aggregator(),
                       execution=cohort.CohortExecution(in_process=False, num_shards=2))
   context = remote_context.create_workers_context([w.address for w in live_pool])
-  state = remote_state = per_client.initialize()
-  for r in range(2):
-    expected = per_client.next(state, datasets)
+  remote_state, references = _per_client_rounds(True, True, True, 2)
+  for r, expected in enumerate(references):
     shards = tc._shards(on_workers, datasets, 2)
     with context_stack_impl.context_stack.install(context):
       remote = on_workers.next(remote_state, shards)
     tc._assert_outputs_equal(expected, remote, f'robust on 2 workers, round {r + 1}')
     assert _counts(remote.metrics['aggregator'], True, True) == (1, 1)
-    state, remote_state = expected.state, remote.state
+    remote_state = remote.state
 
 
 # (bin/train's --cohort_jit_compile=auto compiles fixed-K feed-forward rounds so, vectorised)
@@ -140,13 +155,9 @@ def test_robust_in_an_xla_compiled_shard_program(weighted, execution):
 
 
 def test_a_per_client_checkpoint_continues_under_the_cohort():
-  factory = robust.robust_aggregator()
-  datasets = robust_datasets()
-  per_client = fedavg(model_aggregator=factory)
-  fast = fedavg(model_aggregator=factory, execution='cohort')
-  one = per_client.next(per_client.initialize(), datasets)
-  reference = per_client.next(one.state, datasets)
-  switched = fast.next(one.state, tc._shards(fast, datasets, 2))
+  fast = fedavg(model_aggregator=robust.robust_aggregator(), execution='cohort')
+  _, (one, reference) = _per_client_rounds(True, True, True, 2)
+  switched = fast.next(one.state, tc._shards(fast, robust_datasets(), 2))
   tc._assert_outputs_equal(reference, switched, 'per-client round 1, cohort round 2')
   tf.nest.assert_same_structure(reference.state, switched.state, check_types=True)
   assert type(switched.state.aggregator['zeroing_norm'][0]).__name__ == '_GlobalState'
