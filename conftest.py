@@ -49,6 +49,23 @@ def _reset_tf_global_seed():
     tf.random.set_seed(None)
 
 
+@pytest.fixture(autouse=True, scope='session')
+def _children_tmpdir(tmp_path_factory):
+  """The tests' children make their temporary files inside pytest's tree (pruned by pytest).
+
+  A child killed with SIGKILL (the kill -9 tests) cannot remove the private
+  worker-log directory it made (`runtime.private_log_dir`): in the system's
+  temporary directory, every run of the suite left a few behind.
+  """
+  before = os.environ.get('TMPDIR')
+  os.environ['TMPDIR'] = str(tmp_path_factory.mktemp('children_tmp'))
+  yield
+  if before is None:
+    os.environ.pop('TMPDIR')
+  else:
+    os.environ['TMPDIR'] = before
+
+
 @pytest.fixture(scope='module')
 def local_cpp_context():
   """TFF's local C++ context for a test module (`pytestmark = usefixtures(...)`)."""

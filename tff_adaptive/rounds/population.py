@@ -27,7 +27,7 @@ population.
 """
 
 import collections
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -227,7 +227,13 @@ class PopulationNext:
       raise ValueError('every member of a population runs the same local steps K (it fixes '
                        f'the program\'s shape); got {sorted(local_steps)}')
     steps = self._process.batches_per_client(local_steps.pop())
-    shards, orders = zip(*[_member_shard(self._process, cohort, steps) for cohort in member_data])
+    # Members given the very same data object (bin/train --together's members
+    # of one seed) get its shard built once.
+    built = {}
+    for cohort in member_data:
+      if id(cohort) not in built:
+        built[id(cohort)] = _member_shard(self._process, cohort, steps)
+    shards, orders = zip(*[built[id(cohort)] for cohort in member_data])
     cohorts = {int(np.shape(s['mask'])[0]) for s in shards}
     if len(cohorts) != 1:
       raise ValueError('every member of a population trains the same number of clients per '

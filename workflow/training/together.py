@@ -231,21 +231,20 @@ def population_of(process):
 def member_loop(process, task, loop_config, round_metrics_fn, start, shared: dict):
   """A member's loop (`program.Loop`): its task, run directory, feeder and start.
   Members of one seed (one task: its clients' batches, its test data) share
-  `shared[seed]`: an evaluator, and the cache of client batches their feeders
-  fill (they sample the same clients: without it each member read every
-  client from tf.data again, 3-4 s of a Shakespeare round of 8 members)."""
-  from tff_adaptive.rounds import cohort_data  # pylint: disable=g-import-not-at-top
+  `shared[seed]`: an evaluator, and the builder of the padded shards their
+  feeders take (they sample the same clients: without it each member read
+  every client from tf.data again, 3-4 s of a Shakespeare round of 8 members,
+  and padded them again)."""
   from workflow.training import cohort_feed  # pylint: disable=g-import-not-at-top
   from workflow.training import program  # pylint: disable=g-import-not-at-top
   seed = loop_config.seed  # the one setting of the task members may differ in
   if seed not in shared:
     shared[seed] = (_Remembered(program.KerasEvaluator(task, loop_config.eval_stride)),
-                    cohort_data.ClientCache(task.client_train_datasets,
-                                            cohort_feed.DEFAULT_CACHE_BYTES))
-  evaluate, cache = shared[seed]
+                    cohort_feed.ShardBuilder(task, process, keep=4))
+  evaluate, builder = shared[seed]
   return program.Loop(process, task, loop_config, round_metrics_fn, None,
-                      cohort_feed.CohortFeeder(task, process, cache=cache), initial_state=start,
-                      evaluate=evaluate)
+                      cohort_feed.CohortFeeder(task, process, builder=builder),
+                      initial_state=start, evaluate=evaluate)
 
 
 class _Remembered:
