@@ -40,6 +40,28 @@ def test_the_scalars_are_tffs(tmp_path):
   assert len(events) == 7 and events == _events(tmp_path / 'tff')
 
 
+def test_a_shared_batch_writes_each_runs_scalars_as_its_own_writer(tmp_path):
+  """A population's members add their rounds to one batch, written by one call:
+  each member's events are those its own writer writes, and none before the call."""
+  batch = run_files.ScalarBatch()
+  members = [run_files.TensorBoardScalars(str(tmp_path / f'm{m}'), batch) for m in range(3)]
+  for metrics, round_num in ROUNDS:
+    for m, member in enumerate(members):
+      member.release({**metrics, 'member': m}, round_num)
+    if round_num == 1:
+      members[1]._writer.flush()  # pylint: disable=protected-access
+      assert not _events(tmp_path / 'm1')
+    batch.write()
+  for m, member in enumerate(members):
+    alone = run_files.TensorBoardScalars(str(tmp_path / f'alone{m}'))
+    for metrics, round_num in ROUNDS:
+      alone.release({**metrics, 'member': m}, round_num)
+    member._writer.flush()  # pylint: disable=protected-access
+    alone._writer.flush()  # pylint: disable=protected-access
+    assert len(_events(tmp_path / f'm{m}')) == 10
+    assert _events(tmp_path / f'm{m}') == _events(tmp_path / f'alone{m}')
+
+
 def test_a_populations_writers_say_nothing_of_retracing(tmp_path, monkeypatch):
   """Each member's writer traces its own function once; TensorFlow calls that
   retracing from the fifth member on, and --together's filter drops the line."""

@@ -167,12 +167,12 @@ class KerasEvaluator:
 class _Releases:
   """metrics.csv + TensorBoard releases, keyed by round, consistent with the checkpoint."""
 
-  def __init__(self, output_dir: str, start_round: int):
+  def __init__(self, output_dir: str, start_round: int, scalars: run_files.ScalarBatch):
     self.csv = run_files.MetricsFile(os.path.join(output_dir, 'metrics.csv'))
     self.csv.open_at(start_round)
     tensorboard_dir = os.path.join(output_dir, 'tensorboard')
     run_files.trim_tensorboard(tensorboard_dir, start_round)
-    self._tensorboard = run_files.TensorBoardScalars(tensorboard_dir)
+    self._tensorboard = run_files.TensorBoardScalars(tensorboard_dir, scalars)
 
   async def release(self, metrics: Mapping[str, float], round_num: int):
     self.csv.release(metrics, round_num)
@@ -232,6 +232,8 @@ async def _rounds(process, task, config, round_metrics_fn, client_data_fn, feede
       sampled = loop.sample(round_num)
       output, schedule_row = loop.train(round_num, sampled)
       row = await loop.finish_round(round_num, sampled, output, schedule_row, started)
+      loop.write_scalars(round_num)
+      await loop.checkpoint_if_due(round_num)
       loop.show_progress(bar, round_num, row)
       if config.after_round is not None:
         config.after_round()
@@ -249,7 +251,7 @@ class Loop:
   """
 
   def __init__(self, process, task, config, round_metrics_fn, client_data_fn, feeder,
-               initial_state=None, evaluate=None):
+               initial_state=None, evaluate=None, scalars=None):
     self.process, self.task, self.config = process, task, config
     # A population member's own start (its weights and hyperparameters), else initialize()'s.
     self.initial_state = initial_state
@@ -260,6 +262,9 @@ class Loop:
         os.path.join(config.output_dir, 'checkpoints'), keep_total=3, keep_first=False)
     # A population's members of one seed share theirs (together.py).
     self.evaluate = evaluate or KerasEvaluator(task, config.eval_stride)
+    # Its TensorBoard scalars wait here until `scalars.write()`; a population's
+    # members share one batch, written by one graph call per round.
+    self.scalars = scalars or run_files.ScalarBatch()
     self.client_ids = list(task.train_data.client_ids)
     self.divergence_rule = divergence.Rule(config.divergence_factor, config.divergence_rounds)
     self.last_eval = {}
@@ -308,7 +313,7 @@ class Loop:
   def _open_releases(self):
     # metrics.csv and TensorBoard drop what rounds after the checkpoint wrote.
     try:
-      self.releases = _Releases(self.config.output_dir, self.start_round)
+      self.releases = _Releases(self.config.output_dir, self.start_round, self.scalars)
     except (OSError, tf.errors.OpError) as e:
       raise WriteFailed(f'cannot write the metrics in {self.config.output_dir} '
                         f'({run_files.first_line(e)}); {self.where_to_resume()}') from None
@@ -353,7 +358,8 @@ class Loop:
 
   async def finish_round(self, round_num: int, sampled: list[str], output, schedule_row,
                          started: float) -> dict:
-    """Everything after `process.next`: measure, check, evaluate, write, checkpoint; the row."""
+    """Everything after `process.next` up to the checkpoint: measure, check,
+    evaluate, write metrics.csv, add the TensorBoard scalars; the row."""
     row, weights = self.measure(round_num, output)
     try:
       self.divergence_rule.check(round_num, row, weights, self.task, sampled,
@@ -368,7 +374,6 @@ class Loop:
     self.evaluate_if_due(round_num, weights, row)
     self.observe_schedules(round_num, schedule_row, len(sampled), row)
     await self.write_metrics(round_num, row)
-    await self.checkpoint_if_due(round_num)
     return row
 
   def _client_data(self, round_num: int, sampled: list[str], data_steps: Optional[int]):
@@ -426,9 +431,19 @@ class Loop:
     try:
       await self.releases.release(row, round_num)
     except (OSError, tf.errors.OpError) as e:
-      raise WriteFailed(f'could not write the metrics of round {round_num} '
-                        f'({run_files.first_line(e)}); {self.where_to_resume()}; free space '
-                        'and rerun the same command to resume') from None
+      raise self._write_failed(round_num, e) from None
+
+  def write_scalars(self, round_num: int):
+    """Writes the TensorBoard scalars waiting in `scalars` (in a population, every member's)."""
+    try:
+      self.scalars.write()
+    except (OSError, tf.errors.OpError) as e:
+      raise self._write_failed(round_num, e) from None
+
+  def _write_failed(self, round_num: int, e: Exception) -> 'WriteFailed':
+    return WriteFailed(f'could not write the metrics of round {round_num} '
+                       f'({run_files.first_line(e)}); {self.where_to_resume()}; free space '
+                       'and rerun the same command to resume')
 
   async def checkpoint_if_due(self, round_num: int):
     last = round_num == self.config.total_rounds
