@@ -187,6 +187,16 @@ def _call_task_function(name: str, arguments: Callable[[tuple[str, ...]], dict[s
   return task
 
 
+def arguments_named(name: str) -> tuple[str, ...]:
+  """The arguments the factory of `--task=name` takes (ValueError as `create_task`)."""
+  if is_custom(name):
+    return _custom_parameters(name, custom_task_function(name))
+  if name not in TASKS:
+    raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}, or '
+                     f'package.module:function; got {name!r}')
+  return tuple(inspect.signature(factory(name)).parameters)
+
+
 def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, seed: int,
                 run_dir: Optional[str] = None) -> 'base.FederatedTask':
   """The task `settings.task` names, built from the arguments its factory names.
@@ -208,8 +218,5 @@ def create_task(settings: TaskSettings, *, batch_size: int, num_epochs: int, see
 
   if is_custom(name):
     return _call_task_function(name, arguments)
-  if name not in TASKS:
-    raise ValueError(f'--task must be one of {", ".join(sorted(TASKS))}, or '
-                     f'package.module:function; got {name!r}')
-  build = factory(name)
-  return build(**arguments(tuple(inspect.signature(build).parameters)))
+  wanted = arguments(arguments_named(name))
+  return factory(name)(**wanted)

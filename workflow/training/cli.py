@@ -357,6 +357,23 @@ def _run_training(settings: config.Settings, status: dict, notes=()):
   return result
 
 
+def _built_members(members):
+  """(the population, each member's `run_build.build_process`). The members of
+  one seed read one task (25 digits tasks cost a sweep 2 s), unless the task
+  keeps files in its run directory (its factory names `run_dir`)."""
+  from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
+  from workflow.training import together  # pylint: disable=g-import-not-at-top
+  first = run_build.build_process(members[0])
+  pop = together.population_of(first[1])
+  shared = 'run_dir' not in task_registry.arguments_named(members[0].task.task)
+  built, tasks = [first], {members[0].loop.seed: first[0]}
+  for settings in members[1:]:
+    task = tasks.get(settings.loop.seed) if shared else None
+    built.append(run_build.build_process(settings, pop.process, task))
+    tasks.setdefault(settings.loop.seed, built[-1][0])
+  return pop, built
+
+
 def _run_together(members, status: dict, notes=()):
   """--together: the members' runs as one population (workflow/training/together.py)."""
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
@@ -369,9 +386,7 @@ def _run_together(members, status: dict, notes=()):
   addresses = workers_setup.connect(members[0].execution)
   logging.set_verbosity(logging.WARNING)
   together.quiet_member_traces()
-  first = run_build.build_process(members[0])
-  pop = together.population_of(first[1])
-  built = [first] + [run_build.build_process(settings, pop.process) for settings in members[1:]]
+  pop, built = _built_members(members)
   if not addresses:
     runtime.use_local_cpp_context(members[0].execution.execution_concurrency)
   shared, initial = {}, pop.process.initialize()

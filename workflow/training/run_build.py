@@ -29,17 +29,19 @@ def build(settings: config.Settings, status: dict, process=None):
   return task, process, schedules, client_data_fn, client_state, out, line
 
 
-def build_process(settings: config.Settings, process=None):
-  """(task, process, schedules, client_data_fn, line) of `build`; nothing written."""
+def build_process(settings: config.Settings, process=None, task=None):
+  """(task, process, schedules, client_data_fn, line) of `build`; nothing written.
+  `process` and `task`, when given, are taken as they are (a population's)."""
   from tasks import registry as task_registry  # pylint: disable=g-import-not-at-top
   from tff_adaptive.execution import runtime  # pylint: disable=g-import-not-at-top
   from workflow.training import algorithm_builders  # pylint: disable=g-import-not-at-top
   runtime.set_intra_op_threads(algorithm_builders.intra_op_threads(settings))  # before any op
   run_dir = experiment.experiment_dir(settings)
   with _build_errors(settings, run_dir):
-    task = task_registry.create_task(
-        settings.task, batch_size=settings.client.client_batch_size,
-        num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
+    if task is None:
+      task = task_registry.create_task(
+          settings.task, batch_size=settings.client.client_batch_size,
+          num_epochs=config.num_epochs(settings), seed=settings.loop.seed, run_dir=run_dir)
     validation.check_task_counts(settings, task)
     line = ''
     if process is None:

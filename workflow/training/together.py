@@ -23,6 +23,7 @@ others go on. Ctrl-C and kill -9 lose what an ordinary run loses: each member
 resumes from its own last checkpoint.
 """
 
+import asyncio
 import dataclasses
 import json
 import logging as std_logging
@@ -177,8 +178,13 @@ async def run_rounds(pop, loops, show_progress: bool, after_round=None) -> dict:
           bar.write(f'{loop.config.output_dir}: {e}')
       for loop in finished:  # the first writes the members' shared batch of scalars
         loop.write_scalars(round_num)
-      for loop in finished:  # after the round's scalars: a checkpoint's round is whole
-        await loop.checkpoint_if_due(round_num)
+      # After the round's scalars (a checkpoint's round is whole); the members'
+      # saves at once: each waits on its files, not on the others'.
+      saved = await asyncio.gather(*(loop.checkpoint_if_due(round_num) for loop in finished),
+                                   return_exceptions=True)
+      for error in saved:
+        if isinstance(error, BaseException):
+          raise error
       bar.update(rows)
       if after_round is not None:
         after_round()
@@ -274,7 +280,6 @@ class _Remembered:
 def run_members(pop, loops, show_progress: bool, after_round=None) -> None:
   """`run_rounds` to the end, the members' feeders closed however it ends; RunFailed
   naming the members that diverged (the others finished)."""
-  import asyncio  # pylint: disable=g-import-not-at-top
   try:
     stopped = asyncio.run(run_rounds(pop, loops, show_progress, after_round))
   finally:
