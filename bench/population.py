@@ -139,12 +139,19 @@ def main():
   parser.add_argument('--data_dir', default='',
                       help='--data_dir of the runs (Shakespeare: bin/build_shakespeare.py\'s)')
   args = parser.parse_args()
+  if not os.path.isdir(args.out):
+    parser.error(f'--out must be an existing directory (the result is written there as '
+                 f'population_{args.setting}.json); got {args.out!r}')
+  modes = args.modes.split(',')
+  if 'together' not in modes or len(modes) < 2 or not set(modes) <= set(MODES):
+    parser.error(f'--modes must be together and at least one of separate_1, separate_2; '
+                 f'got {args.modes!r}')
   setting = SETTINGS[args.setting]
   work = tempfile.mkdtemp(prefix='population_bench_')
   try:
     peak = matmul_gflops()
     results = {mode: run_mode(setting, mode, work, args.data_dir)
-               for mode in MODES if mode in args.modes.split(',')}
+               for mode in MODES if mode in modes}
   finally:
     shutil.rmtree(work, ignore_errors=True)
   separate = results.get('separate_2') or results['separate_1']

@@ -205,3 +205,15 @@ def test_so_lr_and_gru_models_and_their_raw_loops(model):
     assert int(tf.reduce_min(x)) >= 1 and int(tf.reduce_max(x)) < spec.classes
   assert math.isfinite(float(bench_rounds.build_raw(setting)()))
   assert bench_rounds.SETTINGS[model][0] == model
+
+
+@pytest.mark.parametrize('flag', ['--out={missing}', '--modes=together'])
+def test_population_bench_refuses_bad_flags_before_running(tmp_path, flag):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench',
+                        'population.py')
+  done = subprocess.run([sys.executable, script, flag.format(missing=tmp_path / 'missing')],
+                        capture_output=True, text=True, timeout=60, check=False)
+  assert done.returncode == 2 and 'Traceback' not in done.stderr
+  assert done.stderr.splitlines()[-1].startswith(f'population.py: error: {flag.split("=")[0]}')
+  assert not os.listdir(tmp_path)
