@@ -9,8 +9,9 @@
            rates and its seed's task (data, initial weights)
   a round  each member's schedules, sampling and data (`program.Loop.prepare`),
            then one population round (`tff_adaptive.rounds.population`), then each
-           member's measure, evaluation, metrics and checkpoint
-           (`program.Loop.finish_round`), as its own run does them
+           member's measure, evaluation and metrics (`program.Loop.finish_round`),
+           the members' TensorBoard scalars in one call, and their checkpoints,
+           as its own run does them
 
 What the members may differ in (`VARYING`): the client and server learning
 rates, the server optimiser's β₁, β₂ and ε where the algorithm keeps them in
