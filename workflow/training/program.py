@@ -164,21 +164,6 @@ class KerasEvaluator:
     return {name: float(value) for name, value in results.items()}
 
 
-class _Releases:
-  """metrics.csv + TensorBoard releases, keyed by round, consistent with the checkpoint."""
-
-  def __init__(self, output_dir: str, start_round: int, scalars: run_files.ScalarBatch):
-    self.csv = run_files.MetricsFile(os.path.join(output_dir, 'metrics.csv'))
-    self.csv.open_at(start_round)
-    tensorboard_dir = os.path.join(output_dir, 'tensorboard')
-    run_files.trim_tensorboard(tensorboard_dir, start_round)
-    self._tensorboard = run_files.TensorBoardScalars(tensorboard_dir, scalars)
-
-  async def release(self, metrics: Mapping[str, float], round_num: int):
-    self.csv.release(metrics, round_num)
-    self._tensorboard.release(metrics, round_num)
-
-
 def run(process: tff.learning.templates.LearningProcess, task: task_base.FederatedTask,
         config: LoopConfig,
         round_metrics_fn: Optional[Callable[[int, Any], Mapping[str, float]]] = None,
@@ -313,7 +298,7 @@ class Loop:
   def _open_releases(self):
     # metrics.csv and TensorBoard drop what rounds after the checkpoint wrote.
     try:
-      self.releases = _Releases(self.config.output_dir, self.start_round, self.scalars)
+      self.releases = run_files.Releases(self.config.output_dir, self.start_round, self.scalars)
     except (OSError, tf.errors.OpError) as e:
       raise WriteFailed(f'cannot write the metrics in {self.config.output_dir} '
                         f'({run_files.first_line(e)}); {self.where_to_resume()}') from None
@@ -429,7 +414,7 @@ class Loop:
 
   async def write_metrics(self, round_num: int, row):
     try:
-      await self.releases.release(row, round_num)
+      self.releases.release(row, round_num)
     except (OSError, tf.errors.OpError) as e:
       raise self._write_failed(round_num, e) from None
 

@@ -285,6 +285,22 @@ class MetricsFile:
       raise
 
 
+class Releases:
+  """A run's metrics.csv and TensorBoard scalars, keyed by round, opened at the
+  checkpoint's round (what later rounds wrote is dropped)."""
+
+  def __init__(self, output_dir: str, start_round: int, scalars: 'ScalarBatch'):
+    self.csv = MetricsFile(os.path.join(output_dir, 'metrics.csv'))
+    self.csv.open_at(start_round)
+    tensorboard_dir = os.path.join(output_dir, 'tensorboard')
+    trim_tensorboard(tensorboard_dir, start_round)
+    self._tensorboard = TensorBoardScalars(tensorboard_dir, scalars)
+
+  def release(self, metrics: Mapping[str, Any], round_num: int) -> None:
+    self.csv.release(metrics, round_num)
+    self._tensorboard.release(metrics, round_num)
+
+
 def trim_tensorboard(log_dir: str, last_round: int) -> None:
   """Drops events of rounds after `last_round` (and cut-off records) from the event files."""
   from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
