@@ -63,8 +63,9 @@ def test_a_shared_batch_writes_each_runs_scalars_as_its_own_writer(tmp_path):
 
 
 def test_a_populations_writers_say_nothing_of_retracing(tmp_path, monkeypatch):
-  """Each member's writer traces its own function once; TensorFlow calls that
-  retracing from the fifth member on, and --together's filter drops the line."""
+  """A function traced once per object (here each writer's own batch; in
+  --together each seed's evaluator): TensorFlow calls that retracing from the
+  fifth on, and --together's filter drops the line."""
   def warnings_of(members, quiet):
     # TensorFlow warns twice per function per process: a fresh count, as in bin/train.
     monkeypatch.setattr(polymorphic_function, '_frequent_tracing_detector_manager',

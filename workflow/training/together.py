@@ -106,9 +106,10 @@ def check_members(members, path: str) -> None:
 
 class OneTracePerMember(std_logging.Filter):
   """Drops TensorFlow's "N out of the last N calls ... triggered tf.function
-  retracing" warning: each member's TensorBoard writer and Keras evaluator
-  trace their own function once, which TF counts as retracing one function from
-  the fifth member on; it is not the per-call retracing the warning is for."""
+  retracing" warning: each seed's Keras evaluator traces its own function once
+  (the members' TensorBoard scalars share one graph), which TF counts as
+  retracing one function from the fifth on; it is not the per-call retracing
+  the warning is for."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     return 'triggered tf.function retracing' not in record.getMessage()
